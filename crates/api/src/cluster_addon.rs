@@ -1,0 +1,141 @@
+//! `ClusterAddon`: the core addons of one workload cluster, applied into that cluster.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    common::{ObjectReference, Resource},
+    conditions::{Condition, HasConditions},
+};
+
+/// Finalizer of a ClusterAddon.
+pub const CLUSTER_ADDON_FINALIZER: &str = "clusteraddon.clusterstack.x-k8s.io";
+
+/// The addons of the Cluster `X`, named `cluster-addon-X`.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "clusterstack.x-k8s.io",
+    version = "v1alpha1",
+    kind = "ClusterAddon",
+    namespaced,
+    status = "ClusterAddonStatus",
+    shortname = "caddon",
+    label("cluster.x-k8s.io/v1beta1", "v1beta1"),
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.ownerReferences[?(@.kind==\"Cluster\")].name"
+    ),
+    printcolumn(
+        name = "Hook",
+        type_ = "string",
+        json_path = ".spec.hook",
+        description = "Present running hook"
+    ),
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp",
+        description = "Time duration since creation of Cluster Addon"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].reason"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].message"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterAddonSpec {
+    /// The ClusterClass whose addons were last applied completely; empty before the first install.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster_stack: String,
+    /// The cluster-addon version last applied, in dash form.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// The lifecycle hook being processed: `AfterControlPlaneInitialized`, `BeforeClusterUpgrade`, ... or empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hook: String,
+    /// The Cluster these addons belong to.
+    pub cluster_ref: ObjectReference,
+}
+
+/// What the operator last observed of a ClusterAddon.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterAddonStatus {
+    /// Inventory of the objects applied into the workload cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<Resource>,
+    /// Progress of the stages of the running hook.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageStatus>,
+    /// The addons are applied.
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Progress of one stage of a hook.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageStatus {
+    /// The chart (sub-directory of the addon archive) of the stage.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// `apply` or `delete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub action: Option<StageAction>,
+    #[serde(default, skip_serializing_if = "StagePhase::is_none")]
+    #[schemars(with = "String")]
+    pub phase: StagePhase,
+}
+
+/// What a stage does with its chart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StageAction {
+    Apply,
+    Delete,
+}
+
+/// Where a stage is; the spelling (capital `Pending`) is the Go operator's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StagePhase {
+    #[default]
+    #[serde(rename = "")]
+    None,
+    #[serde(rename = "Pending")]
+    Pending,
+    #[serde(rename = "waitingForPreCondition")]
+    WaitingForPreCondition,
+    #[serde(rename = "applyingOrDeleting")]
+    ApplyingOrDeleting,
+    #[serde(rename = "waitingForPostCondition")]
+    WaitingForPostCondition,
+    #[serde(rename = "done")]
+    Done,
+}
+
+impl StagePhase {
+    pub fn is_none(&self) -> bool {
+        *self == StagePhase::None
+    }
+}
+
+impl HasConditions for ClusterAddon {
+    fn conditions(&self) -> &[Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.status.get_or_insert_with(Default::default).conditions
+    }
+}

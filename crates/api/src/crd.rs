@@ -1,0 +1,63 @@
+//! The operator's CustomResourceDefinitions, generated from the Rust types, and their YAML form.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
+use kube::CustomResourceExt;
+
+use crate::{ClusterAddon, ClusterStack, ClusterStackRelease};
+
+/// All three CRDs, in a stable order.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    let mut crds = vec![
+        ClusterAddon::crd(),
+        ClusterStack::crd(),
+        ClusterStackRelease::crd(),
+    ];
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(root) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                shape_root_like_the_go_operator(root);
+            }
+        }
+    }
+    crds
+}
+
+/// The Go operator's CRDs describe `apiVersion`, `kind` and `metadata` at the root and do not require `spec`
+/// there; an object the Go operator accepts must be accepted here too.
+fn shape_root_like_the_go_operator(root: &mut JSONSchemaProps) {
+    let typed = |type_: &str, description: &str| JSONSchemaProps {
+        type_: Some(type_.to_owned()),
+        description: Some(description.to_owned()),
+        ..Default::default()
+    };
+    let properties = root.properties.get_or_insert_with(Default::default);
+    properties.insert(
+        "apiVersion".into(),
+        typed(
+            "string",
+            "The versioned schema of this representation of an object.",
+        ),
+    );
+    properties.insert(
+        "kind".into(),
+        typed("string", "The REST resource this object represents."),
+    );
+    properties.insert("metadata".into(), typed("object", "Standard object metadata."));
+    root.required = None;
+}
+
+/// The CRDs as one multi-document YAML stream (what `cso crds` prints and `config/crd/` holds).
+pub fn to_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    let mut out = String::new();
+    for crd in all() {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&crd)?);
+    }
+    Ok(out)
+}

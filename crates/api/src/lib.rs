@@ -1,0 +1,23 @@
+//! The operator's API: the three `clusterstack.x-k8s.io/v1alpha1` CRDs, their conditions and constants, the
+//! Cluster API objects it reads, and the names and versions of releases (pure, no I/O).
+
+pub mod capi;
+pub mod cluster_addon;
+pub mod cluster_stack;
+pub mod cluster_stack_release;
+pub mod common;
+pub mod conditions;
+pub mod crd;
+pub mod release_id;
+pub mod version;
+
+pub use cluster_addon::{ClusterAddon, ClusterAddonSpec, ClusterAddonStatus};
+pub use cluster_stack::{ClusterStack, ClusterStackSpec, ClusterStackStatus};
+pub use cluster_stack_release::{ClusterStackRelease, ClusterStackReleaseSpec, ClusterStackReleaseStatus};
+pub use release_id::ReleaseId;
+pub use version::{Channel, KubernetesVersion, Version};
+
+/// The API group of the three CRDs.
+pub const GROUP: &str = "clusterstack.x-k8s.io";
+/// Label on every object the operator applied.
+pub const OWNED_LABEL: (&str, &str) = ("clusterstack.x-k8s.io/instance", "owned");

@@ -1,0 +1,148 @@
+//! The generated CRDs must match the Go operator's CRDs field for field: names, scope, short names, printer
+//! columns, and every field path with its type, enum, default, pattern and required list. The reference is
+//! `tests/fixtures/upstream-crds/signature.json`, taken from the Go operator's CRDs.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// Flattens a schema into `path -> "type[ enum=..][ default=..][ pattern=..]"` plus `path!required` entries.
+fn walk(schema: &Value, path: &str, out: &mut BTreeMap<String, String>) {
+    let Some(obj) = schema.as_object() else { return };
+    let mut sig = obj.get("type").and_then(Value::as_str).unwrap_or("").to_owned();
+    if obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+        sig = "int-or-string".into();
+    }
+    if let Some(values) = obj.get("enum").and_then(Value::as_array) {
+        let mut names: Vec<String> = values
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect();
+        names.sort();
+        sig += &format!(" enum={}", names.join(","));
+    }
+    if let Some(default) = obj.get("default") {
+        sig += &format!(" default={default}");
+    }
+    if let Some(pattern) = obj.get("pattern").and_then(Value::as_str) {
+        sig += &format!(" pattern={pattern}");
+    }
+    if !path.is_empty() {
+        out.insert(path.to_owned(), sig);
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (key, sub) in props {
+            let sub_path = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            walk(sub, &sub_path, out);
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        walk(items, &format!("{path}[]"), out);
+    }
+    if let Some(required) = obj
+        .get("required")
+        .and_then(Value::as_array)
+        .filter(|r| !r.is_empty())
+    {
+        let mut names: Vec<&str> = required.iter().filter_map(Value::as_str).collect();
+        names.sort();
+        out.insert(format!("{path}!required"), names.join(","));
+    }
+}
+
+fn signature(crd: &Value) -> (String, Value) {
+    let spec = &crd["spec"];
+    let kind = spec["names"]["kind"].as_str().unwrap().to_owned();
+    let mut short: Vec<String> = spec["names"]["shortNames"]
+        .as_array()
+        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default();
+    short.sort();
+    let mut versions = serde_json::Map::new();
+    for v in spec["versions"].as_array().unwrap() {
+        let mut fields = BTreeMap::new();
+        walk(&v["schema"]["openAPIV3Schema"], "", &mut fields);
+        let mut sub: Vec<String> = v["subresources"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        sub.sort();
+        let columns: Vec<Value> = v["additionalPrinterColumns"]
+            .as_array()
+            .map(|cols| cols.iter().map(|c| json!([c["name"], c["jsonPath"]])).collect())
+            .unwrap_or_default();
+        versions.insert(
+            v["name"].as_str().unwrap().to_owned(),
+            json!({"served": v["served"], "storage": v["storage"], "subresources": sub,
+                   "printerColumns": columns, "fields": fields}),
+        );
+    }
+    let entry =
+        json!({"group": spec["group"], "scope": spec["scope"], "shortNames": short, "versions": versions});
+    (kind, entry)
+}
+
+#[test]
+fn generated_crds_match_the_go_operator() {
+    let reference: Value = serde_json::from_str(include_str!(
+        "../../../tests/fixtures/upstream-crds/signature.json"
+    ))
+    .expect("signature.json parses");
+    let ours: serde_json::Map<String, Value> = cso_api::crd::all()
+        .iter()
+        .map(|crd| signature(&serde_json::to_value(crd).unwrap()))
+        .collect();
+    for (kind, expected) in reference.as_object().unwrap() {
+        let actual = ours.get(kind).unwrap_or_else(|| panic!("no CRD for {kind}"));
+        for key in ["group", "scope", "shortNames"] {
+            assert_eq!(actual[key], expected[key], "{kind}.{key}");
+        }
+        for (version, exp) in expected["versions"].as_object().unwrap() {
+            let act = &actual["versions"][version];
+            for key in ["served", "storage", "subresources", "printerColumns"] {
+                assert_eq!(act[key], exp[key], "{kind} {version} {key}");
+            }
+            let (act_fields, exp_fields) = (
+                act["fields"].as_object().unwrap(),
+                exp["fields"].as_object().unwrap(),
+            );
+            let mut problems = Vec::new();
+            for (path, sig) in exp_fields {
+                match act_fields.get(path) {
+                    Some(a) if a == sig => {}
+                    Some(a) => problems.push(format!("{path}: ours {a}, Go {sig}")),
+                    None => problems.push(format!("{path}: missing (Go {sig})")),
+                }
+            }
+            for path in act_fields.keys().filter(|p| !exp_fields.contains_key(*p)) {
+                problems.push(format!("{path}: not in the Go CRD"));
+            }
+            assert!(
+                problems.is_empty(),
+                "{kind} {version} differs:\n{}",
+                problems.join("\n")
+            );
+        }
+    }
+    assert_eq!(
+        ours.len(),
+        reference.as_object().unwrap().len(),
+        "the same set of CRDs"
+    );
+}
+
+#[test]
+fn crds_carry_the_cluster_api_contract_label() {
+    for crd in cso_api::crd::all() {
+        let labels = crd.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels.get("cluster.x-k8s.io/v1beta1").map(String::as_str),
+            Some("v1beta1")
+        );
+        assert_eq!(crd.spec.scope, "Namespaced");
+    }
+}
