@@ -31,9 +31,9 @@ pub fn all() -> Vec<CustomResourceDefinition> {
 /// The Go operator's CRDs describe `apiVersion`, `kind` and `metadata` at the root and do not require `spec`
 /// there; an object the Go operator accepts must be accepted here too.
 fn shape_root_like_the_go_operator(root: &mut JSONSchemaProps) {
-    let typed = |type_: &str, description: &str| JSONSchemaProps {
+    let typed = |type_: &str, description: Option<&str>| JSONSchemaProps {
         type_: Some(type_.to_owned()),
-        description: Some(description.to_owned()),
+        description: description.map(str::to_owned),
         ..Default::default()
     };
     let properties = root.properties.get_or_insert_with(Default::default);
@@ -41,14 +41,15 @@ fn shape_root_like_the_go_operator(root: &mut JSONSchemaProps) {
         "apiVersion".into(),
         typed(
             "string",
-            "The versioned schema of this representation of an object.",
+            Some("The versioned schema of this representation of an object."),
         ),
     );
     properties.insert(
         "kind".into(),
-        typed("string", "The REST resource this object represents."),
+        typed("string", Some("The REST resource this object represents.")),
     );
-    properties.insert("metadata".into(), typed("object", "Standard object metadata."));
+    // The API server allows nothing but the type on `metadata`.
+    properties.insert("metadata".into(), typed("object", None));
     root.required = None;
 }
 

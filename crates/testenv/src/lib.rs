@@ -1,1 +1,96 @@
-pub fn x() {}
+//! Real local Kubernetes control planes (etcd + kube-apiserver on loopback) for the tests and `cso dev`.
+//!
+//! Tests share one control plane per test binary ([`shared_management`]) and isolate themselves by
+//! namespace ([`namespace`]); `cso dev up` starts its own.
+
+pub mod control_plane;
+pub mod crds;
+pub mod pki;
+pub mod process;
+pub mod tools;
+
+use std::{path::Path, sync::OnceLock};
+
+pub use control_plane::{ControlPlane, client_from_yaml};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, api::PostParams};
+pub use tools::Tools;
+
+/// Everything that can go wrong while starting or using a local control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Tools(String),
+    #[error("failed to generate certificates: {0}")]
+    Pki(String),
+    #[error("{0}")]
+    Process(String),
+    #[error("{0}")]
+    Kube(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+impl Error {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// Starts a management control plane: our CRDs plus the Cluster API `v1beta1` CRDs, installed and Established.
+pub async fn start_management(tools: &Tools, dir: Option<&Path>) -> Result<ControlPlane, Error> {
+    if tools.capi_crd_dirs.is_empty() {
+        return Err(Error::Tools(
+            "no Cluster API CRD directories: run `make tools` or set CSO_CAPI_CRD_DIRS".into(),
+        ));
+    }
+    let capi_crds = crds::read_dirs(&tools.capi_crd_dirs)?;
+    let plane = ControlPlane::start(tools, "management", dir).await?;
+    let client = plane.client().await?;
+    crds::install(&client, &cso_api::crd::all()).await?;
+    crds::install(&client, &capi_crds).await?;
+    Ok(plane)
+}
+
+/// The management control plane shared by all tests of this test binary, started on first use.
+///
+/// It is started on a thread of its own (each test has its own runtime) and lives until the test binary
+/// exits, when the process watchdogs stop it. Panics with the reason when it cannot start: a test that
+/// needs a real API server must fail, not skip, without one.
+pub fn shared_management() -> &'static ControlPlane {
+    static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let tools = Tools::discover().map_err(std::io::Error::other)?;
+            runtime
+                .block_on(start_management(&tools, None))
+                .map_err(std::io::Error::other)
+        })
+        .join()
+        .expect("control plane start-up thread panicked")
+        .unwrap_or_else(|e| panic!("cannot start the test control plane: {e}"))
+    })
+}
+
+/// Creates a namespace with a generated name starting with `prefix` and returns its name.
+pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<String, Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let created = api
+        .create(&PostParams::default(), &ns)
+        .await
+        .map_err(|e| Error::Kube(e.to_string()))?;
+    Ok(created.metadata.name.unwrap_or_default())
+}

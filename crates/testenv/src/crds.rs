@@ -1,0 +1,82 @@
+//! Installing CustomResourceDefinitions into a control plane and waiting until they are served.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+
+use crate::Error;
+
+const ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(60);
+const FIELD_MANAGER: &str = "cso-testenv";
+
+/// Applies the CRDs (server-side) and waits until every one is Established.
+pub async fn install(client: &kube::Client, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(crd))
+            .await
+            .map_err(|e| Error::Kube(format!("failed to apply CRD {name}: {e}")))?;
+    }
+    for crd in crds {
+        wait_established(&api, crd.metadata.name.as_deref().unwrap_or_default()).await?;
+    }
+    Ok(())
+}
+
+/// Reads every CRD in the `*.yaml` files of `dirs`.
+pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let mut crds = Vec::new();
+    for dir in dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+            .collect();
+        files.sort();
+        for file in files {
+            crds.extend(read_file(&file)?);
+        }
+    }
+    Ok(crds)
+}
+
+fn read_file(path: &Path) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let docs: Vec<Option<CustomResourceDefinition>> = serde_saphyr::from_multiple(&text)
+        .map_err(|e| Error::Kube(format!("{}: not a CRD: {e}", path.display())))?;
+    Ok(docs.into_iter().flatten().collect())
+}
+
+async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Result<(), Error> {
+    let deadline = Instant::now() + ESTABLISHED_TIMEOUT;
+    loop {
+        let crd = api
+            .get(name)
+            .await
+            .map_err(|e| Error::Kube(format!("failed to read CRD {name}: {e}")))?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Kube(format!(
+                "CRD {name} not Established after {ESTABLISHED_TIMEOUT:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

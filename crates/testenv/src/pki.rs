@@ -1,0 +1,81 @@
+//! Certificates and keys of a local control plane: one CA that signs the serving certificate and the admin
+//! client certificate (`CN=admin, O=system:masters`), and the service-account signing key pair.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use crate::Error;
+
+/// PEM files written for kube-apiserver, plus the PEM texts the kubeconfig embeds.
+#[derive(Debug)]
+pub struct Pki {
+    pub ca_cert: PathBuf,
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    pub sa_public_key: PathBuf,
+    pub sa_private_key: PathBuf,
+    pub ca_pem: String,
+    pub admin_cert_pem: String,
+    pub admin_key_pem: String,
+}
+
+impl Pki {
+    /// Generates everything into `dir`.
+    pub fn generate(dir: &Path) -> Result<Self, Error> {
+        let pki_err = |e: rcgen::Error| Error::Pki(e.to_string());
+
+        let ca_key = KeyPair::generate().map_err(pki_err)?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err)?;
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "cso-testenv-ca");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key).map_err(pki_err)?;
+        let ca = Issuer::new(ca_params, ca_key);
+
+        let serving_key = KeyPair::generate().map_err(pki_err)?;
+        let mut serving =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).map_err(pki_err)?;
+        serving
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let serving_cert = serving.signed_by(&serving_key, &ca).map_err(pki_err)?;
+
+        let admin_key = KeyPair::generate().map_err(pki_err)?;
+        let mut admin = CertificateParams::new(Vec::<String>::new()).map_err(pki_err)?;
+        admin.distinguished_name.push(DnType::CommonName, "admin");
+        admin
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let admin_cert = admin.signed_by(&admin_key, &ca).map_err(pki_err)?;
+
+        let sa_key = KeyPair::generate().map_err(pki_err)?;
+
+        let write = |name: &str, contents: &str| -> Result<PathBuf, Error> {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).map_err(|e| Error::io(&path, e))?;
+            Ok(path)
+        };
+        Ok(Pki {
+            ca_cert: write("ca.crt", &ca_cert.pem())?,
+            serving_cert: write("serving.crt", &serving_cert.pem())?,
+            serving_key: write("serving.key", &serving_key.serialize_pem())?,
+            sa_public_key: write("sa.pub", &sa_key.public_key_pem())?,
+            sa_private_key: write("sa.key", &sa_key.serialize_pem())?,
+            ca_pem: ca_cert.pem(),
+            admin_cert_pem: admin_cert.pem(),
+            admin_key_pem: admin_key.serialize_pem(),
+        })
+    }
+}

@@ -1,0 +1,90 @@
+//! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API CRDs and the OCI registry.
+//!
+//! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
+//! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use crate::Error;
+
+/// Paths of the tools a control plane and the tests need.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    pub kube_apiserver: PathBuf,
+    pub etcd: PathBuf,
+    pub helm: Option<PathBuf>,
+    pub registry: Option<PathBuf>,
+    /// Directories with the Cluster API `v1beta1` CRDs (core, kubeadm bootstrap and control plane, Docker).
+    pub capi_crd_dirs: Vec<PathBuf>,
+}
+
+impl Tools {
+    /// Finds the tools from the environment and the cache's `env` file.
+    pub fn discover() -> Result<Self, Error> {
+        let cache = cache_dir();
+        let from_file = read_env_file(&cache.join("env"));
+        let lookup = |key: &str| {
+            std::env::var(key)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .or_else(|| from_file.get(key).cloned())
+        };
+        let kube_apiserver = lookup("CSO_KUBE_APISERVER").map(PathBuf::from).ok_or_else(|| {
+            Error::Tools(format!(
+                "kube-apiserver not found: run `make tools` (writes {}) or set CSO_KUBE_APISERVER",
+                cache.join("env").display()
+            ))
+        })?;
+        if !kube_apiserver.is_file() {
+            return Err(Error::Tools(format!(
+                "{} does not exist: run `make tools`",
+                kube_apiserver.display()
+            )));
+        }
+        let etcd = match lookup("CSO_ETCD") {
+            Some(path) => PathBuf::from(path),
+            None => match etcd_bin_vendored_linux_amd64::etcd_bin_path() {
+                Ok(path) => path.to_path_buf(),
+                Err(never) => match never {},
+            },
+        };
+        let capi_crd_dirs = lookup("CSO_CAPI_CRD_DIRS")
+            .map(|dirs| {
+                dirs.split(':')
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Tools {
+            kube_apiserver,
+            etcd,
+            helm: lookup("CSO_HELM").map(PathBuf::from),
+            registry: lookup("CSO_REGISTRY").map(PathBuf::from),
+            capi_crd_dirs,
+        })
+    }
+}
+
+/// `$CSO_TOOLS_DIR`, else `$XDG_CACHE_HOME/cso`, else `~/.cache/cso` (the same rule as hack/tools.sh).
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CSO_TOOLS_DIR") {
+        return dir.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+    base.join("cso")
+}
+
+fn read_env_file(path: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
