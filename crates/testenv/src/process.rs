@@ -102,12 +102,13 @@ fn signal_group(pgid: u32, signal: &str) {
         .status();
 }
 
-/// A shell loop that kills the child's process group once this process is gone.
+/// A shell loop that kills the child's process group once this process is gone. (POSIX `sh` syntax:
+/// dash's `kill` takes a negative pid for a group but no `--`.)
 fn spawn_watchdog(child_pgid: u32) -> std::io::Result<Child> {
     let parent = std::process::id();
     let script = format!(
-        "while kill -0 {parent} 2>/dev/null && kill -0 -- -{child_pgid} 2>/dev/null; do sleep 1; done; \
-         kill -TERM -- -{child_pgid} 2>/dev/null; sleep 3; kill -KILL -- -{child_pgid} 2>/dev/null; exit 0"
+        "while kill -0 {parent} 2>/dev/null && kill -0 -{child_pgid} 2>/dev/null; do sleep 1; done; \
+         kill -TERM -{child_pgid} 2>/dev/null; sleep 3; kill -KILL -{child_pgid} 2>/dev/null; exit 0"
     );
     let mut command = Command::new("sh");
     command
