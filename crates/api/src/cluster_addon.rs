@@ -1,4 +1,8 @@
 //! `ClusterAddon`: the core addons of one workload cluster, applied into that cluster.
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "kube-derive takes one printcolumn(...) per column; clippy reads the repeated keys as duplicates"
+)]
 
 use kube::CustomResource;
 use schemars::JsonSchema;

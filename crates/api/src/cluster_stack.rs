@@ -1,4 +1,8 @@
 //! `ClusterStack`: which releases of one cluster stack a namespace wants (versions, auto-subscribe).
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "kube-derive takes one printcolumn(...) per column; clippy reads the repeated keys as duplicates"
+)]
 
 use kube::CustomResource;
 use schemars::JsonSchema;

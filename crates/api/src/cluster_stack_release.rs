@@ -1,4 +1,8 @@
 //! `ClusterStackRelease`: one release of a cluster stack, applied to the management cluster.
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "kube-derive takes one printcolumn(...) per column; clippy reads the repeated keys as duplicates"
+)]
 
 use kube::CustomResource;
 use schemars::JsonSchema;

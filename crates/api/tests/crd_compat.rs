@@ -1,6 +1,7 @@
 //! The generated CRDs must match the Go operator's CRDs field for field: names, scope, short names, printer
 //! columns, and every field path with its type, enum, default, pattern and required list. The reference is
 //! `tests/fixtures/upstream-crds/signature.json`, taken from the Go operator's CRDs.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::collections::BTreeMap;
 

@@ -108,6 +108,14 @@ impl ControlPlane {
         [self.etcd.pid(), self.apiserver.pid()]
     }
 
+    /// An error describing the first of etcd and kube-apiserver that has exited, if any.
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        match self.etcd.exited().or_else(|| self.apiserver.exited()) {
+            Some(exit) => Err(Error::Process(format!("control plane {}: {exit}", self.name))),
+            None => Ok(()),
+        }
+    }
+
     /// Stops kube-apiserver, then etcd.
     pub fn stop(mut self) {
         self.apiserver.stop(Duration::from_secs(10));

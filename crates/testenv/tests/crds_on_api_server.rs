@@ -1,4 +1,5 @@
 //! Our CRDs and the Cluster API CRDs on a real kube-apiserver: installed, Established, defaulted, validated.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -10,13 +11,18 @@ use kube::{
 use serde_json::json;
 
 async fn client_and_namespace(prefix: &str) -> (kube::Client, String) {
-    let client = cso_testenv::shared_management().client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, prefix).await.unwrap();
+    let client = cso_testenv::shared_management()
+        .client()
+        .await
+        .expect("a client for the test control plane");
+    let ns = cso_testenv::namespace(&client, prefix)
+        .await
+        .expect("a test namespace");
     (client, ns)
 }
 
 fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
-    serde_json::from_value(value).unwrap()
+    serde_json::from_value(value).expect("the test object has the type's shape")
 }
 
 #[tokio::test]

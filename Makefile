@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+CARGO ?= cargo
+CRD_FILE := config/crd/clusterstack.x-k8s.io.yaml
+DEMO_DIR ?= $(CURDIR)/target/demo
+
+.PHONY: tools build test fmt-check clippy crds crds-check unit demo
+
+## tools: build or fetch kube-apiserver, helm, etcd, the Cluster API CRDs and the registry (cached; cold: minutes)
+tools:
+	@bash hack/tools.sh install
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## crds: regenerate the committed CRD YAML from the Rust types
+crds:
+	$(CARGO) run --quiet -p cso -- crds > $(CRD_FILE)
+
+## crds-check: fail when the committed CRD YAML differs from what the types produce
+crds-check:
+	@$(CARGO) run --quiet -p cso -- crds | diff -u $(CRD_FILE) - \
+	  || { echo "$(CRD_FILE) is stale: run 'make crds' and commit it" >&2; exit 1; }
+
+## test: everything CI checks: formatting, clippy, the CRD check and all tests (real API servers)
+test: tools fmt-check clippy crds-check
+	$(CARGO) test --workspace --no-fail-fast
+
+## demo: the quick start (for now: start the local control planes, show what they serve, stop)
+demo: tools
+	@bash hack/demo.sh "$(DEMO_DIR)"

@@ -1,0 +1,14 @@
+//! One module per subcommand.
+
+mod crds;
+mod dev;
+
+use crate::cli::{Command, DevCommand};
+
+pub async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Crds => crds::print(),
+        Command::Dev(DevCommand::Up { dir }) => dev::up(&dir).await,
+        Command::Dev(DevCommand::Status { dir }) => dev::status(&dir).await,
+    }
+}
