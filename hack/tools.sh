@@ -54,7 +54,8 @@ build_helm() {
   say "helm $HELM_VERSION: building from the Go module proxy (cold: a few minutes)"
   local start=$SECONDS gobin
   gobin="$(mktemp -d)"
-  GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$gobin" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   mkdir -p "$(dirname "$HELM")"
   mv "$gobin/helm" "$HELM"
   rm -rf "$gobin"
