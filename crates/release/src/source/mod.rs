@@ -1,0 +1,124 @@
+//! Where releases come from, behind one trait: a local directory, GitHub releases, or an OCI registry.
+
+pub mod github;
+pub mod local;
+
+use std::{path::PathBuf, time::Duration};
+
+use cso_api::{Channel, KubernetesVersion, ReleaseId};
+use futures::future::BoxFuture;
+
+/// A source of releases. Listing returns every tag; downloading writes one release's files into an empty
+/// directory (the cache verifies and publishes them).
+pub trait ReleaseSource: Send + Sync + std::fmt::Debug {
+    /// `local`, `github` or `oci`, for logs, metrics and conditions.
+    fn kind(&self) -> &'static str;
+
+    /// Every release tag the source has, unfiltered.
+    fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>>;
+
+    /// Downloads the files of release `tag` into the empty directory `dest`.
+    fn download<'a>(&'a self, tag: &'a str, dest: &'a std::path::Path) -> BoxFuture<'a, Result<(), SourceError>>;
+}
+
+/// Installs the ring crypto provider for rustls once per process (the HTTP client is built without a
+/// default provider so that the whole binary has one TLS stack).
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Why a source could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("release source configuration: {0}")]
+    Config(String),
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("rate limited by {url}{}", retry_after.map(|d| format!(", retry in {}s", d.as_secs())).unwrap_or_default())]
+    RateLimited { url: String, retry_after: Option<Duration> },
+    #[error("{url} answered {status}: {body}")]
+    Http { url: String, status: u16, body: String },
+    #[error("{url}: {message}")]
+    Network { url: String, message: String },
+    #[error("integrity check failed: {0}")]
+    Integrity(String),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl SourceError {
+    /// How long to wait before asking again, when the source said so.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            SourceError::RateLimited { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// One cluster stack for one Kubernetes minor: what a ClusterStack follows.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    pub provider: String,
+    pub name: String,
+    pub kubernetes: KubernetesVersion,
+}
+
+impl StackKey {
+    /// `docker-ferrol-1-27-`: every tag of the stack starts with it.
+    pub fn tag_prefix(&self) -> String {
+        format!("{}-{}-{}-", self.provider, self.name, self.kubernetes.to_dash())
+    }
+
+    pub fn contains(&self, id: &ReleaseId) -> bool {
+        id.provider == self.provider && id.name == self.name && id.kubernetes == self.kubernetes
+    }
+}
+
+/// The releases of `stack` in `tags` on `channel`, oldest first. Tags of other stacks are skipped without a
+/// word; tags with the stack's prefix that do not parse are skipped with a debug log.
+pub fn releases_of(tags: &[String], stack: &StackKey, channel: Channel) -> Vec<ReleaseId> {
+    let prefix = stack.tag_prefix();
+    let mut releases: Vec<ReleaseId> = tags
+        .iter()
+        .filter(|tag| tag.starts_with(&prefix))
+        .filter_map(|tag| match ReleaseId::parse_tag(tag) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::debug!(%tag, error = %e, "skipping a release tag that does not parse");
+                None
+            }
+        })
+        .filter(|id| stack.contains(id) && id.channel() == channel)
+        .collect();
+    releases.sort();
+    releases.dedup();
+    releases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_only_the_stack_and_channel_asked_for() {
+        let tags: Vec<String> = [
+            "docker-ferrol-1-27-v10",
+            "docker-ferrol-1-27-v9",
+            "docker-ferrol-1-28-v11",
+            "docker-scs-1-27-v12",
+            "openstack-ferrol-1-27-v13",
+            "docker-ferrol-1-27-v0-sha-abcdef1",
+            "docker-ferrol-1-27-garbage",
+            "not-a-release",
+            "v1.0.0",
+        ]
+        .map(String::from)
+        .to_vec();
+        let stack = StackKey { provider: "docker".into(), name: "ferrol".into(), kubernetes: KubernetesVersion { major: 1, minor: 27 } };
+        let stable: Vec<String> = releases_of(&tags, &stack, Channel::Stable).iter().map(ReleaseId::tag).collect();
+        assert_eq!(stable, ["docker-ferrol-1-27-v9", "docker-ferrol-1-27-v10"]);
+        let custom: Vec<String> = releases_of(&tags, &stack, Channel::Custom).iter().map(ReleaseId::tag).collect();
+        assert_eq!(custom, ["docker-ferrol-1-27-v0-sha-abcdef1"]);
+    }
+}
