@@ -19,7 +19,11 @@ pub enum Hook {
 }
 
 impl Hook {
-    pub const ALL: [Hook; 3] = [Hook::AfterControlPlaneInitialized, Hook::BeforeClusterUpgrade, Hook::AfterClusterUpgrade];
+    pub const ALL: [Hook; 3] = [
+        Hook::AfterControlPlaneInitialized,
+        Hook::BeforeClusterUpgrade,
+        Hook::AfterClusterUpgrade,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -91,7 +95,10 @@ struct RawConfig {
 impl AddonConfig {
     /// Parses and checks `clusteraddon.yaml` (`path` is named in errors).
     pub fn parse(text: &str, path: &Path) -> Result<Self, ReleaseError> {
-        let invalid = |what: String| ReleaseError::Invalid { path: path.to_path_buf(), what };
+        let invalid = |what: String| ReleaseError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        };
         let raw: RawConfig =
             serde_saphyr::from_str(text).map_err(|e| invalid(format!("not a valid addon config: {e}")))?;
         let mut config = AddonConfig::default();
@@ -103,7 +110,10 @@ impl AddonConfig {
             let mut seen = std::collections::HashSet::new();
             for stage in &stages {
                 if stage.name.is_empty() || stage.name.contains(['/', '\\']) || stage.name == ".." {
-                    return Err(invalid(format!("{hook}: stage name {:?} is not a chart directory name", stage.name)));
+                    return Err(invalid(format!(
+                        "{hook}: stage name {:?} is not a chart directory name",
+                        stage.name
+                    )));
                 }
                 if !seen.insert((stage.name.as_str(), stage.action as u8)) {
                     return Err(invalid(format!(
@@ -111,11 +121,13 @@ impl AddonConfig {
                         stage.name, stage.action
                     )));
                 }
-                for (which, wait) in
-                    [("waitForPreCondition", &stage.wait_for_pre_condition), ("waitForPostCondition", &stage.wait_for_post_condition)]
-                {
+                for (which, wait) in [
+                    ("waitForPreCondition", &stage.wait_for_pre_condition),
+                    ("waitForPostCondition", &stage.wait_for_post_condition),
+                ] {
                     if let Some(wait) = wait {
-                        check_wait(wait).map_err(|e| invalid(format!("{hook}: stage {:?}: {which}: {e}", stage.name)))?;
+                        check_wait(wait)
+                            .map_err(|e| invalid(format!("{hook}: stage {:?}: {which}: {e}", stage.name)))?;
                     }
                 }
             }
@@ -166,14 +178,22 @@ mod tests {
 
     #[test]
     fn parses_the_fixture_config() {
-        let text = include_str!("../../../tests/fixtures/releases/docker-ferrol-1-27-v0-sha-hipstsw/clusteraddon.yaml");
+        let text = include_str!(
+            "../../../tests/fixtures/releases/docker-ferrol-1-27-v0-sha-hipstsw/clusteraddon.yaml"
+        );
         let config = parse(text).unwrap();
-        assert_eq!(config.stages(Hook::AfterControlPlaneInitialized)[0].name, "metrics-server");
+        assert_eq!(
+            config.stages(Hook::AfterControlPlaneInitialized)[0].name,
+            "metrics-server"
+        );
         let ngnix = &config.stages(Hook::BeforeClusterUpgrade)[0];
         assert_eq!(ngnix.action, StageAction::Apply);
         let post = ngnix.wait_for_post_condition.as_ref().unwrap();
         assert_eq!(post.objects.len(), 2);
-        assert_eq!(post.conditions, "msdeployment.spec.replicas == ngnix.spec.replicas");
+        assert_eq!(
+            post.conditions,
+            "msdeployment.spec.replicas == ngnix.spec.replicas"
+        );
         assert!(config.stages(Hook::AfterClusterUpgrade).is_empty());
     }
 
@@ -183,16 +203,28 @@ mod tests {
             "addonStages:\n  AfterClusterUpgrade:\n  - {name: cleanup, action: delete}\n  name:\n  - {name: x, action: apply}\n",
         )
         .unwrap();
-        assert_eq!(config.stages(Hook::AfterClusterUpgrade)[0].action, StageAction::Delete);
+        assert_eq!(
+            config.stages(Hook::AfterClusterUpgrade)[0].action,
+            StageAction::Delete
+        );
         assert_eq!(config.ignored_keys, ["name"]);
     }
 
     #[test]
     fn refuses_broken_configs_with_the_file_and_reason() {
         for (text, expected) in [
-            ("addonStages:\n  BeforeClusterUpgrade:\n  - {name: a, action: upgrade}\n", "not a valid addon config"),
-            ("addonStages:\n  BeforeClusterUpgrade:\n  - {name: a, action: apply}\n  - {name: a, action: apply}\n", "appears twice"),
-            ("addonStages:\n  BeforeClusterUpgrade:\n  - {name: ../x, action: apply}\n", "not a chart directory name"),
+            (
+                "addonStages:\n  BeforeClusterUpgrade:\n  - {name: a, action: upgrade}\n",
+                "not a valid addon config",
+            ),
+            (
+                "addonStages:\n  BeforeClusterUpgrade:\n  - {name: a, action: apply}\n  - {name: a, action: apply}\n",
+                "appears twice",
+            ),
+            (
+                "addonStages:\n  BeforeClusterUpgrade:\n  - {name: ../x, action: apply}\n",
+                "not a chart directory name",
+            ),
             (
                 "addonStages:\n  BeforeClusterUpgrade:\n  - name: a\n    action: apply\n    waitForPostCondition:\n      objects: [{key: 1x, apiVersion: v1, kind: Pod, name: p}]\n      conditions: 'true'\n",
                 "not a CEL identifier",
@@ -204,7 +236,10 @@ mod tests {
             ("addonStages: [", "not a valid addon config"),
         ] {
             let message = parse(text).unwrap_err().to_string();
-            assert!(message.contains("/r/clusteraddon.yaml") && message.contains(expected), "{text}: {message}");
+            assert!(
+                message.contains("/r/clusteraddon.yaml") && message.contains(expected),
+                "{text}: {message}"
+            );
         }
     }
 }

@@ -27,7 +27,11 @@ pub struct UnpackLimits {
 impl Default for UnpackLimits {
     /// Real stacks are far below these (the largest fixture, with Cilium, unpacks to under 1 MiB).
     fn default() -> Self {
-        UnpackLimits { max_total_bytes: 256 << 20, max_files: 10_000, max_file_bytes: 64 << 20 }
+        UnpackLimits {
+            max_total_bytes: 256 << 20,
+            max_files: 10_000,
+            max_file_bytes: 64 << 20,
+        }
     }
 }
 
@@ -35,9 +39,17 @@ impl Default for UnpackLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     #[error("{archive}: entry {entry:?}: {reason}")]
-    UnsafeEntry { archive: PathBuf, entry: String, reason: &'static str },
+    UnsafeEntry {
+        archive: PathBuf,
+        entry: String,
+        reason: &'static str,
+    },
     #[error("{archive}: {what} exceeds the limit of {limit}")]
-    TooLarge { archive: PathBuf, what: String, limit: u64 },
+    TooLarge {
+        archive: PathBuf,
+        what: String,
+        limit: u64,
+    },
     #[error("{archive}: corrupt or truncated archive: {source}")]
     Corrupt { archive: PathBuf, source: io::Error },
     #[error("{path}: {source}")]
@@ -56,16 +68,25 @@ pub struct Unpacked {
 /// Unpacks `archive` into `target`, which must not exist yet; on error nothing is left at `target`.
 pub fn unpack(archive: &Path, target: &Path, limits: UnpackLimits) -> Result<Unpacked, ArchiveError> {
     let parent = target.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|source| ArchiveError::Io { path: parent.to_path_buf(), source })?;
+    std::fs::create_dir_all(parent).map_err(|source| ArchiveError::Io {
+        path: parent.to_path_buf(),
+        source,
+    })?;
     let staging = tempfile::Builder::new()
         .prefix(".unpack-")
         .tempdir_in(parent)
-        .map_err(|source| ArchiveError::Io { path: parent.to_path_buf(), source })?;
+        .map_err(|source| ArchiveError::Io {
+            path: parent.to_path_buf(),
+            source,
+        })?;
     let unpacked = walk(archive, limits, Some(staging.path()))?;
     let staged = staging.keep();
     std::fs::rename(&staged, target).map_err(|source| {
         let _ = std::fs::remove_dir_all(&staged);
-        ArchiveError::Io { path: target.to_path_buf(), source }
+        ArchiveError::Io {
+            path: target.to_path_buf(),
+            source,
+        }
     })?;
     Ok(unpacked)
 }
@@ -76,17 +97,34 @@ pub fn inspect(archive: &Path, limits: UnpackLimits) -> Result<Unpacked, Archive
 }
 
 fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unpacked, ArchiveError> {
-    let file = File::open(archive).map_err(|source| ArchiveError::Io { path: archive.to_path_buf(), source })?;
+    let file = File::open(archive).map_err(|source| ArchiveError::Io {
+        path: archive.to_path_buf(),
+        source,
+    })?;
     // Tar headers and padding add at most a few KiB per entry on top of the content.
-    let stream_limit = limits.max_total_bytes.saturating_add(limits.max_files.saturating_mul(1024)).saturating_add(1 << 20);
-    let mut stream = LimitedReader { inner: GzDecoder::new(BufReader::new(file)), remaining: stream_limit, exceeded: false };
-    let corrupt = |source: io::Error| ArchiveError::Corrupt { archive: archive.to_path_buf(), source };
+    let stream_limit = limits
+        .max_total_bytes
+        .saturating_add(limits.max_files.saturating_mul(1024))
+        .saturating_add(1 << 20);
+    let mut stream = LimitedReader {
+        inner: GzDecoder::new(BufReader::new(file)),
+        remaining: stream_limit,
+        exceeded: false,
+    };
+    let corrupt = |source: io::Error| ArchiveError::Corrupt {
+        archive: archive.to_path_buf(),
+        source,
+    };
     let unsafe_entry = |entry: &str, reason: &'static str| ArchiveError::UnsafeEntry {
         archive: archive.to_path_buf(),
         entry: entry.to_owned(),
         reason,
     };
-    let too_large = |what: String, limit: u64| ArchiveError::TooLarge { archive: archive.to_path_buf(), what, limit };
+    let too_large = |what: String, limit: u64| ArchiveError::TooLarge {
+        archive: archive.to_path_buf(),
+        what,
+        limit,
+    };
 
     let mut result = Unpacked::default();
     let mut seen: HashSet<PathBuf> = HashSet::new();
@@ -98,7 +136,11 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
         let entries = tar.entries().map_err(corrupt)?;
         for entry in entries {
             let mut entry = entry.map_err(|e| {
-                if stream_exceeded(&e) { too_large("the unpacked stream".into(), stream_limit) } else { corrupt(e) }
+                if stream_exceeded(&e) {
+                    too_large("the unpacked stream".into(), stream_limit)
+                } else {
+                    corrupt(e)
+                }
             })?;
             let raw_path = entry.path_bytes().into_owned();
             let display = String::from_utf8_lossy(&raw_path).into_owned();
@@ -122,13 +164,19 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
             }
             let out = dest.map(|d| d.join(&relative));
             if let Some(parent) = out.as_ref().and_then(|o| o.parent()) {
-                std::fs::create_dir_all(parent).map_err(|source| ArchiveError::Io { path: parent.to_path_buf(), source })?;
+                std::fs::create_dir_all(parent).map_err(|source| ArchiveError::Io {
+                    path: parent.to_path_buf(),
+                    source,
+                })?;
             }
             match kind {
                 k if k.is_dir() => {
                     dirs.insert(relative.clone());
                     if let Some(out) = &out {
-                        std::fs::create_dir_all(out).map_err(|source| ArchiveError::Io { path: out.clone(), source })?;
+                        std::fs::create_dir_all(out).map_err(|source| ArchiveError::Io {
+                            path: out.clone(),
+                            source,
+                        })?;
                     }
                 }
                 k if k.is_file() || k == tar::EntryType::Continuous => {
@@ -138,15 +186,26 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
                     }
                     let declared = entry.header().size().map_err(corrupt)?;
                     if declared > limits.max_file_bytes {
-                        return Err(too_large(format!("entry {display:?} ({declared} bytes)"), limits.max_file_bytes));
+                        return Err(too_large(
+                            format!("entry {display:?} ({declared} bytes)"),
+                            limits.max_file_bytes,
+                        ));
                     }
                     let mut sink: Box<dyn io::Write> = match &out {
-                        Some(out) => Box::new(File::create(out).map_err(|source| ArchiveError::Io { path: out.clone(), source })?),
+                        Some(out) => Box::new(File::create(out).map_err(|source| ArchiveError::Io {
+                            path: out.clone(),
+                            source,
+                        })?),
                         None => Box::new(io::sink()),
                     };
-                    let copied = io::copy(&mut (&mut entry).take(limits.max_file_bytes + 1), &mut sink).map_err(|e| {
-                        if stream_exceeded(&e) { too_large("the unpacked stream".into(), stream_limit) } else { corrupt(e) }
-                    })?;
+                    let copied = io::copy(&mut (&mut entry).take(limits.max_file_bytes + 1), &mut sink)
+                        .map_err(|e| {
+                            if stream_exceeded(&e) {
+                                too_large("the unpacked stream".into(), stream_limit)
+                            } else {
+                                corrupt(e)
+                            }
+                        })?;
                     if copied > limits.max_file_bytes {
                         return Err(too_large(format!("entry {display:?}"), limits.max_file_bytes));
                     }
@@ -157,30 +216,44 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
                     regular_files.insert(relative);
                 }
                 tar::EntryType::Symlink => {
-                    let target = link_target(&entry).ok_or_else(|| unsafe_entry(&display, "symbolic link without a target"))?;
+                    let target = link_target(&entry)
+                        .ok_or_else(|| unsafe_entry(&display, "symbolic link without a target"))?;
                     let target_path = Path::new(&target);
                     let goes_down_only = target_path.is_relative()
-                        && target_path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+                        && target_path
+                            .components()
+                            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
                     if !goes_down_only {
-                        return Err(unsafe_entry(&display, "symbolic link points outside its directory"));
+                        return Err(unsafe_entry(
+                            &display,
+                            "symbolic link points outside its directory",
+                        ));
                     }
                     links.insert(relative);
                     if let Some(out) = &out {
-                        std::os::unix::fs::symlink(target_path, out)
-                            .map_err(|source| ArchiveError::Io { path: out.clone(), source })?;
+                        std::os::unix::fs::symlink(target_path, out).map_err(|source| ArchiveError::Io {
+                            path: out.clone(),
+                            source,
+                        })?;
                     }
                 }
                 tar::EntryType::Link => {
-                    let target = link_target(&entry).ok_or_else(|| unsafe_entry(&display, "hard link without a target"))?;
+                    let target = link_target(&entry)
+                        .ok_or_else(|| unsafe_entry(&display, "hard link without a target"))?;
                     let target = safe_relative_path(&target)
                         .map_err(|_| unsafe_entry(&display, "hard link points outside the archive"))?;
                     if !regular_files.contains(&target) {
-                        return Err(unsafe_entry(&display, "hard link to something that is not a file of this archive"));
+                        return Err(unsafe_entry(
+                            &display,
+                            "hard link to something that is not a file of this archive",
+                        ));
                     }
                     links.insert(relative);
                     if let (Some(out), Some(dest)) = (&out, dest) {
-                        std::fs::hard_link(dest.join(&target), out)
-                            .map_err(|source| ArchiveError::Io { path: out.clone(), source })?;
+                        std::fs::hard_link(dest.join(&target), out).map_err(|source| ArchiveError::Io {
+                            path: out.clone(),
+                            source,
+                        })?;
                     }
                 }
                 tar::EntryType::XGlobalHeader | tar::EntryType::XHeader => {}
@@ -191,13 +264,20 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
     // The tar end marker may come before the end of the gzip stream: read it to the end, so that a
     // truncated stream or a bad checksum is noticed.
     io::copy(&mut stream, &mut io::sink()).map_err(|e| {
-        if stream_exceeded(&e) { too_large("the unpacked stream".into(), stream_limit) } else { corrupt(e) }
+        if stream_exceeded(&e) {
+            too_large("the unpacked stream".into(), stream_limit)
+        } else {
+            corrupt(e)
+        }
     })?;
     Ok(result)
 }
 
 fn link_target<R: Read>(entry: &tar::Entry<'_, R>) -> Option<String> {
-    entry.link_name_bytes().map(|b| String::from_utf8_lossy(&b).into_owned()).filter(|t| !t.is_empty())
+    entry
+        .link_name_bytes()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .filter(|t| !t.is_empty())
 }
 
 /// A path with only normal components (and `.`), relative, no `..`.
@@ -225,7 +305,8 @@ struct LimitedReader<R> {
 const STREAM_LIMIT_MESSAGE: &str = "decompressed stream exceeds the unpack limit";
 
 fn stream_exceeded(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.to_string() == STREAM_LIMIT_MESSAGE)
+    e.get_ref()
+        .is_some_and(|inner| inner.to_string() == STREAM_LIMIT_MESSAGE)
 }
 
 impl<R: Read> Read for LimitedReader<R> {

@@ -27,7 +27,11 @@ const DOWNLOAD_PREFIX: &str = ".download-";
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     #[error("failed to fetch release {tag} from {source_kind}: {error}")]
-    Source { tag: String, source_kind: &'static str, error: SourceError },
+    Source {
+        tag: String,
+        source_kind: &'static str,
+        error: SourceError,
+    },
     #[error("release {tag} is unusable: {error}")]
     Release { tag: String, error: ReleaseError },
     #[error("release cache {path}: {source}")]
@@ -48,16 +52,35 @@ pub struct ReleaseCache {
 
 impl ReleaseCache {
     /// A cache in `<release_dir>/cluster-stacks`; removes what interrupted downloads left behind.
-    pub fn new(release_dir: &Path, source: Arc<dyn ReleaseSource>, limits: UnpackLimits) -> Result<Self, CacheError> {
+    pub fn new(
+        release_dir: &Path,
+        source: Arc<dyn ReleaseSource>,
+        limits: UnpackLimits,
+    ) -> Result<Self, CacheError> {
         let root = release_dir.join(CLUSTER_STACKS_DIR);
-        std::fs::create_dir_all(&root).map_err(|source| CacheError::Io { path: root.clone(), source })?;
-        for entry in std::fs::read_dir(&root).map_err(|source| CacheError::Io { path: root.clone(), source })?.flatten() {
+        std::fs::create_dir_all(&root).map_err(|source| CacheError::Io {
+            path: root.clone(),
+            source,
+        })?;
+        for entry in std::fs::read_dir(&root)
+            .map_err(|source| CacheError::Io {
+                path: root.clone(),
+                source,
+            })?
+            .flatten()
+        {
             if entry.file_name().to_string_lossy().starts_with(DOWNLOAD_PREFIX) {
                 tracing::info!(path = %entry.path().display(), "removing an interrupted download");
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
-        Ok(ReleaseCache { root, source, limits, downloads: Mutex::default(), loaded: Mutex::default() })
+        Ok(ReleaseCache {
+            root,
+            source,
+            limits,
+            downloads: Mutex::default(),
+            loaded: Mutex::default(),
+        })
     }
 
     pub fn source(&self) -> &Arc<dyn ReleaseSource> {
@@ -98,8 +121,14 @@ impl ReleaseCache {
         if let Some(release) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&tag) {
             return Ok(Some(release.clone()));
         }
-        let release = Arc::new(Release::load(&dir, id).map_err(|error| CacheError::Release { tag: tag.clone(), error })?);
-        self.loaded.lock().unwrap_or_else(|p| p.into_inner()).insert(tag, release.clone());
+        let release = Arc::new(Release::load(&dir, id).map_err(|error| CacheError::Release {
+            tag: tag.clone(),
+            error,
+        })?);
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tag, release.clone());
         Ok(Some(release))
     }
 
@@ -108,12 +137,19 @@ impl ReleaseCache {
         let staging = tempfile::Builder::new()
             .prefix(&format!("{DOWNLOAD_PREFIX}{tag}-"))
             .tempdir_in(&self.root)
-            .map_err(|source| CacheError::Io { path: self.root.clone(), source })?;
+            .map_err(|source| CacheError::Io {
+                path: self.root.clone(),
+                source,
+            })?;
         tracing::info!(%tag, source = self.source.kind(), "downloading release");
         self.source
             .download(&tag, staging.path())
             .await
-            .map_err(|error| CacheError::Source { tag: tag.clone(), source_kind: self.source.kind(), error })?;
+            .map_err(|error| CacheError::Source {
+                tag: tag.clone(),
+                source_kind: self.source.kind(),
+                error,
+            })?;
 
         let staged = staging.path().to_path_buf();
         let (limits, staged_id) = (self.limits, id.clone());
@@ -122,14 +158,23 @@ impl ReleaseCache {
             release.verify_archives(limits)
         })
         .await
-        .map_err(|e| CacheError::Io { path: staging.path().to_path_buf(), source: std::io::Error::other(e) })?
-        .map_err(|error| CacheError::Release { tag: tag.clone(), error })?;
+        .map_err(|e| CacheError::Io {
+            path: staging.path().to_path_buf(),
+            source: std::io::Error::other(e),
+        })?
+        .map_err(|error| CacheError::Release {
+            tag: tag.clone(),
+            error,
+        })?;
 
         let target = self.path(id);
         let staged = staging.keep();
         std::fs::rename(&staged, &target).map_err(|source| {
             let _ = std::fs::remove_dir_all(&staged);
-            CacheError::Io { path: target.clone(), source }
+            CacheError::Io {
+                path: target.clone(),
+                source,
+            }
         })?;
         tracing::info!(%tag, "release cached");
         self.cached(id)?.ok_or_else(|| CacheError::Io {

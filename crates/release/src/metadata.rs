@@ -48,7 +48,10 @@ struct RawComponents {
 impl Metadata {
     /// Parses `metadata.yaml` of the release `id` (read from `path`, named in errors).
     pub fn parse(text: &str, path: &Path, id: &ReleaseId) -> Result<Self, ReleaseError> {
-        let invalid = |what: String| ReleaseError::Invalid { path: path.to_path_buf(), what };
+        let invalid = |what: String| ReleaseError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        };
         let raw: RawMetadata =
             serde_saphyr::from_str(text).map_err(|e| invalid(format!("not valid metadata YAML: {e}")))?;
         let version = |field: &str, value: &str| {
@@ -58,14 +61,19 @@ impl Metadata {
             Version::parse_dot(value).map_err(|e| invalid(format!("{field}: {e}")))
         };
         let cluster_stack = version("versions.clusterStack", &raw.versions.cluster_stack)?;
-        let cluster_addon = version("versions.components.clusterAddon", &raw.versions.components.cluster_addon)?;
+        let cluster_addon = version(
+            "versions.components.clusterAddon",
+            &raw.versions.components.cluster_addon,
+        )?;
         let node_image = match raw.versions.components.node_image.as_deref() {
             None | Some("") => None,
             Some(v) => Some(version("versions.components.nodeImage", v)?),
         };
         let kubernetes = raw.versions.kubernetes;
         let minor = kubernetes_minor(&kubernetes).ok_or_else(|| {
-            invalid(format!("versions.kubernetes {kubernetes:?} is not a Kubernetes version like v1.27.3"))
+            invalid(format!(
+                "versions.kubernetes {kubernetes:?} is not a Kubernetes version like v1.27.3"
+            ))
         })?;
         if cluster_stack != id.version {
             return Err(invalid(format!(
@@ -81,7 +89,12 @@ impl Metadata {
                 id.tag()
             )));
         }
-        Ok(Metadata { cluster_stack, kubernetes, cluster_addon, node_image })
+        Ok(Metadata {
+            cluster_stack,
+            kubernetes,
+            cluster_addon,
+            node_image,
+        })
     }
 }
 
@@ -91,7 +104,12 @@ fn kubernetes_minor(full: &str) -> Option<(u32, u32)> {
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
     let patch = parts.next()?;
-    let patch_ok = !patch.is_empty() && patch.split(['-', '+']).next()?.bytes().all(|b| b.is_ascii_digit());
+    let patch_ok = !patch.is_empty()
+        && patch
+            .split(['-', '+'])
+            .next()?
+            .bytes()
+            .all(|b| b.is_ascii_digit());
     (patch_ok && parts.next().is_none()).then_some((major, minor))
 }
 
@@ -107,7 +125,12 @@ mod tests {
 
     #[test]
     fn parses_and_normalises_hash_versions() {
-        let m = Metadata::parse(HASH, Path::new("metadata.yaml"), &id("docker-ferrol-1-27-v0-sha-hipstsw")).unwrap();
+        let m = Metadata::parse(
+            HASH,
+            Path::new("metadata.yaml"),
+            &id("docker-ferrol-1-27-v0-sha-hipstsw"),
+        )
+        .unwrap();
         assert_eq!(m.cluster_addon.to_dash(), "v0-sha-hipstsw");
         assert_eq!(m.kubernetes, "v1.27.7");
     }
@@ -115,19 +138,41 @@ mod tests {
     #[test]
     fn every_problem_names_the_file_and_the_field() {
         let cases = [
-            ("versions: {kubernetes: v1.27.3, components: {clusterAddon: v1}}", "versions.clusterStack is missing"),
-            ("versions: {clusterStack: v1, kubernetes: v1.27.3, components: {}}", "clusterAddon is missing"),
-            ("versions: {clusterStack: v1, kubernetes: 1.27, components: {clusterAddon: v1}}", "not a Kubernetes version"),
-            ("versions: {clusterStack: v1, kubernetes: v1.28.1, components: {clusterAddon: v1}}", "does not belong to Kubernetes 1.27"),
-            ("versions: {clusterStack: v2, kubernetes: v1.27.3, components: {clusterAddon: v1}}", "does not match the release"),
-            ("versions: {clusterStack: v1, kubernetes: v1.27.3, components: {clusterAddon: v1-x}}", "clusterAddon: invalid"),
+            (
+                "versions: {kubernetes: v1.27.3, components: {clusterAddon: v1}}",
+                "versions.clusterStack is missing",
+            ),
+            (
+                "versions: {clusterStack: v1, kubernetes: v1.27.3, components: {}}",
+                "clusterAddon is missing",
+            ),
+            (
+                "versions: {clusterStack: v1, kubernetes: 1.27, components: {clusterAddon: v1}}",
+                "not a Kubernetes version",
+            ),
+            (
+                "versions: {clusterStack: v1, kubernetes: v1.28.1, components: {clusterAddon: v1}}",
+                "does not belong to Kubernetes 1.27",
+            ),
+            (
+                "versions: {clusterStack: v2, kubernetes: v1.27.3, components: {clusterAddon: v1}}",
+                "does not match the release",
+            ),
+            (
+                "versions: {clusterStack: v1, kubernetes: v1.27.3, components: {clusterAddon: v1-x}}",
+                "clusterAddon: invalid",
+            ),
             ("versions: [", "not valid metadata YAML"),
             ("", "not valid metadata YAML"),
         ];
         for (text, expected) in cases {
-            let err = Metadata::parse(text, Path::new("/r/metadata.yaml"), &id("docker-ferrol-1-27-v1")).unwrap_err();
+            let err = Metadata::parse(text, Path::new("/r/metadata.yaml"), &id("docker-ferrol-1-27-v1"))
+                .unwrap_err();
             let message = err.to_string();
-            assert!(message.contains("/r/metadata.yaml") && message.contains(expected), "{text:?}: {message}");
+            assert!(
+                message.contains("/r/metadata.yaml") && message.contains(expected),
+                "{text:?}: {message}"
+            );
         }
     }
 }

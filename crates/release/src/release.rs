@@ -45,7 +45,9 @@ impl Release {
 
         let config_path = dir.join(ADDON_CONFIG_FILE);
         let addons = if config_path.is_file() {
-            AddonStyle::Staged { config: AddonConfig::parse(&read(&config_path, "addon config")?, &config_path)? }
+            AddonStyle::Staged {
+                config: AddonConfig::parse(&read(&config_path, "addon config")?, &config_path)?,
+            }
         } else {
             let values_file = dir.join(ADDON_VALUES_FILE);
             if !values_file.is_file() {
@@ -58,14 +60,24 @@ impl Release {
         };
 
         let prefix = id.stack_prefix();
-        let cluster_class_chart =
-            expected_file(dir, &format!("{prefix}-cluster-class-{}.tgz", metadata.cluster_stack.to_dot()), "cluster-class chart")?;
+        let cluster_class_chart = expected_file(
+            dir,
+            &format!("{prefix}-cluster-class-{}.tgz", metadata.cluster_stack.to_dot()),
+            "cluster-class chart",
+        )?;
         let cluster_addon_archive = expected_file(
             dir,
             &format!("{prefix}-cluster-addon-{}.tgz", metadata.cluster_addon.to_dot()),
             "cluster-addon archive",
         )?;
-        Ok(Release { id: id.clone(), dir: dir.to_path_buf(), metadata, addons, cluster_class_chart, cluster_addon_archive })
+        Ok(Release {
+            id: id.clone(),
+            dir: dir.to_path_buf(),
+            metadata,
+            addons,
+            cluster_class_chart,
+            cluster_addon_archive,
+        })
     }
 
     /// Reads both archives through (integrity, limits, unsafe entries) and checks their layout: the
@@ -78,8 +90,11 @@ impl Release {
         match &self.addons {
             AddonStyle::Single { .. } => check_single_chart(&self.cluster_addon_archive, &addon.top_level)?,
             AddonStyle::Staged { config } => {
-                let missing: Vec<&str> =
-                    config.chart_names().into_iter().filter(|name| !addon.top_level.iter().any(|t| t == name)).collect();
+                let missing: Vec<&str> = config
+                    .chart_names()
+                    .into_iter()
+                    .filter(|name| !addon.top_level.iter().any(|t| t == name))
+                    .collect();
                 if !missing.is_empty() {
                     return Err(ReleaseError::Invalid {
                         path: self.cluster_addon_archive.clone(),
@@ -101,8 +116,14 @@ impl Release {
 
 fn read(path: &Path, what: &str) -> Result<String, ReleaseError> {
     std::fs::read_to_string(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => ReleaseError::Missing { path: path.to_path_buf(), what: what.to_owned() },
-        _ => ReleaseError::Io { path: path.to_path_buf(), source },
+        std::io::ErrorKind::NotFound => ReleaseError::Missing {
+            path: path.to_path_buf(),
+            what: what.to_owned(),
+        },
+        _ => ReleaseError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
     })
 }
 
@@ -120,7 +141,10 @@ fn expected_file(dir: &Path, name: &str, what: &str) -> Result<PathBuf, ReleaseE
                 .collect()
         })
         .unwrap_or_default();
-    Err(ReleaseError::Missing { path, what: format!("{what} (archives present: {similar:?})") })
+    Err(ReleaseError::Missing {
+        path,
+        what: format!("{what} (archives present: {similar:?})"),
+    })
 }
 
 fn check_single_chart(archive: &Path, top_level: &[String]) -> Result<(), ReleaseError> {

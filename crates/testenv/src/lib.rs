@@ -1,10 +1,11 @@
 //! Real local Kubernetes control planes (etcd + kube-apiserver on loopback) for the tests and `cso dev`.
 //!
 //! Tests share one control plane per test binary ([`shared_management`]) and isolate themselves by
-//! namespace ([`namespace`]); `cso dev up` starts its own.
+//! namespace ([`namespace`]); `cso dev up` starts its own. [`github::FakeGithub`] stands in for GitHub.
 
 pub mod control_plane;
 pub mod crds;
+pub mod github;
 pub mod pki;
 pub mod process;
 pub mod tools;

@@ -58,11 +58,19 @@ impl GithubConfig {
     }
 
     pub fn from_lookup(api_url: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SourceError> {
-        let get = |key: &str| lookup(key).map(|v| v.trim_end_matches(['\n', '\r']).to_owned()).filter(|v| !v.is_empty());
-        let required = |key: &str| get(key).ok_or_else(|| SourceError::Config(format!("environment variable {key} is not set")));
+        let get = |key: &str| {
+            lookup(key)
+                .map(|v| v.trim_end_matches(['\n', '\r']).to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let required = |key: &str| {
+            get(key).ok_or_else(|| SourceError::Config(format!("environment variable {key} is not set")))
+        };
         let provider = required("GIT_PROVIDER")?;
         if provider != "github" {
-            return Err(SourceError::Config(format!("only github is supported as GIT_PROVIDER, not {provider:?}")));
+            return Err(SourceError::Config(format!(
+                "only github is supported as GIT_PROVIDER, not {provider:?}"
+            )));
         }
         let api_url = Url::parse(api_url.trim_end_matches('/'))
             .map_err(|e| SourceError::Config(format!("GitHub API URL {api_url:?}: {e}")))?;
@@ -116,7 +124,12 @@ impl GithubSource {
             .timeout(Duration::from_secs(300))
             .build()
             .map_err(|e| SourceError::Config(format!("failed to build the HTTP client: {e}")))?;
-        Ok(GithubSource { config, client, pages: Mutex::default(), rate_limit_remaining: AtomicI64::new(-1) })
+        Ok(GithubSource {
+            config,
+            client,
+            pages: Mutex::default(),
+            rate_limit_remaining: AtomicI64::new(-1),
+        })
     }
 
     /// `X-RateLimit-Remaining` of the last answer, or -1 before the first.
@@ -146,9 +159,15 @@ impl GithubSource {
         }
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder, url: &Url) -> Result<reqwest::Response, SourceError> {
-        let response =
-            request.send().await.map_err(|e| SourceError::Network { url: url.to_string(), message: error_chain(&e) })?;
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &Url,
+    ) -> Result<reqwest::Response, SourceError> {
+        let response = request.send().await.map_err(|e| SourceError::Network {
+            url: url.to_string(),
+            message: error_chain(&e),
+        })?;
         if let Some(remaining) = header_i64(&response, "x-ratelimit-remaining") {
             self.rate_limit_remaining.store(remaining, Ordering::Relaxed);
         }
@@ -156,7 +175,12 @@ impl GithubSource {
     }
 
     async fn fetch_page(&self, url: &Url) -> Result<CachedPage, SourceError> {
-        let cached = self.pages.lock().unwrap_or_else(|p| p.into_inner()).get(url.as_str()).cloned();
+        let cached = self
+            .pages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url.as_str())
+            .cloned();
         let mut request = self.api_request(url.clone());
         if let Some(page) = &cached {
             request = request.header(header::IF_NONE_MATCH, &page.etag);
@@ -168,15 +192,26 @@ impl GithubSource {
             return Ok(page);
         }
         let response = check_status(response, url).await?;
-        let etag = response.headers().get(header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let etag = response
+            .headers()
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let next = next_link(&response, url);
-        let releases: Vec<ReleaseJson> = response
-            .json()
-            .await
-            .map_err(|e| SourceError::Network { url: url.to_string(), message: format!("unexpected answer: {e}") })?;
-        let page = CachedPage { etag: etag.clone().unwrap_or_default(), tags: releases.into_iter().filter_map(|r| r.tag_name).collect(), next };
+        let releases: Vec<ReleaseJson> = response.json().await.map_err(|e| SourceError::Network {
+            url: url.to_string(),
+            message: format!("unexpected answer: {e}"),
+        })?;
+        let page = CachedPage {
+            etag: etag.clone().unwrap_or_default(),
+            tags: releases.into_iter().filter_map(|r| r.tag_name).collect(),
+            next,
+        };
         if etag.is_some() {
-            self.pages.lock().unwrap_or_else(|p| p.into_inner()).insert(url.to_string(), page.clone());
+            self.pages
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(url.to_string(), page.clone());
         }
         Ok(page)
     }
@@ -184,14 +219,19 @@ impl GithubSource {
     async fn download_asset(&self, asset: &AssetJson, dest: &Path) -> Result<(), SourceError> {
         let name = &asset.name;
         if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\']) {
-            return Err(SourceError::Integrity(format!("release asset name {name:?} is not a plain file name")));
+            return Err(SourceError::Integrity(format!(
+                "release asset name {name:?} is not a plain file name"
+            )));
         }
         let mut url = self.repo_url(&format!("releases/assets/{}", asset.id))?;
         let mut response = None;
         for _ in 0..=MAX_REDIRECTS {
             // The token goes only to the API's own origin, never to the storage host a redirect names.
             let same_origin = url.origin() == self.config.api_url.origin();
-            let mut request = self.client.get(url.clone()).header(header::ACCEPT, "application/octet-stream");
+            let mut request = self
+                .client
+                .get(url.clone())
+                .header(header::ACCEPT, "application/octet-stream");
             if same_origin {
                 request = self.authorize(request);
             }
@@ -201,10 +241,14 @@ impl GithubSource {
                     .headers()
                     .get(header::LOCATION)
                     .and_then(|v| v.to_str().ok())
-                    .ok_or_else(|| SourceError::Network { url: url.to_string(), message: "redirect without Location".into() })?;
-                url = url
-                    .join(location)
-                    .map_err(|e| SourceError::Network { url: url.to_string(), message: format!("bad redirect: {e}") })?;
+                    .ok_or_else(|| SourceError::Network {
+                        url: url.to_string(),
+                        message: "redirect without Location".into(),
+                    })?;
+                url = url.join(location).map_err(|e| SourceError::Network {
+                    url: url.to_string(),
+                    message: format!("bad redirect: {e}"),
+                })?;
                 continue;
             }
             response = Some(check_status(answer, &url).await?);
@@ -216,18 +260,27 @@ impl GithubSource {
         })?;
 
         let path = dest.join(name);
-        let io_err = |source| SourceError::Io { path: path.clone(), source };
+        let io_err = |source| SourceError::Io {
+            path: path.clone(),
+            source,
+        };
         let mut file = tokio::fs::File::create(&path).await.map_err(io_err)?;
         let mut written = 0u64;
         let mut body = response.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| SourceError::Network { url: url.to_string(), message: error_chain(&e) })?;
+            let chunk = chunk.map_err(|e| SourceError::Network {
+                url: url.to_string(),
+                message: error_chain(&e),
+            })?;
             written += chunk.len() as u64;
             file.write_all(&chunk).await.map_err(io_err)?;
         }
         file.flush().await.map_err(io_err)?;
         if asset.size > 0 && written != asset.size {
-            return Err(SourceError::Integrity(format!("asset {name}: got {written} bytes, the release says {}", asset.size)));
+            return Err(SourceError::Integrity(format!(
+                "asset {name}: got {written} bytes, the release says {}",
+                asset.size
+            )));
         }
         Ok(())
     }
@@ -246,7 +299,10 @@ impl ReleaseSource for GithubSource {
             while let Some(current) = url.take() {
                 pages += 1;
                 if pages > MAX_PAGES {
-                    tracing::warn!(max = MAX_PAGES, "stopping the release listing after too many pages");
+                    tracing::warn!(
+                        max = MAX_PAGES,
+                        "stopping the release listing after too many pages"
+                    );
                     break;
                 }
                 let page = self.fetch_page(&current).await?;
@@ -262,13 +318,19 @@ impl ReleaseSource for GithubSource {
             let url = self.repo_url(&format!("releases/tags/{tag}"))?;
             let response = self.send(self.api_request(url.clone()), &url).await?;
             if response.status() == StatusCode::NOT_FOUND {
-                return Err(SourceError::NotFound { what: format!("GitHub release {tag}") });
+                return Err(SourceError::NotFound {
+                    what: format!("GitHub release {tag}"),
+                });
             }
-            let release: ReleaseJson = check_status(response, &url)
-                .await?
-                .json()
-                .await
-                .map_err(|e| SourceError::Network { url: url.to_string(), message: format!("unexpected answer: {e}") })?;
+            let release: ReleaseJson =
+                check_status(response, &url)
+                    .await?
+                    .json()
+                    .await
+                    .map_err(|e| SourceError::Network {
+                        url: url.to_string(),
+                        message: format!("unexpected answer: {e}"),
+                    })?;
             for asset in &release.assets {
                 self.download_asset(asset, dest).await?;
             }
@@ -295,11 +357,18 @@ async fn check_status(response: reqwest::Response, url: &Url) -> Result<reqwest:
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs() as i64;
                 Some(Duration::from_secs((reset - now).max(1) as u64))
             });
-        return Err(SourceError::RateLimited { url: url.to_string(), retry_after });
+        return Err(SourceError::RateLimited {
+            url: url.to_string(),
+            retry_after,
+        });
     }
     let mut body = response.text().await.unwrap_or_default();
     body.truncate(300);
-    Err(SourceError::Http { url: url.to_string(), status: status.as_u16(), body })
+    Err(SourceError::Http {
+        url: url.to_string(),
+        status: status.as_u16(),
+        body,
+    })
 }
 
 fn header_i64(response: &reqwest::Response, name: &str) -> Option<i64> {
@@ -342,13 +411,27 @@ mod tests {
             ("GIT_ACCESS_TOKEN", "secret\r\n"),
         ]
         .into();
-        let config = GithubConfig::from_lookup(DEFAULT_API_URL, |k| env.get(k).map(|v| v.to_string())).unwrap();
-        assert_eq!((config.org.as_str(), config.repo.as_str()), ("SovereignCloudStack", "cluster-stacks"));
+        let config =
+            GithubConfig::from_lookup(DEFAULT_API_URL, |k| env.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(
+            (config.org.as_str(), config.repo.as_str()),
+            ("SovereignCloudStack", "cluster-stacks")
+        );
         assert_eq!(config.token.as_deref(), Some("secret"));
-        assert!(!format!("{config:?}").contains("secret"), "the token never shows in debug output");
+        assert!(
+            !format!("{config:?}").contains("secret"),
+            "the token never shows in debug output"
+        );
 
-        let missing = GithubConfig::from_lookup(DEFAULT_API_URL, |k| (k == "GIT_PROVIDER").then(|| "github".into()));
-        assert!(missing.unwrap_err().to_string().contains("GIT_ORG_NAME is not set"));
+        let missing = GithubConfig::from_lookup(DEFAULT_API_URL, |k| {
+            (k == "GIT_PROVIDER").then(|| "github".into())
+        });
+        assert!(
+            missing
+                .unwrap_err()
+                .to_string()
+                .contains("GIT_ORG_NAME is not set")
+        );
         let gitlab = GithubConfig::from_lookup(DEFAULT_API_URL, |_| Some("gitlab".into()));
         assert!(gitlab.unwrap_err().to_string().contains("only github"));
     }

@@ -15,7 +15,9 @@ pub struct LocalSource {
 
 impl LocalSource {
     pub fn new(cluster_stacks_dir: impl Into<PathBuf>) -> Self {
-        LocalSource { root: cluster_stacks_dir.into() }
+        LocalSource {
+            root: cluster_stacks_dir.into(),
+        }
     }
 }
 
@@ -29,7 +31,12 @@ impl ReleaseSource for LocalSource {
             let entries = match std::fs::read_dir(&self.root) {
                 Ok(entries) => entries,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-                Err(source) => return Err(SourceError::Io { path: self.root.clone(), source }),
+                Err(source) => {
+                    return Err(SourceError::Io {
+                        path: self.root.clone(),
+                        source,
+                    });
+                }
             };
             let mut tags: Vec<String> = entries
                 .filter_map(|e| e.ok())
@@ -45,7 +52,10 @@ impl ReleaseSource for LocalSource {
     fn download<'a>(&'a self, tag: &'a str, _dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
             Err(SourceError::NotFound {
-                what: format!("release {tag} in {} (local mode downloads nothing)", self.root.display()),
+                what: format!(
+                    "release {tag} in {} (local mode downloads nothing)",
+                    self.root.display()
+                ),
             })
         })
     }

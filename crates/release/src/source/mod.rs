@@ -18,7 +18,11 @@ pub trait ReleaseSource: Send + Sync + std::fmt::Debug {
     fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>>;
 
     /// Downloads the files of release `tag` into the empty directory `dest`.
-    fn download<'a>(&'a self, tag: &'a str, dest: &'a std::path::Path) -> BoxFuture<'a, Result<(), SourceError>>;
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        dest: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<(), SourceError>>;
 }
 
 /// Installs the ring crypto provider for rustls once per process (the HTTP client is built without a
@@ -35,7 +39,10 @@ pub enum SourceError {
     #[error("{what} not found")]
     NotFound { what: String },
     #[error("rate limited by {url}{}", retry_after.map(|d| format!(", retry in {}s", d.as_secs())).unwrap_or_default())]
-    RateLimited { url: String, retry_after: Option<Duration> },
+    RateLimited {
+        url: String,
+        retry_after: Option<Duration>,
+    },
     #[error("{url} answered {status}: {body}")]
     Http { url: String, status: u16, body: String },
     #[error("{url}: {message}")]
@@ -115,10 +122,20 @@ mod tests {
         ]
         .map(String::from)
         .to_vec();
-        let stack = StackKey { provider: "docker".into(), name: "ferrol".into(), kubernetes: KubernetesVersion { major: 1, minor: 27 } };
-        let stable: Vec<String> = releases_of(&tags, &stack, Channel::Stable).iter().map(ReleaseId::tag).collect();
+        let stack = StackKey {
+            provider: "docker".into(),
+            name: "ferrol".into(),
+            kubernetes: KubernetesVersion { major: 1, minor: 27 },
+        };
+        let stable: Vec<String> = releases_of(&tags, &stack, Channel::Stable)
+            .iter()
+            .map(ReleaseId::tag)
+            .collect();
         assert_eq!(stable, ["docker-ferrol-1-27-v9", "docker-ferrol-1-27-v10"]);
-        let custom: Vec<String> = releases_of(&tags, &stack, Channel::Custom).iter().map(ReleaseId::tag).collect();
+        let custom: Vec<String> = releases_of(&tags, &stack, Channel::Custom)
+            .iter()
+            .map(ReleaseId::tag)
+            .collect();
         assert_eq!(custom, ["docker-ferrol-1-27-v0-sha-abcdef1"]);
     }
 }
