@@ -1,13 +1,15 @@
 //! Real local Kubernetes control planes (etcd + kube-apiserver on loopback) for the tests and `cso dev`.
 //!
 //! Tests share one control plane per test binary ([`shared_management`]) and isolate themselves by
-//! namespace ([`namespace`]); `cso dev up` starts its own. [`github::FakeGithub`] stands in for GitHub.
+//! namespace ([`namespace`]); `cso dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
+//! [`registry::Registry`] is a real OCI registry.
 
 pub mod control_plane;
 pub mod crds;
 pub mod github;
 pub mod pki;
 pub mod process;
+pub mod registry;
 pub mod tools;
 
 use std::{path::Path, sync::OnceLock};
@@ -39,6 +41,11 @@ impl Error {
             source,
         }
     }
+}
+
+/// Installs the ring crypto provider for rustls once per process.
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Starts a management control plane: our CRDs plus the Cluster API `v1beta1` CRDs, installed and Established.

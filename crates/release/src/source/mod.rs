@@ -2,6 +2,7 @@
 
 pub mod github;
 pub mod local;
+pub mod oci;
 
 use std::{path::PathBuf, time::Duration};
 
