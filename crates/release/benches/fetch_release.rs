@@ -41,8 +41,18 @@ async fn fetch_once(source: Arc<dyn ReleaseSource>, local_root: Option<&Path>) -
     let cache = ReleaseCache::new(&release_dir, source, UnpackLimits::default()).unwrap();
     let release = cache.get(&ReleaseId::parse_tag(TAG).unwrap()).await.unwrap();
     release.verify_archives(UnpackLimits::default()).unwrap();
-    archive::unpack(&release.cluster_class_chart, &work.path().join("class"), UnpackLimits::default()).unwrap();
-    let addons = archive::unpack(&release.cluster_addon_archive, &work.path().join("addons"), UnpackLimits::default()).unwrap();
+    archive::unpack(
+        &release.cluster_class_chart,
+        &work.path().join("class"),
+        UnpackLimits::default(),
+    )
+    .unwrap();
+    let addons = archive::unpack(
+        &release.cluster_addon_archive,
+        &work.path().join("addons"),
+        UnpackLimits::default(),
+    )
+    .unwrap();
     assert!(matches!(release.addons, AddonStyle::Staged { .. }) && addons.top_level.len() == 2);
     started.elapsed()
 }
@@ -51,7 +61,10 @@ fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:").map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap()))
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:")
+                .map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap())
+        })
         .unwrap()
 }
 
@@ -63,7 +76,10 @@ async fn child(kind: &str, endpoint: &str) {
             let stacks = local.path().join("cluster-stacks");
             std::fs::create_dir(&stacks).unwrap();
             std::os::unix::fs::symlink(fixtures().join(TAG), stacks.join(TAG)).unwrap();
-            (Arc::new(LocalSource::new(stacks)), Some(local.path().to_path_buf()))
+            (
+                Arc::new(LocalSource::new(stacks)),
+                Some(local.path().to_path_buf()),
+            )
         }
         "github" => (
             Arc::new(
@@ -96,7 +112,12 @@ async fn child(kind: &str, endpoint: &str) {
     }
     times.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!("{:.2} {:.2} {}", ms(times[ITERATIONS / 2]), ms(times[ITERATIONS * 9 / 10]), peak_rss_kib());
+    println!(
+        "{:.2} {:.2} {}",
+        ms(times[ITERATIONS / 2]),
+        ms(times[ITERATIONS * 9 / 10]),
+        peak_rss_kib()
+    );
 }
 
 #[tokio::main]
@@ -107,18 +128,45 @@ async fn main() {
     }
     let fake = cso_testenv::github::FakeGithub::start(100).await.unwrap();
     fake.publish_dir(TAG, &fixtures().join(TAG)).unwrap();
-    let registry = cso_testenv::registry::Registry::start(&cso_testenv::Tools::discover().unwrap()).await.unwrap();
-    registry.push_release_dir("kaas/cluster-stacks", TAG, &fixtures().join(TAG)).await.unwrap();
-    let size: u64 = std::fs::read_dir(fixtures().join(TAG)).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    let registry = cso_testenv::registry::Registry::start(&cso_testenv::Tools::discover().unwrap())
+        .await
+        .unwrap();
+    registry
+        .push_release_dir("kaas/cluster-stacks", TAG, &fixtures().join(TAG))
+        .await
+        .unwrap();
+    let size: u64 = std::fs::read_dir(fixtures().join(TAG))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
 
-    println!("fetch + verify + unpack {TAG} ({} KiB of assets), {ITERATIONS} runs per source", size / 1024);
-    println!("{:<8} {:>10} {:>10} {:>14}", "source", "median ms", "p90 ms", "peak RSS MiB");
-    for (kind, endpoint) in [("local", "-".to_owned()), ("github", fake.api_url().to_owned()), ("oci", registry.host().to_owned())] {
+    println!(
+        "fetch + verify + unpack {TAG} ({} KiB of assets), {ITERATIONS} runs per source",
+        size / 1024
+    );
+    println!(
+        "{:<8} {:>10} {:>10} {:>14}",
+        "source", "median ms", "p90 ms", "peak RSS MiB"
+    );
+    for (kind, endpoint) in [
+        ("local", "-".to_owned()),
+        ("github", fake.api_url().to_owned()),
+        ("oci", registry.host().to_owned()),
+    ] {
         let me = std::env::current_exe().unwrap();
-        let output = tokio::task::spawn_blocking(move || Command::new(me).args(["--child", kind, &endpoint]).output().unwrap())
-            .await
-            .unwrap();
-        assert!(output.status.success(), "{kind}: {}", String::from_utf8_lossy(&output.stderr));
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(me)
+                .args(["--child", kind, &endpoint])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(
+            output.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let line = String::from_utf8(output.stdout).unwrap();
         let fields: Vec<&str> = line.split_whitespace().collect();
         let peak_mib = fields[2].parse::<f64>().unwrap() / 1024.0;

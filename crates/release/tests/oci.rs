@@ -141,3 +141,46 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[tokio::test]
+async fn basic_authentication_is_sent_to_the_registry() {
+    let registry = Registry::start_with_basic_auth(&Tools::discover().unwrap(), "robot", "pa55word")
+        .await
+        .unwrap();
+    let tag = "docker-ferrol-1-27-v2";
+    registry
+        .push_release_dir(REPOSITORY, tag, &fixtures().join(tag))
+        .await
+        .unwrap();
+    let host = registry.host().to_owned();
+    let config = |user: &'static str, password: &'static str| {
+        let host = host.clone();
+        OciConfig::from_lookup(move |key| match key {
+            "OCI_REGISTRY" => Some(host.clone()),
+            "OCI_REPOSITORY" => Some(format!("{host}/{REPOSITORY}")),
+            "OCI_PLAIN_HTTP" => Some("true".into()),
+            "OCI_USERNAME" => Some(user.into()),
+            "OCI_PASSWORD" => Some(password.into()),
+            _ => None,
+        })
+        .unwrap()
+    };
+
+    let denied = OciSource::new(config("robot", "wrong"))
+        .list_tags()
+        .await
+        .unwrap_err();
+    assert!(
+        !matches!(denied, SourceError::NotFound { .. }),
+        "a wrong password is not 'not found': {denied}"
+    );
+    let anonymous = source(&registry).list_tags().await;
+    assert!(anonymous.is_err(), "the registry requires authentication");
+
+    let allowed = Arc::new(OciSource::new(config("robot", "pa55word")));
+    assert_eq!(allowed.list_tags().await.unwrap(), [tag]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ReleaseCache::new(dir.path(), allowed, UnpackLimits::default()).unwrap();
+    let release = cache.get(&ReleaseId::parse_tag(tag).unwrap()).await.unwrap();
+    assert_eq!(release.metadata.cluster_addon.to_dot(), "v2");
+}

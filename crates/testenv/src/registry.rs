@@ -28,13 +28,24 @@ const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
 #[derive(Debug)]
 pub struct Registry {
     host: String,
+    auth: RegistryAuth,
     storage: PathBuf,
     _process: Supervised,
     _dir: tempfile::TempDir,
 }
 
 impl Registry {
+    /// A registry that anyone may read and write.
     pub async fn start(tools: &Tools) -> Result<Self, Error> {
+        Self::start_with(tools, None).await
+    }
+
+    /// A registry that requires HTTP basic authentication (htpasswd) for every request.
+    pub async fn start_with_basic_auth(tools: &Tools, user: &str, password: &str) -> Result<Self, Error> {
+        Self::start_with(tools, Some((user, password))).await
+    }
+
+    async fn start_with(tools: &Tools, basic_auth: Option<(&str, &str)>) -> Result<Self, Error> {
         let binary = tools.registry.clone().ok_or_else(|| {
             Error::Tools("docker-registry not found: run `make tools` or set CSO_REGISTRY".into())
         })?;
@@ -52,6 +63,24 @@ impl Registry {
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
             storage.display()
         );
+        let (text, auth) = match basic_auth {
+            None => (text, RegistryAuth::Anonymous),
+            Some((user, password)) => {
+                let hash = bcrypt::hash_with_result(password, 5)
+                    .map_err(|e| Error::Tools(format!("bcrypt: {e}")))?
+                    .format_for_version(bcrypt::Version::TwoA);
+                let htpasswd = dir.path().join("htpasswd");
+                std::fs::write(&htpasswd, format!("{user}:{hash}\n")).map_err(|e| Error::io(&htpasswd, e))?;
+                let auth_config = format!(
+                    "auth:\n  htpasswd:\n    realm: cso-test\n    path: {}\n",
+                    htpasswd.display()
+                );
+                (
+                    text + &auth_config,
+                    RegistryAuth::Basic(user.to_owned(), password.to_owned()),
+                )
+            }
+        };
         std::fs::write(&config, text).map_err(|e| Error::io(&config, e))?;
         let mut command = Command::new(binary);
         command.arg("serve").arg(&config);
@@ -77,6 +106,7 @@ impl Registry {
         }
         Ok(Registry {
             host,
+            auth,
             storage,
             _process: process,
             _dir: dir,
@@ -143,13 +173,7 @@ impl Registry {
         manifest.artifact_type = Some(ARTIFACT_TYPE.to_owned());
         let pushed = self
             .client()
-            .push(
-                &reference,
-                &layers,
-                config,
-                &RegistryAuth::Anonymous,
-                Some(manifest),
-            )
+            .push(&reference, &layers, config, &self.auth, Some(manifest))
             .await
             .map_err(|e| Error::Kube(format!("push {reference}: {e}")))?;
         Ok(pushed.manifest_url)

@@ -4,7 +4,7 @@ pub mod github;
 pub mod local;
 pub mod oci;
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, str::FromStr, sync::Arc, time::Duration};
 
 use cso_api::{Channel, KubernetesVersion, ReleaseId};
 use futures::future::BoxFuture;
@@ -24,6 +24,55 @@ pub trait ReleaseSource: Send + Sync + std::fmt::Debug {
         tag: &'a str,
         dest: &'a std::path::Path,
     ) -> BoxFuture<'a, Result<(), SourceError>>;
+}
+
+/// The remote kind of source (`--source`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SourceKind {
+    #[default]
+    Github,
+    Oci,
+}
+
+impl FromStr for SourceKind {
+    type Err = SourceError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "github" => Ok(SourceKind::Github),
+            "oci" => Ok(SourceKind::Oci),
+            other => Err(SourceError::Config(format!(
+                "unknown release source {other:?}: use github or oci"
+            ))),
+        }
+    }
+}
+
+/// How the operator was told to get releases, as the Go operator's flags say it.
+#[derive(Clone, Debug)]
+pub struct SourceSettings {
+    /// `--source`
+    pub kind: SourceKind,
+    /// `--local`: releases are already under `<release-dir>/cluster-stacks/`.
+    pub local: bool,
+    /// `--release-dir`
+    pub release_dir: PathBuf,
+    /// The GitHub API base URL (GitHub Enterprise, or a stand-in).
+    pub github_api_url: String,
+}
+
+/// Builds the source the settings and the environment (`GIT_*`, `OCI_*`) describe.
+pub fn from_settings(settings: &SourceSettings) -> Result<Arc<dyn ReleaseSource>, SourceError> {
+    if settings.local {
+        return Ok(Arc::new(local::LocalSource::new(
+            settings.release_dir.join(crate::cache::CLUSTER_STACKS_DIR),
+        )));
+    }
+    Ok(match settings.kind {
+        SourceKind::Github => Arc::new(github::GithubSource::new(github::GithubConfig::from_env(
+            &settings.github_api_url,
+        )?)?),
+        SourceKind::Oci => Arc::new(oci::OciSource::new(oci::OciConfig::from_env()?)),
+    })
 }
 
 /// Installs the ring crypto provider for rustls once per process (the HTTP client is built without a
@@ -107,6 +156,28 @@ pub fn releases_of(tags: &[String], stack: &StackKey, channel: Channel) -> Vec<R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_select_the_source_as_the_go_operator_does() {
+        let settings = |kind: &str, local: bool| SourceSettings {
+            kind: kind.parse().unwrap(),
+            local,
+            release_dir: "/tmp/downloads".into(),
+            github_api_url: github::DEFAULT_API_URL.into(),
+        };
+        assert_eq!(
+            from_settings(&settings("github", true)).unwrap().kind(),
+            "local",
+            "--local wins over --source"
+        );
+        assert!(
+            "gitlab"
+                .parse::<SourceKind>()
+                .unwrap_err()
+                .to_string()
+                .contains("unknown release source")
+        );
+    }
 
     #[test]
     fn keeps_only_the_stack_and_channel_asked_for() {

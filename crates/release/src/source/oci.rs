@@ -142,7 +142,9 @@ impl OciSource {
             E::ImageManifestNotFoundError(_) => SourceError::NotFound {
                 what: format!("OCI artifact {url}"),
             },
-            E::ServerError { code: 404, message, .. } => SourceError::NotFound {
+            E::ServerError {
+                code: 404, message, ..
+            } => SourceError::NotFound {
                 what: format!("OCI artifact {url}: {message}"),
             },
             E::ServerError { code: 429, .. } => SourceError::RateLimited {
