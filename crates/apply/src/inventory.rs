@@ -1,0 +1,92 @@
+//! The inventory of applied objects, keyed by group, kind, namespace and name (the Go operator keys by
+//! namespace and name only, so metrics-server's ServiceAccount, Service and Deployment collide).
+
+use std::collections::BTreeSet;
+
+use cso_api::common::Resource;
+
+/// The identity of an object in a cluster.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub group: String,
+    pub kind: String,
+    /// Empty for cluster-scoped objects.
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn of(resource: &Resource) -> Self {
+        ObjectKey {
+            group: resource.group.clone(),
+            kind: resource.kind.clone(),
+            namespace: resource.namespace.clone(),
+            name: resource.name.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let group = if self.group.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", self.group)
+        };
+        match self.namespace.as_str() {
+            "" => write!(f, "{}{group} {}", self.kind, self.name),
+            ns => write!(f, "{}{group} {ns}/{}", self.kind, self.name),
+        }
+    }
+}
+
+/// What the previous inventory has and the new one does not: the objects to prune.
+pub fn to_prune<'a>(previous: &'a [Resource], current: &BTreeSet<ObjectKey>) -> Vec<&'a Resource> {
+    let mut seen = BTreeSet::new();
+    previous
+        .iter()
+        .filter(|r| !current.contains(&ObjectKey::of(r)))
+        .filter(|r| seen.insert(ObjectKey::of(r)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(group: &str, kind: &str, namespace: &str, name: &str) -> Resource {
+        Resource {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn same_name_different_kinds_are_different_objects() {
+        let previous = vec![
+            resource("", "ServiceAccount", "kube-system", "metrics-server"),
+            resource("", "Service", "kube-system", "metrics-server"),
+            resource("apps", "Deployment", "kube-system", "metrics-server"),
+            resource("apps", "Deployment", "kube-system", "web"),
+        ];
+        let current: BTreeSet<ObjectKey> = previous[..3].iter().map(ObjectKey::of).collect();
+        let pruned: Vec<String> = to_prune(&previous, &current)
+            .iter()
+            .map(|r| ObjectKey::of(r).to_string())
+            .collect();
+        assert_eq!(pruned, ["Deployment.apps kube-system/web"]);
+    }
+
+    #[test]
+    fn the_version_does_not_make_another_object() {
+        let mut old = resource("apps", "Deployment", "kube-system", "x");
+        old.version = "v1beta2".into();
+        let current: BTreeSet<ObjectKey> =
+            [ObjectKey::of(&resource("apps", "Deployment", "kube-system", "x"))].into();
+        assert!(to_prune(&[old], &current).is_empty());
+    }
+}
