@@ -1,7 +1,10 @@
-//! Rendering: Helm charts through the `helm` binary ([`helm`]) and rendered YAML into objects ([`manifest`]).
+//! Rendering: Helm charts through the `helm` binary ([`helm`]), values templating over the Cluster
+//! ([`values`]), and rendered YAML into objects ([`manifest`]).
 
 pub mod helm;
 pub mod manifest;
+pub mod values;
 
 pub use helm::{ChartRenderer, Helm, RenderError, RenderRequest};
 pub use manifest::{Manifest, ManifestError, parse_manifests};
+pub use values::{ValuesError, ValuesTemplater};
