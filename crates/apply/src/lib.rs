@@ -1,11 +1,15 @@
 //! Applying rendered objects to a cluster (management or workload): a discovery cache per cluster
 //! ([`discovery`]), an inventory of what was applied keyed by group, kind, namespace and name
-//! ([`inventory`]), and the engine that applies in order and prunes ([`engine`]).
+//! ([`inventory`]), the engine that applies in order and prunes ([`engine`]), CEL wait conditions
+//! ([`cel`]) and clients for workload clusters ([`workload`]).
 
+pub mod cel;
 pub mod discovery;
 pub mod engine;
 pub mod inventory;
+pub mod workload;
 
 pub use discovery::{ClusterDiscovery, DiscoveryError};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure};
 pub use inventory::ObjectKey;
+pub use workload::{WorkloadClients, WorkloadCluster, WorkloadError};

@@ -1,0 +1,170 @@
+//! Clients for workload clusters, built from the Secret `<cluster>-kubeconfig` (key `value`) the way
+//! Cluster API writes it; cached per cluster and rebuilt when the Secret changes; with connect and request
+//! timeouts, so that an unreachable cluster costs seconds, not minutes. Readiness is `GET /readyz`.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{
+    Api, Client,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+use crate::ClusterDiscovery;
+
+/// The data key of the kubeconfig in the Secret.
+pub const KUBECONFIG_KEY: &str = "value";
+
+/// Why a workload cluster cannot be talked to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("kubeconfig secret {namespace}/{name} not found")]
+    SecretMissing { namespace: String, name: String },
+    #[error("kubeconfig secret {namespace}/{name} is unusable: {reason}")]
+    SecretInvalid {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("failed to read kubeconfig secret {namespace}/{name}: {reason}")]
+    SecretUnreadable {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("workload cluster {cluster} is not ready: {reason}")]
+    NotReady { cluster: String, reason: String },
+}
+
+/// A client for one workload cluster, with its discovery cache.
+#[derive(Clone, Debug)]
+pub struct WorkloadCluster {
+    pub name: String,
+    pub discovery: Arc<ClusterDiscovery>,
+}
+
+impl WorkloadCluster {
+    pub fn client(&self) -> &Client {
+        self.discovery.client()
+    }
+}
+
+struct Cached {
+    secret_version: String,
+    cluster: WorkloadCluster,
+}
+
+/// Workload-cluster clients, shared by the controllers.
+pub struct WorkloadClients {
+    management: Client,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    cache: Mutex<HashMap<(String, String), Cached>>,
+}
+
+impl std::fmt::Debug for WorkloadClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cached = self.cache.lock().map(|c| c.len()).unwrap_or_default();
+        f.debug_struct("WorkloadClients")
+            .field("cached", &cached)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkloadClients {
+    pub fn new(management: Client, connect_timeout: Duration, request_timeout: Duration) -> Self {
+        WorkloadClients {
+            management,
+            connect_timeout,
+            request_timeout,
+            cache: Mutex::default(),
+        }
+    }
+
+    /// The client of the Cluster `cluster` in `namespace`, rebuilt when its kubeconfig Secret changed.
+    pub async fn get(&self, namespace: &str, cluster: &str) -> Result<WorkloadCluster, WorkloadError> {
+        let name = format!("{cluster}-kubeconfig");
+        let secrets: Api<Secret> = Api::namespaced(self.management.clone(), namespace);
+        let secret = match secrets.get_opt(&name).await {
+            Ok(Some(secret)) => secret,
+            Ok(None) => {
+                return Err(WorkloadError::SecretMissing {
+                    namespace: namespace.into(),
+                    name,
+                });
+            }
+            Err(e) => {
+                return Err(WorkloadError::SecretUnreadable {
+                    namespace: namespace.into(),
+                    name,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let version = secret.metadata.resource_version.clone().unwrap_or_default();
+        let key = (namespace.to_owned(), cluster.to_owned());
+        if let Some(cached) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+            && cached.secret_version == version
+        {
+            return Ok(cached.cluster.clone());
+        }
+        let invalid = |reason: String| WorkloadError::SecretInvalid {
+            namespace: namespace.into(),
+            name: name.clone(),
+            reason,
+        };
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KUBECONFIG_KEY))
+            .ok_or_else(|| invalid(format!("no key {KUBECONFIG_KEY:?}")))?;
+        let text =
+            std::str::from_utf8(&bytes.0).map_err(|_| invalid("the kubeconfig is not UTF-8".into()))?;
+        let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| invalid(e.to_string()))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| invalid(e.to_string()))?;
+        config.connect_timeout = Some(self.connect_timeout);
+        config.read_timeout = Some(self.request_timeout);
+        config.write_timeout = Some(self.request_timeout);
+        let client = Client::try_from(config).map_err(|e| invalid(e.to_string()))?;
+        let built = WorkloadCluster {
+            name: cluster.to_owned(),
+            discovery: Arc::new(ClusterDiscovery::new(client)),
+        };
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            key,
+            Cached {
+                secret_version: version,
+                cluster: built.clone(),
+            },
+        );
+        Ok(built)
+    }
+
+    /// `GET /readyz` on the workload cluster, within the request timeout.
+    pub async fn ready(&self, cluster: &WorkloadCluster) -> Result<(), WorkloadError> {
+        let not_ready = |reason: String| WorkloadError::NotReady {
+            cluster: cluster.name.clone(),
+            reason,
+        };
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| not_ready(e.to_string()))?;
+        match tokio::time::timeout(
+            self.request_timeout + self.connect_timeout,
+            cluster.client().request_text(request),
+        )
+        .await
+        {
+            Ok(Ok(body)) if body.trim() == "ok" => Ok(()),
+            Ok(Ok(body)) => Err(not_ready(format!("/readyz answered {body:?}"))),
+            Ok(Err(e)) => Err(not_ready(e.to_string())),
+            Err(_) => Err(not_ready("/readyz did not answer in time".into())),
+        }
+    }
+}
