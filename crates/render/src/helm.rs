@@ -26,6 +26,10 @@ pub struct RenderRequest {
     pub api_versions: Vec<String>,
     /// `--include-crds`
     pub include_crds: bool,
+    /// A kubeconfig of the cluster the objects are for: Helm then renders with `--dry-run=server`, so that
+    /// `lookup` sees existing objects (charts such as Cilium otherwise mint new certificates on every render)
+    /// and `.Capabilities` holds the cluster's own API versions.
+    pub target_kubeconfig: Option<PathBuf>,
 }
 
 /// Why a chart could not be rendered.
@@ -80,6 +84,13 @@ impl Helm {
         }
         for api in &request.api_versions {
             args.extend(["--api-versions".to_owned(), api.clone()]);
+        }
+        if let Some(kubeconfig) = &request.target_kubeconfig {
+            args.extend([
+                "--dry-run=server".to_owned(),
+                "--kubeconfig".to_owned(),
+                kubeconfig.display().to_string(),
+            ]);
         }
         if request.values.is_some() {
             args.extend(["--values".to_owned(), "-".to_owned()]);
