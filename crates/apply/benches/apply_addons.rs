@@ -5,7 +5,12 @@
 //! `cargo bench -p cso-apply --bench apply_addons` (results in docs/benchmarks.md).
 #![allow(clippy::unwrap_used, reason = "a benchmark: a failed unwrap is a failed run")]
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::{Duration, Instant}};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
 use cso_render::{CachingRenderer, ChartRenderer, Helm, RenderRequest, parse_manifests};
@@ -18,11 +23,23 @@ fn usage() -> (Duration, u64) {
     let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let peak = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
     (Duration::from_millis(ticks * 10), peak)
 }
 
-async fn render(renderer: &impl ChartRenderer, addons: &Path, kubeconfig: &Path) -> Vec<cso_render::Manifest> {
+async fn render(
+    renderer: &impl ChartRenderer,
+    addons: &Path,
+    kubeconfig: &Path,
+) -> Vec<cso_render::Manifest> {
     let mut manifests = Vec::new();
     for stage in ["cni", "metrics-server"] {
         let rendered = renderer
@@ -45,14 +62,25 @@ async fn render(renderer: &impl ChartRenderer, addons: &Path, kubeconfig: &Path)
 #[tokio::main]
 async fn main() {
     let tools = cso_testenv::Tools::discover().unwrap();
-    let plane = cso_testenv::ControlPlane::start(&tools, "bench-workload", None).await.unwrap();
+    let plane = cso_testenv::ControlPlane::start(&tools, "bench-workload", None)
+        .await
+        .unwrap();
     let addons = tempfile::tempdir().unwrap();
     let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/releases/docker-scs-1-30-v1/docker-scs-1-30-cluster-addon-v1.tgz");
     cso_release_unpack(&archive, addons.path());
-    let renderer = CachingRenderer::new(Helm::new(tools.helm.clone().unwrap(), Duration::from_secs(60)).unwrap(), 64 << 20);
-    let engine = ApplyEngine::new(Arc::new(ClusterDiscovery::new(plane.client().await.unwrap())), DEFAULT_FIELD_MANAGER);
-    let labels = BTreeMap::from([("clusterstack.x-k8s.io/release".to_owned(), "docker-scs-1-30-v1".to_owned())]);
+    let renderer = CachingRenderer::new(
+        Helm::new(tools.helm.clone().unwrap(), Duration::from_secs(60)).unwrap(),
+        64 << 20,
+    );
+    let engine = ApplyEngine::new(
+        Arc::new(ClusterDiscovery::new(plane.client().await.unwrap())),
+        DEFAULT_FIELD_MANAGER,
+    );
+    let labels = BTreeMap::from([(
+        "clusterstack.x-k8s.io/release".to_owned(),
+        "docker-scs-1-30-v1".to_owned(),
+    )]);
 
     let (cpu0, _) = usage();
     let started = Instant::now();
@@ -67,7 +95,9 @@ async fn main() {
     for _ in 0..REAPPLY_RUNS {
         let started = Instant::now();
         let manifests = render(&renderer, addons.path(), plane.kubeconfig_path()).await;
-        let again = engine.apply(&manifests, "kube-system", &labels, &report.resources).await;
+        let again = engine
+            .apply(&manifests, "kube-system", &labels, &report.resources)
+            .await;
         assert!(again.is_complete() && again.pruned.is_empty());
         reapply.push(started.elapsed());
     }
@@ -75,13 +105,29 @@ async fn main() {
     let (cpu2, peak) = usage();
     let objects = report.resources.len();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!("render + apply docker-scs-1-30-v1 addons ({objects} objects) into a fresh kube-apiserver v1.35");
-    println!("first install: render {:.0} ms (helm, 2 charts), apply {:.0} ms, total {:.0} ms, {:.0} objects/s applied, operator CPU {:.0} ms",
-        ms(rendered), ms(total - rendered), ms(total), objects as f64 / (total - rendered).as_secs_f64(), ms(cpu1 - cpu0));
-    println!("no-op re-apply (cached render), {REAPPLY_RUNS} runs: median {:.0} ms, max {:.0} ms, {:.0} objects/s, operator CPU {:.1} ms per run",
-        ms(reapply[REAPPLY_RUNS / 2]), ms(reapply[REAPPLY_RUNS - 1]), objects as f64 / reapply[REAPPLY_RUNS / 2].as_secs_f64(),
-        ms(cpu2 - cpu1) / REAPPLY_RUNS as f64);
-    println!("operator peak RSS: {:.1} MiB; helm renders: {:?} (hits, misses)", peak as f64 / 1024.0, renderer.stats());
+    println!(
+        "render + apply docker-scs-1-30-v1 addons ({objects} objects) into a fresh kube-apiserver v1.35"
+    );
+    println!(
+        "first install: render {:.0} ms (helm, 2 charts), apply {:.0} ms, total {:.0} ms, {:.0} objects/s applied, operator CPU {:.0} ms",
+        ms(rendered),
+        ms(total - rendered),
+        ms(total),
+        objects as f64 / (total - rendered).as_secs_f64(),
+        ms(cpu1 - cpu0)
+    );
+    println!(
+        "no-op re-apply (cached render), {REAPPLY_RUNS} runs: median {:.0} ms, max {:.0} ms, {:.0} objects/s, operator CPU {:.1} ms per run",
+        ms(reapply[REAPPLY_RUNS / 2]),
+        ms(reapply[REAPPLY_RUNS - 1]),
+        objects as f64 / reapply[REAPPLY_RUNS / 2].as_secs_f64(),
+        ms(cpu2 - cpu1) / REAPPLY_RUNS as f64
+    );
+    println!(
+        "operator peak RSS: {:.1} MiB; helm renders: {:?} (hits, misses)",
+        peak as f64 / 1024.0,
+        renderer.stats()
+    );
 }
 
 fn cso_release_unpack(archive: &Path, into: &Path) {

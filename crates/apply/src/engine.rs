@@ -77,6 +77,7 @@ impl ApplyReport {
 pub struct ApplyEngine {
     discovery: Arc<ClusterDiscovery>,
     field_manager: String,
+    take_over_from: Vec<String>,
 }
 
 /// A rendered object made ready to apply.
@@ -93,6 +94,7 @@ impl ApplyEngine {
         ApplyEngine {
             discovery,
             field_manager: field_manager.into(),
+            take_over_from: Vec::new(),
         }
     }
 
@@ -234,9 +236,64 @@ impl ApplyEngine {
         }
     }
 
+    /// Takes over objects that other field managers applied (the Go operator applied with `kubectl`):
+    /// before our first apply of such an object, their `Apply` entry in `managedFields` is renamed to ours,
+    /// so that fields a later release no longer renders are removed instead of staying owned by them.
+    /// Costs one read per object; meant for the migration from the Go operator.
+    pub fn taking_over_from(mut self, managers: impl IntoIterator<Item = String>) -> Self {
+        self.take_over_from = managers.into_iter().collect();
+        self
+    }
+
+    async fn take_over(&self, api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
+        let Some(live) = api.get_opt(name).await? else {
+            return Ok(());
+        };
+        let entries = live.metadata.managed_fields.unwrap_or_default();
+        let is_apply = |e: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
+            e.operation.as_deref() == Some("Apply")
+        };
+        if entries
+            .iter()
+            .any(|e| is_apply(e) && e.manager.as_deref() == Some(self.field_manager.as_str()))
+        {
+            return Ok(());
+        }
+        let mut ops = vec![
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": live.metadata.resource_version}),
+        ];
+        for (index, entry) in entries.iter().enumerate() {
+            if is_apply(entry)
+                && entry
+                    .manager
+                    .as_ref()
+                    .is_some_and(|m| self.take_over_from.contains(m))
+            {
+                ops.push(serde_json::json!({"op": "replace", "path": format!("/metadata/managedFields/{index}/manager"), "value": self.field_manager}));
+                // One Apply entry per manager: the first found becomes ours.
+                break;
+            }
+        }
+        if ops.len() == 1 {
+            return Ok(());
+        }
+        let patch: json_patch::Patch =
+            serde_json::from_value(Value::Array(ops)).map_err(kube::Error::SerdeError)?;
+        api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await?;
+        tracing::info!(object = name, from = ?self.take_over_from, "took over field ownership");
+        Ok(())
+    }
+
     async fn apply_one(&self, mut item: Prepared) -> Prepared {
         let Some(kind) = &item.kind else { return item };
         let api = self.api(kind, &item.key.namespace);
+        if !self.take_over_from.is_empty()
+            && let Err(e) = self.take_over(&api, &item.key.name).await
+        {
+            item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
+            return item;
+        }
         let params = PatchParams::apply(&self.field_manager).force();
         match api
             .patch(&item.key.name, &params, &Patch::Apply(&item.object))

@@ -458,3 +458,59 @@ async fn scs_addons_with_minted_certificates_are_stable_across_renders() {
         "the CA survives a render without the cache"
     );
 }
+
+#[tokio::test]
+async fn objects_the_go_operator_applied_are_taken_over() {
+    let (client, ns, engine) = setup("takeover").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for name in ["kept", "taken"] {
+        let old = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "1", "dropped": "x"}});
+        config_maps
+            .patch(
+                name,
+                &kube::api::PatchParams::apply("kubectl").force(),
+                &kube::api::Patch::Apply(&old),
+            )
+            .await
+            .unwrap();
+    }
+    let newer = |name: &str| {
+        parse_manifests(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  a: \"2\"\n"
+        ))
+        .unwrap()
+    };
+
+    // Without taking over, the field the new release dropped stays, owned by `kubectl`.
+    let report = engine.apply(&newer("kept"), &ns, &BTreeMap::new(), &[]).await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let kept = config_maps.get("kept").await.unwrap().data.unwrap();
+    assert_eq!(
+        (kept.get("a").map(String::as_str), kept.contains_key("dropped")),
+        (Some("2"), true)
+    );
+
+    let taking_over = engine.clone().taking_over_from(["kubectl".to_owned()]);
+    let report = taking_over
+        .apply(&newer("taken"), &ns, &BTreeMap::new(), &[])
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let taken = config_maps.get("taken").await.unwrap();
+    let data = taken.data.unwrap();
+    assert_eq!(
+        (data.get("a").map(String::as_str), data.contains_key("dropped")),
+        (Some("2"), false),
+        "the dropped field is gone"
+    );
+    let managers: Vec<String> = taken
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.manager)
+        .collect();
+    assert!(
+        managers.contains(&DEFAULT_FIELD_MANAGER.to_owned()) && !managers.contains(&"kubectl".to_owned()),
+        "{managers:?}"
+    );
+}
