@@ -1,12 +1,14 @@
 //! Applying rendered objects to a cluster (management or workload): a discovery cache per cluster
 //! ([`discovery`]), an inventory of what was applied keyed by group, kind, namespace and name
 //! ([`inventory`]), the engine that applies in order and prunes ([`engine`]), CEL wait conditions
-//! ([`cel`]) and clients for workload clusters ([`workload`]).
+//! ([`cel`]), clients for workload clusters ([`workload`]) and the data values templates see
+//! ([`template_data`]).
 
 pub mod cel;
 pub mod discovery;
 pub mod engine;
 pub mod inventory;
+pub mod template_data;
 pub mod workload;
 
 pub use discovery::{ClusterDiscovery, DiscoveryError};

@@ -216,3 +216,69 @@ async fn cel_conditions_wait_for_objects_and_hold_when_true() {
     };
     assert!(matches!(cel::compile(&broken), Err(CelError::Compile { .. })));
 }
+
+#[tokio::test]
+async fn template_data_holds_the_cluster_and_its_references() {
+    use cso_api::capi::Cluster;
+    use cso_render::{Helm, ValuesTemplater};
+    let (client, ns) = setup("template-data").await;
+    let create = |value: serde_json::Value| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let object: kube::api::DynamicObject = serde_json::from_value(value).unwrap();
+            let gvk = kube::core::GroupVersionKind::try_from(object.types.as_ref().unwrap()).unwrap();
+            let (resource, _) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
+            Api::<kube::api::DynamicObject>::namespaced_with(client, &ns, &resource)
+                .create(&PostParams::default(), &object)
+                .await
+                .unwrap();
+        }
+    };
+    create(json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerCluster",
+                  "metadata": {"name": "c1"}, "spec": {"controlPlaneEndpoint": {"host": "172.18.0.5", "port": 6443}}})).await;
+    let cluster: Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "metadata": {"name": "c1", "namespace": ns},
+        "spec": {"topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3"},
+                 "controlPlaneEndpoint": {"host": "10.0.0.1", "port": 6443},
+                 "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerCluster", "name": "c1"}}
+    }))
+    .unwrap();
+    let discovery = cso_apply::ClusterDiscovery::new(client.clone());
+    let data = cso_apply::template_data::template_data(&discovery, &cluster)
+        .await
+        .unwrap();
+    assert_eq!(
+        data["InfraCluster"]["spec"]["controlPlaneEndpoint"]["host"],
+        "172.18.0.5"
+    );
+    assert!(data.get("ControlPlane").is_none(), "no reference, no entry");
+
+    let helm = Helm::new(
+        cso_testenv::Tools::discover().unwrap().helm.unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let template = "values: |\n  a: {{ .Cluster.spec.controlPlaneEndpoint.host }}\n  b: {{ .InfraCluster.spec.controlPlaneEndpoint.host }}\n";
+    let values = ValuesTemplater::new(helm)
+        .unwrap()
+        .render(std::path::Path::new("overwrite.yaml"), template, &data)
+        .await
+        .unwrap();
+    assert_eq!(values, "a: 10.0.0.1\nb: 172.18.0.5\n");
+
+    let mut dangling = cluster.clone();
+    dangling.spec.control_plane_ref = Some(cso_api::capi::CapiReference {
+        api_version: Some("controlplane.cluster.x-k8s.io/v1beta1".into()),
+        kind: "KubeadmControlPlane".into(),
+        name: "absent".into(),
+        ..Default::default()
+    });
+    let err = cso_apply::template_data::template_data(&discovery, &dangling)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("KubeadmControlPlane") && err.to_string().contains("absent"),
+        "{err}"
+    );
+}
