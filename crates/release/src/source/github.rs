@@ -58,15 +58,8 @@ impl GithubConfig {
     }
 
     pub fn from_lookup(api_url: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SourceError> {
-        let get = |key: &str| {
-            lookup(key)
-                .map(|v| v.trim_end_matches(['\n', '\r']).to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let required = |key: &str| {
-            get(key).ok_or_else(|| SourceError::Config(format!("environment variable {key} is not set")))
-        };
-        let provider = required("GIT_PROVIDER")?;
+        let env = super::Env(lookup);
+        let provider = env.required("GIT_PROVIDER")?;
         if provider != "github" {
             return Err(SourceError::Config(format!(
                 "only github is supported as GIT_PROVIDER, not {provider:?}"
@@ -76,9 +69,9 @@ impl GithubConfig {
             .map_err(|e| SourceError::Config(format!("GitHub API URL {api_url:?}: {e}")))?;
         Ok(GithubConfig {
             api_url,
-            org: required("GIT_ORG_NAME")?,
-            repo: required("GIT_REPOSITORY_NAME")?,
-            token: get("GIT_ACCESS_TOKEN"),
+            org: env.required("GIT_ORG_NAME")?,
+            repo: env.required("GIT_REPOSITORY_NAME")?,
+            token: env.get("GIT_ACCESS_TOKEN"),
         })
     }
 }

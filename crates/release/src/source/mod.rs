@@ -75,6 +75,23 @@ pub fn from_settings(settings: &SourceSettings) -> Result<Arc<dyn ReleaseSource>
     })
 }
 
+/// Configuration variables as the Go operator reads them: empty means unset, and trailing newlines (as
+/// left by `base64 -d` of a Secret value) are trimmed.
+pub(crate) struct Env<F>(pub(crate) F);
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    pub(crate) fn get(&self, key: &str) -> Option<String> {
+        (self.0)(key)
+            .map(|v| v.trim_end_matches(['\n', '\r']).to_owned())
+            .filter(|v| !v.is_empty())
+    }
+
+    pub(crate) fn required(&self, key: &str) -> Result<String, SourceError> {
+        self.get(key)
+            .ok_or_else(|| SourceError::Config(format!("environment variable {key} is not set")))
+    }
+}
+
 /// Installs the ring crypto provider for rustls once per process (the HTTP client is built without a
 /// default provider so that the whole binary has one TLS stack).
 pub(crate) fn install_crypto_provider() {

@@ -55,22 +55,19 @@ impl OciConfig {
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SourceError> {
         use base64::Engine;
-        let get = |key: &str| {
-            lookup(key)
-                .map(|v| v.trim_end_matches(['\n', '\r']).to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let required = |key: &str| {
-            get(key).ok_or_else(|| SourceError::Config(format!("environment variable {key} is not set")))
-        };
-        let registry = required("OCI_REGISTRY")?;
-        let repository = required("OCI_REPOSITORY")?;
+        let env = super::Env(lookup);
+        let registry = env.required("OCI_REGISTRY")?;
+        let repository = env.required("OCI_REPOSITORY")?;
         if !repository.starts_with(&format!("{registry}/")) {
             return Err(SourceError::Config(format!(
                 "OCI_REPOSITORY {repository:?} is not a repository of OCI_REGISTRY {registry:?}"
             )));
         }
-        let auth = match (get("OCI_ACCESS_TOKEN"), get("OCI_USERNAME"), get("OCI_PASSWORD")) {
+        let auth = match (
+            env.get("OCI_ACCESS_TOKEN"),
+            env.get("OCI_USERNAME"),
+            env.get("OCI_PASSWORD"),
+        ) {
             (Some(token), _, _) => {
                 RegistryAuth::Bearer(base64::engine::general_purpose::STANDARD.encode(token))
             }
@@ -82,7 +79,7 @@ impl OciConfig {
             }
             (None, None, None) => RegistryAuth::Anonymous,
         };
-        let plain_http = get("OCI_PLAIN_HTTP").is_some_and(|v| v == "true");
+        let plain_http = env.get("OCI_PLAIN_HTTP").is_some_and(|v| v == "true");
         let host = registry.rsplit_once(':').map_or(registry.as_str(), |(h, _)| h);
         if plain_http && !matches!(host, "127.0.0.1" | "localhost" | "[::1]") {
             return Err(SourceError::Config(format!(
