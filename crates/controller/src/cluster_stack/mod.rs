@@ -1,0 +1,3 @@
+//! The ClusterStack controller: which ClusterStackReleases must exist, and the status that says so.
+
+pub mod plan;
