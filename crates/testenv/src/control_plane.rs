@@ -6,7 +6,7 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
@@ -52,7 +52,10 @@ impl ControlPlane {
 
         let (client_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
         let mut etcd = start_etcd(tools, &dir, client_port, peer_port)?;
-        wait_for_etcd(&mut etcd, client_port).await?;
+        etcd.wait_ready(ETCD_READY_TIMEOUT, Duration::from_millis(100), || {
+            etcd_healthy(client_port)
+        })
+        .await?;
 
         let mut apiserver = start_apiserver(tools, &dir, &pki, client_port, api_port)?;
         let server_url = format!("https://127.0.0.1:{api_port}");
@@ -60,7 +63,11 @@ impl ControlPlane {
         let kubeconfig_path = dir.join("kubeconfig");
         std::fs::write(&kubeconfig_path, &kubeconfig_yaml).map_err(|e| Error::io(&kubeconfig_path, e))?;
         let client = client_from_yaml(&kubeconfig_yaml).await?;
-        wait_for_apiserver(&mut apiserver, &client).await?;
+        apiserver
+            .wait_ready(APISERVER_READY_TIMEOUT, Duration::from_millis(200), || {
+                apiserver_ready(client.clone())
+            })
+            .await?;
 
         Ok(ControlPlane {
             name: name.to_owned(),
@@ -164,25 +171,6 @@ fn start_etcd(tools: &Tools, dir: &Path, client_port: u16, peer_port: u16) -> Re
     Supervised::spawn("etcd", command, &dir.join("etcd.log"))
 }
 
-async fn wait_for_etcd(etcd: &mut Supervised, port: u16) -> Result<(), Error> {
-    let deadline = Instant::now() + ETCD_READY_TIMEOUT;
-    loop {
-        if let Some(exit) = etcd.exited() {
-            return Err(Error::Process(exit));
-        }
-        if etcd_healthy(port).await {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Process(format!(
-                "etcd not healthy after {ETCD_READY_TIMEOUT:?}:\n{}",
-                etcd.log_tail()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// `GET /health` over plain HTTP.
 async fn etcd_healthy(port: u16) -> bool {
     let attempt = async {
@@ -231,28 +219,15 @@ fn start_apiserver(
     Supervised::spawn("kube-apiserver", command, &dir.join("kube-apiserver.log"))
 }
 
-async fn wait_for_apiserver(apiserver: &mut Supervised, client: &kube::Client) -> Result<(), Error> {
-    let deadline = Instant::now() + APISERVER_READY_TIMEOUT;
-    loop {
-        if let Some(exit) = apiserver.exited() {
-            return Err(Error::Process(exit));
-        }
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .map_err(|e| Error::Kube(e.to_string()))?;
-        if let Ok(Ok(body)) = tokio::time::timeout(Duration::from_secs(5), client.request_text(request)).await
-            && body.trim() == "ok"
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Process(format!(
-                "kube-apiserver not ready after {APISERVER_READY_TIMEOUT:?}:\n{}",
-                apiserver.log_tail()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// `GET /readyz` answers `ok`.
+async fn apiserver_ready(client: kube::Client) -> bool {
+    let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), client.request_text(request)).await,
+        Ok(Ok(body)) if body.trim() == "ok"
+    )
 }
 
 fn render_kubeconfig(name: &str, server: &str, pki: &Pki) -> String {

@@ -67,6 +67,37 @@ impl Supervised {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// Polls `probe` every `interval` until it answers true; fails when the process exits first or
+    /// `timeout` passes, with the end of its log.
+    pub async fn wait_ready<F, Fut>(
+        &mut self,
+        timeout: Duration,
+        interval: Duration,
+        mut probe: F,
+    ) -> Result<(), Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(exit) = self.exited() {
+                return Err(Error::Process(exit));
+            }
+            if probe().await {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Process(format!(
+                    "{} not ready after {timeout:?}:\n{}",
+                    self.name,
+                    self.log_tail()
+                )));
+            }
+            tokio::time::sleep(interval).await;
+        }
+    }
+
     /// Asks the process to stop (SIGTERM), then kills it after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         signal_group(self.child.id(), "TERM");

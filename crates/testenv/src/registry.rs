@@ -6,7 +6,7 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use oci_client::{
@@ -86,24 +86,15 @@ impl Registry {
         command.arg("serve").arg(&config);
         let mut process = Supervised::spawn("docker-registry", command, &dir.path().join("registry.log"))?;
         let host = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(exit) = process.exited() {
-                return Err(Error::Process(exit));
-            }
-            if let Ok(Ok(_)) =
-                tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(&host)).await
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Process(format!(
-                    "registry not listening after 30s:\n{}",
-                    process.log_tail()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let listening = || async {
+            matches!(
+                tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(&host)).await,
+                Ok(Ok(_))
+            )
+        };
+        process
+            .wait_ready(Duration::from_secs(30), Duration::from_millis(50), listening)
+            .await?;
         Ok(Registry {
             host,
             auth,
