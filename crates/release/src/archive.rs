@@ -126,6 +126,15 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
         limit,
     };
 
+    // A failed read is the bomb guard tripping, or a broken stream.
+    let read_failed = |e: io::Error| {
+        if stream_exceeded(&e) {
+            too_large("the unpacked stream".into(), stream_limit)
+        } else {
+            corrupt(e)
+        }
+    };
+
     let mut result = Unpacked::default();
     let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut regular_files: HashSet<PathBuf> = HashSet::new();
@@ -135,13 +144,7 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
         let mut tar = tar::Archive::new(&mut stream);
         let entries = tar.entries().map_err(corrupt)?;
         for entry in entries {
-            let mut entry = entry.map_err(|e| {
-                if stream_exceeded(&e) {
-                    too_large("the unpacked stream".into(), stream_limit)
-                } else {
-                    corrupt(e)
-                }
-            })?;
+            let mut entry = entry.map_err(read_failed)?;
             let raw_path = entry.path_bytes().into_owned();
             let display = String::from_utf8_lossy(&raw_path).into_owned();
             let relative = safe_relative_path(&display).map_err(|reason| unsafe_entry(&display, reason))?;
@@ -199,13 +202,7 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
                         None => Box::new(io::sink()),
                     };
                     let copied = io::copy(&mut (&mut entry).take(limits.max_file_bytes + 1), &mut sink)
-                        .map_err(|e| {
-                            if stream_exceeded(&e) {
-                                too_large("the unpacked stream".into(), stream_limit)
-                            } else {
-                                corrupt(e)
-                            }
-                        })?;
+                        .map_err(read_failed)?;
                     if copied > limits.max_file_bytes {
                         return Err(too_large(format!("entry {display:?}"), limits.max_file_bytes));
                     }
@@ -263,13 +260,7 @@ fn walk(archive: &Path, limits: UnpackLimits, dest: Option<&Path>) -> Result<Unp
     }
     // The tar end marker may come before the end of the gzip stream: read it to the end, so that a
     // truncated stream or a bad checksum is noticed.
-    io::copy(&mut stream, &mut io::sink()).map_err(|e| {
-        if stream_exceeded(&e) {
-            too_large("the unpacked stream".into(), stream_limit)
-        } else {
-            corrupt(e)
-        }
-    })?;
+    io::copy(&mut stream, &mut io::sink()).map_err(read_failed)?;
     Ok(result)
 }
 
