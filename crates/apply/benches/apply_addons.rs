@@ -68,7 +68,8 @@ async fn main() {
     let addons = tempfile::tempdir().unwrap();
     let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/releases/docker-scs-1-30-v1/docker-scs-1-30-cluster-addon-v1.tgz");
-    cso_release_unpack(&archive, addons.path());
+    let addons = addons.path().join("addons");
+    cso_release::archive::unpack(&archive, &addons, Default::default()).unwrap();
     let renderer = CachingRenderer::new(
         Helm::new(tools.helm.clone().unwrap(), Duration::from_secs(60)).unwrap(),
         64 << 20,
@@ -84,7 +85,7 @@ async fn main() {
 
     let (cpu0, _) = usage();
     let started = Instant::now();
-    let manifests = render(&renderer, addons.path(), plane.kubeconfig_path()).await;
+    let manifests = render(&renderer, &addons, plane.kubeconfig_path()).await;
     let rendered = started.elapsed();
     let report = engine.apply(&manifests, "kube-system", &labels, &[]).await;
     let total = started.elapsed();
@@ -94,7 +95,7 @@ async fn main() {
     let mut reapply = Vec::new();
     for _ in 0..REAPPLY_RUNS {
         let started = Instant::now();
-        let manifests = render(&renderer, addons.path(), plane.kubeconfig_path()).await;
+        let manifests = render(&renderer, &addons, plane.kubeconfig_path()).await;
         let again = engine
             .apply(&manifests, "kube-system", &labels, &report.resources)
             .await;
@@ -128,12 +129,4 @@ async fn main() {
         peak as f64 / 1024.0,
         renderer.stats()
     );
-}
-
-fn cso_release_unpack(archive: &Path, into: &Path) {
-    cso_release::archive::unpack(archive, &into.join("x"), Default::default()).unwrap();
-    for entry in std::fs::read_dir(into.join("x")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::rename(entry.path(), into.join(entry.file_name())).unwrap();
-    }
 }

@@ -341,19 +341,14 @@ async fn crds_come_first_and_failures_are_listed_per_object() {
 /// Renders both stages of `docker-scs-1-30-v1` (Cilium, metrics-server) against the target cluster.
 async fn render_scs_addons(renderer: &impl ChartRenderer, ns: &str) -> Vec<cso_render::Manifest> {
     let unpacked = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("tar")
-        .arg("xzf")
-        .arg(fixture("docker-scs-1-30-v1/docker-scs-1-30-cluster-addon-v1.tgz"))
-        .arg("-C")
-        .arg(unpacked.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let addons = unpacked.path().join("addons");
+    let archive = fixture("docker-scs-1-30-v1/docker-scs-1-30-cluster-addon-v1.tgz");
+    cso_release::archive::unpack(&archive, &addons, Default::default()).unwrap();
     let mut manifests = Vec::new();
     for stage in ["cni", "metrics-server"] {
         let rendered = renderer
             .render(RenderRequest {
-                chart: unpacked.path().join(stage),
+                chart: addons.join(stage),
                 release_name: "cluster-addon".into(),
                 namespace: ns.into(),
                 kube_version: Some("v1.30.10".into()),
