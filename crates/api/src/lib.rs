@@ -8,6 +8,7 @@ pub mod cluster_stack_release;
 pub mod common;
 pub mod conditions;
 pub mod crd;
+pub mod names;
 pub mod release_id;
 pub mod version;
 

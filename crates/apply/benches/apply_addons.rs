@@ -79,7 +79,7 @@ async fn main() {
         DEFAULT_FIELD_MANAGER,
     );
     let labels = BTreeMap::from([(
-        "clusterstack.x-k8s.io/release".to_owned(),
+        cso_api::names::RELEASE_LABEL.to_owned(),
         "docker-scs-1-30-v1".to_owned(),
     )]);
 

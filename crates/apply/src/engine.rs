@@ -8,8 +8,8 @@
 //! same render changes no `resourceVersion`.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -25,6 +25,7 @@ use kube::{
     core::GroupVersionKind,
 };
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::{
     ClusterDiscovery,
@@ -55,6 +56,9 @@ pub struct ApplyReport {
     /// the inventory without deleting anything.
     pub released: Vec<ObjectKey>,
     pub failures: Vec<Failure>,
+    /// Objects this engine had applied before and found recreated (another uid) or with a spec someone else
+    /// changed (another generation): drift this apply corrected.
+    pub drift_corrected: Vec<ObjectKey>,
 }
 
 impl ApplyReport {
@@ -78,6 +82,16 @@ pub struct ApplyEngine {
     discovery: Arc<ClusterDiscovery>,
     field_manager: String,
     take_over_from: Vec<String>,
+    /// uid and generation of each object as our last apply left it, to tell drift from no change.
+    observed: Arc<Mutex<HashMap<ObjectKey, Observed>>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Observed {
+    /// Digest of what we applied.
+    content: [u8; 32],
+    uid: Option<String>,
+    generation: Option<i64>,
 }
 
 /// A rendered object made ready to apply.
@@ -87,6 +101,7 @@ struct Prepared {
     kind: Option<ResolvedKind>,
     object: Value,
     error: Option<String>,
+    drift_corrected: bool,
 }
 
 impl ApplyEngine {
@@ -95,6 +110,7 @@ impl ApplyEngine {
             discovery,
             field_manager: field_manager.into(),
             take_over_from: Vec::new(),
+            observed: Arc::default(),
         }
     }
 
@@ -139,6 +155,9 @@ impl ApplyEngine {
 
         let current: BTreeSet<ObjectKey> = prepared.iter().map(|p| p.key.clone()).collect();
         for item in prepared {
+            if item.drift_corrected {
+                report.drift_corrected.push(item.key.clone());
+            }
             let status = match &item.error {
                 None => {
                     report.applied += 1;
@@ -203,6 +222,7 @@ impl ApplyEngine {
                     kind: None,
                     object,
                     error: Some(e.to_string()),
+                    drift_corrected: false,
                 };
             }
         };
@@ -233,6 +253,7 @@ impl ApplyEngine {
             kind: Some(kind),
             object,
             error: None,
+            drift_corrected: false,
         }
     }
 
@@ -299,7 +320,24 @@ impl ApplyEngine {
             .patch(&item.key.name, &params, &Patch::Apply(&item.object))
             .await
         {
-            Ok(_) => tracing::debug!(object = %item.key, "applied"),
+            Ok(applied) => {
+                tracing::debug!(object = %item.key, "applied");
+                let now = Observed {
+                    content: Sha256::digest(item.object.to_string()).into(),
+                    uid: applied.metadata.uid,
+                    generation: applied.metadata.generation,
+                };
+                let before = self
+                    .observed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(item.key.clone(), now.clone());
+                // Applying what we applied last time changes nothing, so a new uid (the object was
+                // deleted) or a new generation (its spec was edited) means we just undid someone's change.
+                item.drift_corrected = before.is_some_and(|b| {
+                    b.content == now.content && (b.uid != now.uid || b.generation != now.generation)
+                });
+            }
             Err(e) => {
                 if matches!(&e, kube::Error::Api(s) if s.code == 404) {
                     self.discovery.forget(&GroupVersionKind::gvk(

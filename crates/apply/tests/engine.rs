@@ -37,7 +37,7 @@ async fn setup(prefix: &str) -> (kube::Client, String, ApplyEngine) {
 }
 
 fn release_label(tag: &str) -> BTreeMap<String, String> {
-    [("clusterstack.x-k8s.io/release".to_owned(), tag.to_owned())].into()
+    [(cso_api::names::RELEASE_LABEL.to_owned(), tag.to_owned())].into()
 }
 
 fn capi(client: &kube::Client, ns: &str, group: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
@@ -78,7 +78,7 @@ async fn the_ferrol_cluster_class_lands_in_its_namespace_and_reapplying_changes_
         Some("owned")
     );
     assert_eq!(
-        labels.get("clusterstack.x-k8s.io/release").map(String::as_str),
+        labels.get(cso_api::names::RELEASE_LABEL).map(String::as_str),
         Some("docker-ferrol-1-27-v1")
     );
     let templates = [

@@ -1,4 +1,42 @@
 //! The operator's reconcilers. Each follows dereference -> validate -> build (pure) -> apply -> status;
 //! the pure parts live beside them and are tested without a cluster.
+//!
+//! [`run`] starts the controllers of the management flow (ClusterStack, ClusterStackRelease) on one
+//! [`Context`] and runs them until shutdown.
 
 pub mod cluster_stack;
+pub mod cluster_stack_release;
+mod context;
+mod filter;
+mod in_use;
+mod patch;
+mod provider_watch;
+mod run;
+
+pub use context::{Context, EVENT_REPORTER, Settings};
+pub use run::{Operator, run};
+
+/// Why a reconcile did not finish. What the user can act on is also in the object's conditions.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Already written to the object's conditions (and usually an event); retried with backoff.
+    #[error("{0}")]
+    Reported(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub(crate) fn kube(action: impl Into<String>, source: kube::Error) -> Self {
+        Error::Kube {
+            action: action.into(),
+            source,
+        }
+    }
+}

@@ -75,6 +75,48 @@ pub fn from_settings(settings: &SourceSettings) -> Result<Arc<dyn ReleaseSource>
     })
 }
 
+/// The source the operator was configured with but could not build (a missing `GIT_*` or `OCI_*` variable, a
+/// bad URL). Every call answers with that error, so controllers report it in their conditions, as the Go
+/// operator does with `AssetsClientAPIAvailable`, instead of the process refusing to start.
+#[derive(Debug)]
+pub struct UnavailableSource {
+    kind: &'static str,
+    message: String,
+}
+
+impl UnavailableSource {
+    pub fn new(kind: SourceKind, error: &SourceError) -> Self {
+        UnavailableSource {
+            kind: match kind {
+                SourceKind::Github => "github",
+                SourceKind::Oci => "oci",
+            },
+            message: match error {
+                SourceError::Config(message) => message.clone(),
+                other => other.to_string(),
+            },
+        }
+    }
+}
+
+impl ReleaseSource for UnavailableSource {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        Box::pin(async move { Err(SourceError::Config(self.message.clone())) })
+    }
+
+    fn download<'a>(
+        &'a self,
+        _tag: &'a str,
+        _dest: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move { Err(SourceError::Config(self.message.clone())) })
+    }
+}
+
 /// Configuration variables as the Go operator reads them: empty means unset, and trailing newlines (as
 /// left by `base64 -d` of a Secret value) are trimmed.
 pub(crate) struct Env<F>(pub(crate) F);

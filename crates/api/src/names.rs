@@ -1,0 +1,84 @@
+//! Condition types, reasons, event reasons and labels, spelled as the Go operator spells them so that
+//! dashboards, alerts and runbooks written for it keep working. Names the Go operator does not have are
+//! marked *new* and listed in `docs/conditions.md`.
+
+/// Condition types.
+pub mod condition {
+    pub const CLUSTER_READY: &str = "ClusterReady";
+    pub const EVALUATED_CEL: &str = "EvaluatedCEL";
+    pub const HELM_CHART_FOUND: &str = "HelmChartFound";
+    pub const HELM_CHART_TEMPLATED: &str = "HelmChartTemplated";
+    pub const CLUSTER_ADDON_CONFIG_VALIDATED: &str = "ClusterAddonConfigValidated";
+    pub const HELM_CHART_APPLIED: &str = "HelmChartApplied";
+    pub const HOOK_SERVER_READY: &str = "HookServerReady";
+    pub const HELM_CHART_DELETED: &str = "HelmChartDeleted";
+    pub const PROVIDER_CLUSTER_STACK_RELEASES_SYNCED: &str = "ProviderClusterStackReleasesSynced";
+    pub const CLUSTER_STACK_RELEASES_SYNCED: &str = "ClusterStackReleasesSynced";
+    pub const CLUSTER_STACK_RELEASE_AVAILABLE: &str = "ClusterStackReleaseAvailable";
+    /// The Go constant is `ClusterStackReleaseAssetsReadyCondition`.
+    pub const CLUSTER_STACK_RELEASE_DOWNLOADED: &str = "ClusterStackReleaseDownloaded";
+    pub const PROVIDER_CLUSTER_STACK_RELEASE_READY: &str = "ProviderClusterStackReleaseReady";
+    pub const ASSETS_CLIENT_API_AVAILABLE: &str = "AssetsClientAPIAvailable";
+    pub const RELEASES_SYNCED: &str = "ReleasesSynced";
+    /// *New.* On a ClusterStackRelease being deleted: False while Clusters still use its ClusterClass.
+    pub const CLUSTER_CLASS_UNUSED: &str = "ClusterClassUnused";
+}
+
+/// Condition reasons.
+pub mod reason {
+    pub const CONTROL_PLANE_NOT_READY: &str = "ControlPlaneNotReady";
+    pub const FAILED_TO_APPLY_OBJECTS: &str = "FailedToApplyObjects";
+    pub const OBJECTS_APPLYING_ONGOING: &str = "ObjectsApplyingOngoing";
+    pub const PROVIDER_TEMPLATE_NOT_FOUND: &str = "ProviderTemplateNotFound";
+    pub const FAILED_TO_CREATE_OR_UPDATE: &str = "FailedToCreateOrUpdate";
+    pub const RELEASE_ASSETS_NOT_DOWNLOADED_YET: &str = "ReleaseAssetsNotDownloadedYet";
+    pub const ISSUE_WITH_RELEASE_ASSETS: &str = "IssueWithReleaseAssets";
+    pub const PROCESS_ONGOING: &str = "ProcessOngoing";
+    pub const FAILED_CREATE_ASSETS_CLIENT: &str = "FailedCreateAssetsClient";
+    pub const FAILED_TO_SYNC: &str = "FailedToSync";
+    /// *New.* `ClusterStackReleaseAvailable` False: no release of the stack is ready yet.
+    pub const NO_READY_RELEASE: &str = "NoReadyRelease";
+    /// *New.* `ClusterStackReleasesSynced` False: `spec` names a version that does not parse.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// *New.* `ClusterStackReleaseDownloaded` False: the source has no such release.
+    pub const RELEASE_NOT_FOUND: &str = "ReleaseNotFound";
+    /// *New.* `HelmChartApplied` False: `helm template` of the cluster-class chart failed.
+    pub const FAILED_TO_RENDER_CHART: &str = "FailedToRenderChart";
+    /// *New.* `ProviderClusterStackReleaseReady` False: the provider object named by `spec.providerRef` is
+    /// missing or unreadable.
+    pub const PROVIDER_OBJECT_NOT_FOUND: &str = "ProviderObjectNotFound";
+    /// *New.* `ClusterClassUnused` False.
+    pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
+    /// *New.* `HelmChartDeleted` / deletion of a ClusterStackRelease: some objects could not be deleted.
+    pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
+}
+
+/// Event reasons.
+pub mod event {
+    pub const CLUSTER_STACK_RELEASE_CREATED: &str = "ClusterStackReleaseCreated";
+    pub const ERROR_CREATING_CLUSTER_STACK_RELEASE: &str = "ErrorCreatingClusterStackRelease";
+    pub const FAILED_TO_DELETE_CLUSTER_STACK_RELEASE: &str = "FailedToDeleteClusterStackRelease";
+    /// *New.*
+    pub const CLUSTER_STACK_RELEASE_DELETED: &str = "ClusterStackReleaseDeleted";
+    pub const CREATE_PROVIDER_STACK_RELEASE: &str = "CreateProviderStackRelease";
+    pub const UPDATE_PROVIDER_STACK_RELEASE: &str = "UpdateProviderStackRelease";
+    pub const FAILED_CREATE_ASSETS_CLIENT: &str = "FailedCreateAssetsClient";
+    pub const FAILED_TO_SYNC: &str = "FailedToSync";
+    pub const VALIDATE_HELM_CHART_FAILED: &str = "ValidateHelmChartFailed";
+    /// *New.*
+    pub const RELEASE_DOWNLOAD_FAILED: &str = "ReleaseDownloadFailed";
+    /// *New.*
+    pub const FAILED_TO_RENDER_CHART: &str = "FailedToRenderChart";
+    /// *New.*
+    pub const FAILED_TO_APPLY_OBJECTS: &str = "FailedToApplyObjects";
+    /// *New.* Objects of a release were re-applied because they had been changed or deleted.
+    pub const DRIFT_CORRECTED: &str = "DriftCorrected";
+    /// *New.*
+    pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
+    /// *New.*
+    pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
+}
+
+/// The label with the release tag that every object applied for a release carries (besides
+/// [`crate::OWNED_LABEL`]); it maps a changed ClusterClass back to its ClusterStackRelease.
+pub const RELEASE_LABEL: &str = "clusterstack.x-k8s.io/release";

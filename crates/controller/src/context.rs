@@ -1,0 +1,190 @@
+//! What every reconciler shares: the management client, the release cache, the chart renderer, the apply
+//! engine, the event recorder, the settings, and a per-object retry backoff.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use cso_apply::{ApplyEngine, ClusterDiscovery};
+use cso_release::ReleaseCache;
+use cso_render::ChartRenderer;
+use kube::{
+    Client, Resource, ResourceExt,
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+
+use crate::provider_watch::ProviderWatches;
+
+/// The event reporter, named as the Go operator names its recorder.
+pub const EVENT_REPORTER: &str = "clusterstack-controller";
+
+/// How the controllers run (the `cso run` flags).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `--namespace`: watch only this namespace.
+    pub namespace: Option<String>,
+    /// `--watch-filter`: only objects with label `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// `--clusterstack-concurrency`
+    pub cluster_stack_concurrency: u16,
+    /// `--clusterstackrelease-concurrency`
+    pub cluster_stack_release_concurrency: u16,
+    /// How often a ClusterStack with `autoSubscribe` asks its source for new releases.
+    pub poll_interval: Duration,
+    /// How often applied objects are re-applied even when nothing announced a change (drift correction for
+    /// objects without a watch; a deleted ClusterClass is noticed at once).
+    pub resync_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            namespace: None,
+            watch_filter: None,
+            cluster_stack_concurrency: 1,
+            cluster_stack_release_concurrency: 1,
+            poll_interval: Duration::from_secs(300),
+            resync_interval: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Shared by all reconcilers.
+pub struct Context {
+    pub client: Client,
+    pub releases: Arc<ReleaseCache>,
+    pub renderer: Arc<dyn ChartRenderer>,
+    /// Applies to the management cluster.
+    pub engine: ApplyEngine,
+    pub discovery: Arc<ClusterDiscovery>,
+    pub settings: Settings,
+    pub(crate) provider_watches: ProviderWatches,
+    recorder: Recorder,
+    backoff: Backoff,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("releases", &self.releases)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub(crate) fn new(
+        client: Client,
+        releases: Arc<ReleaseCache>,
+        renderer: Arc<dyn ChartRenderer>,
+        engine: ApplyEngine,
+        discovery: Arc<ClusterDiscovery>,
+        settings: Settings,
+        provider_watches: ProviderWatches,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: EVENT_REPORTER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            releases,
+            renderer,
+            engine,
+            discovery,
+            settings,
+            provider_watches,
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Publishes an event about `object`. A failure to publish is logged, never fatal.
+    pub(crate) async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: impl Into<String>)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let mut note: String = note.into();
+        // The Events API limits the note to 1 kB.
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");
+        }
+    }
+
+    /// The delay before retrying `key` after its `n`-th failure in a row: 5 s doubling up to 5 minutes.
+    pub(crate) fn retry_delay(&self, key: &str) -> Duration {
+        self.backoff.next(key)
+    }
+
+    /// Forgets the failures of `key` after it reconciled cleanly.
+    pub(crate) fn succeeded(&self, key: &str) {
+        self.backoff.reset(key);
+    }
+}
+
+/// Exponential per-object backoff, so that a broken object neither loops hot nor waits long once fixed.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+const BACKOFF_BASE: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+impl Backoff {
+    fn next(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(key.to_owned()).or_default();
+        let delay = BACKOFF_BASE.saturating_mul(1 << (*n).min(10)).min(BACKOFF_MAX);
+        *n = n.saturating_add(1);
+        delay
+    }
+
+    fn reset(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+}
+
+/// The backoff key of an object.
+pub(crate) fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let backoff = Backoff::default();
+        let delays: Vec<u64> = (0..9).map(|_| backoff.next("a").as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(backoff.next("b").as_secs(), 5, "keys are independent");
+        backoff.reset("a");
+        assert_eq!(backoff.next("a").as_secs(), 5);
+    }
+}

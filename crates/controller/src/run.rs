@@ -1,0 +1,170 @@
+//! Builds the controllers of the management flow on one [`Context`] and runs them until shutdown: what
+//! each watches, and how a change of one object finds the objects to reconcile.
+
+use std::{future::Future, sync::Arc};
+
+use cso_api::{
+    ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster, names::RELEASE_LABEL,
+};
+use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
+use cso_release::ReleaseCache;
+use cso_render::ChartRenderer;
+use futures::{FutureExt, StreamExt};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::DynamicObject,
+    core::GroupVersionKind,
+    discovery::ApiResource,
+    runtime::{Controller, controller::Config, reflector::ObjectRef, watcher},
+};
+
+use crate::{
+    Context, Settings, cluster_stack, cluster_stack_release, filter::watcher_config,
+    provider_watch::ProviderWatches,
+};
+
+/// What the operator is made of.
+pub struct Operator {
+    pub client: Client,
+    pub releases: Arc<ReleaseCache>,
+    pub renderer: Arc<dyn ChartRenderer>,
+    /// Field managers whose server-side-applied fields we take over (`kubectl` for the Go operator's).
+    pub take_over_from: Vec<String>,
+    pub settings: Settings,
+}
+
+impl std::fmt::Debug for Operator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("releases", &self.releases)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the ClusterStack and ClusterStackRelease controllers until `shutdown` completes; reconciles in
+/// flight are finished first.
+pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let Operator {
+        client,
+        releases,
+        renderer,
+        take_over_from,
+        settings,
+    } = operator;
+    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER).taking_over_from(take_over_from);
+    let (provider_watches, provider_triggers) =
+        ProviderWatches::new(client.clone(), settings.namespace.clone());
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        releases,
+        renderer,
+        engine,
+        discovery,
+        settings.clone(),
+        provider_watches,
+    ));
+    let shutdown = shutdown.boxed().shared();
+    let config = watcher_config(&settings);
+    let namespace = &settings.namespace;
+
+    let stacks = Controller::new(scoped::<ClusterStack>(&client, namespace), config.clone());
+    let stack_store = stacks.store();
+    let stacks = stacks
+        // A release changed or went away: its ClusterStack decides again.
+        .watches(
+            scoped::<ClusterStackRelease>(&client, namespace),
+            config.clone(),
+            |release| {
+                let namespace = release.namespace().unwrap_or_default();
+                release
+                    .owner_references()
+                    .iter()
+                    .filter(|o| o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP))
+                    .map(|o| ObjectRef::new(&o.name).within(&namespace))
+                    .collect::<Vec<_>>()
+            },
+        )
+        // A Cluster moved to another class or went away: what is in use changed.
+        .watches(
+            scoped::<Cluster>(&client, namespace),
+            config.clone(),
+            move |cluster| {
+                let Some(class) = cluster.class() else {
+                    return Vec::new();
+                };
+                let Ok(id) = ReleaseId::parse_cluster_class(&class.name) else {
+                    return Vec::new();
+                };
+                stack_store
+                    .state()
+                    .iter()
+                    .filter(|s| s.namespace().as_deref() == Some(class.namespace.as_str()))
+                    .filter(|s| cluster_stack::stack_spec(s).is_ok_and(|spec| spec.owns(&id)))
+                    .map(|s| ObjectRef::from_obj(s.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .with_config(Config::default().concurrency(settings.cluster_stack_concurrency))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(cluster_stack::reconcile, cluster_stack::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "ClusterStack controller");
+            }
+        });
+
+    let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "cluster.x-k8s.io",
+        "v1beta1",
+        "ClusterClass",
+    ));
+    let owned_classes = watcher::Config::default()
+        .any_semantic()
+        .labels(&format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1));
+    let class_api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
+        None => Api::all_with(client.clone(), &class_resource),
+    };
+    let releases = Controller::new(scoped::<ClusterStackRelease>(&client, namespace), config.clone())
+        // A Cluster moved on or went away: a release waiting to be deleted may go now.
+        .watches(scoped::<Cluster>(&client, namespace), config.clone(), |cluster| {
+            let class = cluster.class()?;
+            let id = ReleaseId::parse_cluster_class(&class.name).ok()?;
+            Some(ObjectRef::new(&id.tag()).within(&class.namespace))
+        })
+        // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync.
+        .watches_with(class_api, class_resource, owned_classes, |class| {
+            let tag = class.labels().get(RELEASE_LABEL)?.clone();
+            Some(ObjectRef::new(&tag).within(&class.namespace().unwrap_or_default()))
+        })
+        // A provider object changed (its status.ready).
+        .reconcile_on(provider_triggers)
+        .with_config(Config::default().concurrency(settings.cluster_stack_release_concurrency))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            cluster_stack_release::reconcile,
+            cluster_stack_release::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "ClusterStackRelease controller");
+            }
+        });
+
+    tracing::info!(namespace = ?settings.namespace, "controllers started");
+    futures::join!(stacks, releases);
+    tracing::info!("controllers stopped");
+}
