@@ -260,7 +260,7 @@ impl ApplyEngine {
     /// Takes over objects that other field managers applied (the Go operator applied with `kubectl`):
     /// before our first apply of such an object, their `Apply` entry in `managedFields` is renamed to ours,
     /// so that fields a later release no longer renders are removed instead of staying owned by them.
-    /// Costs one read per object; meant for the migration from the Go operator.
+    /// Costs one read per object the first time this engine applies it.
     pub fn taking_over_from(mut self, managers: impl IntoIterator<Item = String>) -> Self {
         self.take_over_from = managers.into_iter().collect();
         self
@@ -309,7 +309,14 @@ impl ApplyEngine {
     async fn apply_one(&self, mut item: Prepared) -> Prepared {
         let Some(kind) = &item.kind else { return item };
         let api = self.api(kind, &item.key.namespace);
+        // Once applied by this engine, the object's Apply entry is ours: no further read needed.
+        let applied_before = self
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&item.key);
         if !self.take_over_from.is_empty()
+            && !applied_before
             && let Err(e) = self.take_over(&api, &item.key.name).await
         {
             item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));

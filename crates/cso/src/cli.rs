@@ -1,8 +1,12 @@
-//! The command line: `cso crds`, `cso dev up|status`.
+//! The command line: `cso run`, `cso crds`, `cso dev up|status`.
+//!
+//! `cso run` takes the Go operator's flags with Go's spelling rules, so existing manifests work unchanged:
+//! one or two dashes (`-local`, `--local`), booleans as `--flag`, `--flag=true` or `--flag=false` (never
+//! `--flag false`), durations like `5m` or `30s`.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -17,6 +21,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the operator against the cluster of `--kubeconfig` (else `KUBECONFIG`, else in-cluster).
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Local control planes for development and the quick start.
@@ -38,4 +44,206 @@ pub enum DevCommand {
         #[arg(long)]
         dir: PathBuf,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the management cluster; default: `KUBECONFIG`, then the in-cluster service account.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Where metrics are served (`/metrics`).
+    #[arg(long, default_value = ":8080")]
+    pub metrics_bind_address: String,
+    /// Where `/healthz` and `/readyz` are served.
+    #[arg(long, default_value = ":9440")]
+    pub health_probe_bind_address: String,
+    /// Elect a leader with a Lease before running the controllers.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// Namespace of the leader-election Lease (default: the pod's namespace).
+    #[arg(long, default_value = "")]
+    pub leader_elect_namespace: String,
+    /// Only reconcile objects labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    #[arg(long, default_value = "")]
+    pub watch_filter: String,
+    /// Only watch this namespace.
+    #[arg(long, default_value = "")]
+    pub namespace: String,
+    /// ClusterStacks reconciled at the same time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub clusterstack_concurrency: u16,
+    /// ClusterStackReleases reconciled at the same time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub clusterstackrelease_concurrency: u16,
+    /// ClusterAddons reconciled at the same time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub clusteraddon_concurrency: u16,
+    /// `debug`, `info` or `error` (anything else means `info`, as in the Go operator).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// `json` (one object per line, as the Go operator logs) or `text`.
+    #[arg(long, default_value = "json", value_parser = ["json", "text"])]
+    pub log_format: String,
+    /// The release cache: releases live in `<release-dir>/cluster-stacks/<tag>/`.
+    #[arg(long, default_value = "/tmp/downloads/")]
+    pub release_dir: PathBuf,
+    /// Use the releases already in the release directory; never download.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    pub local: bool,
+    /// Where releases come from: `github` or `oci` (configured by the `GIT_*` / `OCI_*` variables).
+    #[arg(long, default_value = "github")]
+    pub source: String,
+    /// Accepted for compatibility; the kube-rs client does not throttle on the client side.
+    #[arg(long, default_value_t = 50.0)]
+    pub qps: f64,
+    /// Accepted for compatibility; see `--qps`.
+    #[arg(long, default_value_t = 100)]
+    pub burst: u32,
+    /// Port of the runtime-extension (lifecycle hook) server.
+    #[arg(long, default_value_t = 9442)]
+    pub hook_port: u16,
+    /// Certificates of the runtime-extension server (`tls.crt`, `tls.key`).
+    #[arg(long, default_value = "/tmp/k8s-hook-server/serving-certs/")]
+    pub hook_cert_dir: PathBuf,
+    /// How often a ClusterStack with `autoSubscribe` asks its source for new releases.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// How often applied objects are re-applied (drift correction) when no watch announced a change.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+    /// Field managers whose applied fields are taken over (comma-separated; `kubectl` is how the Go
+    /// operator applies, so swapping operators leaves no fields stranded). Empty to disable.
+    #[arg(long, default_value = "kubectl", value_delimiter = ',')]
+    pub take_over_field_managers: Vec<String>,
+    /// The `helm` binary.
+    #[arg(long, default_value = "helm", env = "CSO_HELM")]
+    pub helm: PathBuf,
+    /// How long one `helm template` may take.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub helm_timeout: Duration,
+    /// The GitHub API (GitHub Enterprise, or a stand-in).
+    #[arg(long, default_value = "https://api.github.com")]
+    pub github_api_url: String,
+}
+
+/// Go-style durations: `300ms`, `30s`, `5m`, `1h`, and sums such as `1m30s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("invalid duration {text:?}: use e.g. 30s, 5m, 1h30m");
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
+        if digits == 0 {
+            return Err(invalid());
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| invalid())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let part = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.saturating_mul(60)),
+            "h" => Duration::from_secs(number.saturating_mul(3600)),
+            _ => return Err(invalid()),
+        };
+        total = total.saturating_add(part);
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+/// Rewrites Go's single-dash long flags (`-leader-elect=false`) into clap's `--leader-elect=false`.
+pub fn go_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut options_done = false;
+    for arg in args {
+        if options_done || arg == "--" {
+            options_done = true;
+            out.push(arg);
+            continue;
+        }
+        let is_single_dash_long = arg.starts_with('-')
+            && !arg.starts_with("--")
+            && arg.split('=').next().is_some_and(|name| name.len() > 2);
+        out.push(if is_single_dash_long {
+            format!("-{arg}")
+        } else {
+            arg
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_run(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = go_style_args(["cso", "run"].iter().chain(args).map(|s| (*s).to_owned()));
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(run) => Ok(*run),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn upstream_defaults() {
+        let run = parse_run(&[]).unwrap();
+        assert!(run.leader_elect);
+        assert!(!run.local);
+        assert_eq!(run.source, "github");
+        assert_eq!(run.release_dir, PathBuf::from("/tmp/downloads/"));
+        assert_eq!(run.hook_port, 9442);
+        assert_eq!(
+            (run.clusterstack_concurrency, run.clusterstackrelease_concurrency),
+            (1, 1)
+        );
+        assert_eq!(run.poll_interval, Duration::from_secs(300));
+        assert_eq!(run.take_over_field_managers, ["kubectl"]);
+    }
+
+    #[test]
+    fn go_style_flags_as_in_the_upstream_manifests() {
+        let run = parse_run(&[
+            "--leader-elect=false",
+            "-local=true",
+            "--log-level=debug",
+            "-clusterstack-concurrency=3",
+            "--release-dir",
+            "/var/cache/cso",
+            "--watch-filter=team-a",
+        ])
+        .unwrap();
+        assert!(!run.leader_elect);
+        assert!(run.local);
+        assert_eq!(run.log_level, "debug");
+        assert_eq!(run.clusterstack_concurrency, 3);
+        assert_eq!(run.release_dir, PathBuf::from("/var/cache/cso"));
+        assert_eq!(run.watch_filter, "team-a");
+        assert!(
+            parse_run(&["--local"]).unwrap().local,
+            "a bare boolean flag means true"
+        );
+        assert!(
+            parse_run(&["--local", "false"]).is_err(),
+            "like Go, a boolean takes its value only with ="
+        );
+        assert!(parse_run(&["--clusterstack-concurrency=0"]).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        for bad in ["", "5", "m", "5x", "-1s", "1.5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -2,22 +2,16 @@
 
 mod cli;
 mod commands;
+mod logging;
 
 use clap::Parser;
 
-/// The kube client logs every failed request at ERROR before returning the error to its caller, which
-/// reports it; readiness polling would flood the log.
-const DEFAULT_LOG_FILTER: &str = "info,kube_client::client::builder=off";
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let cli = cli::Cli::parse_from(cli::go_style_args(std::env::args()));
+    match &cli.command {
+        cli::Command::Run(run) => logging::init(&run.log_level, run.log_format == "json"),
+        _ => logging::init("info", false),
+    }
     commands::run(cli.command).await
 }
