@@ -15,7 +15,7 @@ use kube::{
     api::DynamicObject,
     core::GroupVersionKind,
     discovery::ApiResource,
-    runtime::{Controller, controller::Config, reflector::ObjectRef, watcher},
+    runtime::{Controller, WatchStreamExt, controller::Config, reflector::ObjectRef, watcher},
 };
 
 use crate::{
@@ -137,18 +137,41 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
         None => Api::all_with(client.clone(), &class_resource),
     };
-    let releases = Controller::new(scoped::<ClusterStackRelease>(&client, namespace), config.clone())
+    let releases = Controller::new(scoped::<ClusterStackRelease>(&client, namespace), config.clone());
+    let release_store = releases.store();
+    // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
+    // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
+    // it first listed) has no event of its own.
+    let class_triggers = watcher(class_api, owned_classes)
+        .default_backoff()
+        .flat_map(move |event| {
+            let triggered: Vec<ObjectRef<ClusterStackRelease>> = match event {
+                Ok(
+                    watcher::Event::Apply(class)
+                    | watcher::Event::Delete(class)
+                    | watcher::Event::InitApply(class),
+                ) => release_of_class(&class).into_iter().collect(),
+                Ok(watcher::Event::InitDone) => release_store
+                    .state()
+                    .iter()
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect(),
+                Ok(watcher::Event::Init) => Vec::new(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "ClusterClass watch interrupted");
+                    Vec::new()
+                }
+            };
+            futures::stream::iter(triggered)
+        });
+    let releases = releases
         // A Cluster moved on or went away: a release waiting to be deleted may go now.
         .watches(scoped::<Cluster>(&client, namespace), config.clone(), |cluster| {
             let class = cluster.class()?;
             let id = ReleaseId::parse_cluster_class(&class.name).ok()?;
             Some(ObjectRef::new(&id.tag()).within(&class.namespace))
         })
-        // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync.
-        .watches_with(class_api, class_resource, owned_classes, |class| {
-            let tag = class.labels().get(RELEASE_LABEL)?.clone();
-            Some(ObjectRef::new(&tag).within(&class.namespace().unwrap_or_default()))
-        })
+        .reconcile_on(class_triggers)
         // A provider object changed (its status.ready).
         .reconcile_on(provider_triggers)
         .with_config(Config::default().concurrency(settings.cluster_stack_release_concurrency))
@@ -167,4 +190,10 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     tracing::info!(namespace = ?settings.namespace, "controllers started");
     futures::join!(stacks, releases);
     tracing::info!("controllers stopped");
+}
+
+/// The release a ClusterClass of ours was applied for (its release label).
+fn release_of_class(class: &DynamicObject) -> Option<ObjectRef<ClusterStackRelease>> {
+    let tag = class.labels().get(RELEASE_LABEL)?;
+    Some(ObjectRef::new(tag).within(&class.namespace().unwrap_or_default()))
 }

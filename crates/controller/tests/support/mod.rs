@@ -1,0 +1,275 @@
+//! What the controller tests share: an operator running in this process against the shared test API
+//! server (scoped to the test's namespace, so tests in parallel never see each other's objects), fixture
+//! releases, and waiting for a condition with a bound.
+
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use cso_api::{ClusterStack, ClusterStackRelease, conditions::ConditionsExt};
+use cso_controller::{Operator, Settings};
+use cso_release::{ReleaseCache, ReleaseSource, archive::UnpackLimits, source::local::LocalSource};
+use cso_render::{CachingRenderer, Helm, cache::DEFAULT_CAPACITY_BYTES};
+use kube::{
+    Api, Client,
+    api::{DynamicObject, ListParams, PostParams},
+    core::GroupVersionKind,
+    discovery::ApiResource,
+};
+use serde_json::{Value, json};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+pub const FERROL: &str = "docker-ferrol-1-27";
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases")
+}
+
+/// Copies fixture releases into `<release_dir>/cluster-stacks/`, as `--local` expects them.
+pub fn local_releases(release_dir: &Path, tags: &[&str]) {
+    for tag in tags {
+        let to = release_dir.join("cluster-stacks").join(tag);
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(fixtures().join(tag)).unwrap().flatten() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// An operator running in this process until stopped (gracefully) or killed (its task aborted mid-work).
+pub struct RunningOperator {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningOperator {
+    pub async fn local(client: &Client, namespace: &str, release_dir: &Path) -> Self {
+        let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
+        Self::start(client, namespace, release_dir, source, |_| {}).await
+    }
+
+    pub async fn start(
+        client: &Client,
+        namespace: &str,
+        release_dir: &Path,
+        source: Arc<dyn ReleaseSource>,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let helm = cso_testenv::Tools::discover()
+            .unwrap()
+            .helm
+            .expect("helm (make tools)");
+        let releases = Arc::new(ReleaseCache::new(release_dir, source, UnpackLimits::default()).unwrap());
+        let renderer = Arc::new(CachingRenderer::new(
+            Helm::new(helm, Duration::from_secs(60)).unwrap(),
+            DEFAULT_CAPACITY_BYTES,
+        ));
+        let mut settings = Settings {
+            namespace: Some(namespace.to_owned()),
+            poll_interval: Duration::from_secs(2),
+            ..Settings::default()
+        };
+        adjust(&mut settings);
+        let operator = Operator {
+            client: client.clone(),
+            releases,
+            renderer,
+            take_over_from: Vec::new(),
+            settings,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(cso_controller::run(operator, async move {
+            let _ = stopped.await;
+        }));
+        RunningOperator {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Stops as on SIGTERM and waits until the controllers have finished.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), &mut self.task)
+            .await
+            .expect("the operator stops within a minute of being told to")
+            .unwrap();
+    }
+
+    /// Ends the operator wherever it is, like a killed process.
+    pub async fn kill(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for RunningOperator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Polls `check` every 250 ms until it returns `Some`, for at most `limit`; panics with `what` otherwise.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The limit for anything that involves rendering and applying on the shared API server.
+pub const CONVERGE: Duration = Duration::from_secs(90);
+
+pub async fn create_stack(client: &Client, namespace: &str, name: &str, spec: Value) -> ClusterStack {
+    let stack: ClusterStack = serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1",
+        "kind": "ClusterStack",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &stack)
+        .await
+        .unwrap()
+}
+
+pub fn ferrol_spec(versions: &[&str]) -> Value {
+    json!({
+        "provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27",
+        "channel": "stable", "autoSubscribe": false, "noProvider": true, "versions": versions,
+    })
+}
+
+/// Waits until ClusterStackRelease `name` is ready and returns it.
+pub async fn ready_release(client: &Client, namespace: &str, name: &str) -> ClusterStackRelease {
+    let api: Api<ClusterStackRelease> = Api::namespaced(client.clone(), namespace);
+    eventually(&format!("ClusterStackRelease {name} ready"), CONVERGE, || async {
+        api.get_opt(name)
+            .await
+            .unwrap()
+            .filter(|r| r.status.as_ref().is_some_and(|s| s.ready))
+    })
+    .await
+}
+
+/// Waits until the release has condition `type_` with `reason`, and returns the condition's message.
+pub async fn release_condition(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> String {
+    let api: Api<ClusterStackRelease> = Api::namespaced(client.clone(), namespace);
+    eventually(
+        &format!("{name}: {type_} with reason {reason}"),
+        CONVERGE,
+        || async {
+            let release = api.get_opt(name).await.unwrap()?;
+            let condition = release.get_condition(type_)?;
+            (condition.reason.as_deref() == Some(reason))
+                .then(|| condition.message.clone().unwrap_or_default())
+        },
+    )
+    .await
+}
+
+/// Waits until the ClusterStack has condition `type_` with `reason`, and returns the condition's message.
+pub async fn stack_condition(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> String {
+    let api: Api<ClusterStack> = Api::namespaced(client.clone(), namespace);
+    eventually(
+        &format!("ClusterStack {name}: {type_} with reason {reason}"),
+        CONVERGE,
+        || async {
+            let stack = api.get_opt(name).await.unwrap()?;
+            let condition = stack.get_condition(type_)?;
+            (condition.reason.as_deref() == Some(reason))
+                .then(|| condition.message.clone().unwrap_or_default())
+        },
+    )
+    .await
+}
+
+pub fn capi(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", kind))
+}
+
+pub fn docker_infra(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "infrastructure.cluster.x-k8s.io",
+        "v1beta1",
+        kind,
+    ))
+}
+
+pub fn dynamic(client: &Client, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, resource)
+}
+
+/// The names of ClusterClasses in the namespace, sorted.
+pub async fn cluster_classes(client: &Client, namespace: &str) -> Vec<String> {
+    let mut names: Vec<String> = dynamic(client, namespace, &capi("ClusterClass"))
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Creates a Cluster (v1beta1) of `class`.
+pub async fn create_cluster(client: &Client, namespace: &str, name: &str, class: &str) {
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"topology": {"class": class, "version": "v1.27.3"}},
+    }))
+    .unwrap();
+    dynamic(client, namespace, &capi("Cluster"))
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+}
+
+/// Whether the object of an inventory entry exists (and is not being deleted).
+pub async fn inventory_object_exists(client: &Client, entry: &cso_api::common::Resource) -> bool {
+    let gvk = GroupVersionKind::gvk(&entry.group, &entry.version, &entry.kind);
+    let (resource, _) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    dynamic(client, &entry.namespace, &resource)
+        .get_opt(&entry.name)
+        .await
+        .unwrap()
+        .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+}
