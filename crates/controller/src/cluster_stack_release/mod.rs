@@ -242,7 +242,9 @@ async fn fetch(
 ) -> Result<Result<Arc<Release>, Outcome>, Error> {
     let cached = ctx.releases.cached(id);
     let downloading = matches!(cached, Ok(None));
-    if downloading {
+    // Say "downloading" before the first attempt only: after a failure the condition keeps saying why,
+    // and a status that flips back and forth would trigger reconcile after reconcile.
+    if downloading && !release.is_condition_false(condition::CLUSTER_STACK_RELEASE_DOWNLOADED) {
         // Say so before a download that may take a while.
         release.mark_false(
             condition::CLUSTER_STACK_RELEASE_DOWNLOADED,

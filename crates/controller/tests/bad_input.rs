@@ -1,0 +1,282 @@
+//! Bad input on the management flow: a chart that does not render, a release the source does not have, a
+//! source that cannot be reached or rate-limits, a spec that does not parse, a source that is not
+//! configured. Each ends in a condition (and an event) that says so, and none is retried in a hot loop.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+mod support;
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use cso_api::names::{condition, reason};
+use cso_release::source::{
+    SourceError, SourceKind, UnavailableSource,
+    github::{GithubConfig, GithubSource},
+};
+use cso_testenv::github::{Failure, FakeGithub};
+use k8s_openapi::api::events::v1::Event;
+use kube::{Api, Client};
+use serde_json::json;
+use support::*;
+
+fn github_at(api_url: &str) -> Arc<GithubSource> {
+    Arc::new(
+        GithubSource::new(GithubConfig {
+            api_url: api_url.parse().unwrap(),
+            org: "SovereignCloudStack".into(),
+            repo: "cluster-stacks".into(),
+            token: None,
+        })
+        .unwrap(),
+    )
+}
+
+/// A gzipped tar of the files `(path, content)`.
+fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for (path, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, path, content.as_bytes())
+            .unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+/// A release `docker-broken-1-27-v1` whose cluster-class chart fails to render.
+fn broken_release(release_dir: &Path) {
+    let dir = release_dir.join("cluster-stacks/docker-broken-1-27-v1");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ferrol = fixtures().join("docker-ferrol-1-27-v1");
+    for file in ["metadata.yaml", "cluster-addon-values.yaml"] {
+        std::fs::copy(ferrol.join(file), dir.join(file)).unwrap();
+    }
+    std::fs::copy(
+        ferrol.join("docker-ferrol-1-27-cluster-addon-v1.tgz"),
+        dir.join("docker-broken-1-27-cluster-addon-v1.tgz"),
+    )
+    .unwrap();
+    let chart = tgz(&[
+        (
+            "docker-broken-1-27-cluster-class/Chart.yaml",
+            "apiVersion: v2\nname: docker-broken-1-27-cluster-class\nversion: v1\n",
+        ),
+        (
+            "docker-broken-1-27-cluster-class/templates/class.yaml",
+            "{{ fail \"broken on purpose\" }}\n",
+        ),
+    ]);
+    std::fs::write(dir.join("docker-broken-1-27-cluster-class-v1.tgz"), chart).unwrap();
+}
+
+async fn event_reasons(client: &Client, namespace: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chart_that_does_not_render_is_reported() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "broken-chart").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    broken_release(dir.path());
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let mut spec = ferrol_spec(&["v1"]);
+    spec["name"] = json!("broken");
+    create_stack(&client, &ns, "broken", spec).await;
+
+    let message = release_condition(
+        &client,
+        &ns,
+        "docker-broken-1-27-v1",
+        condition::HELM_CHART_APPLIED,
+        reason::FAILED_TO_RENDER_CHART,
+    )
+    .await;
+    assert!(message.contains("broken on purpose"), "{message}");
+    let release = release_condition(
+        &client,
+        &ns,
+        "docker-broken-1-27-v1",
+        cso_api::conditions::READY,
+        reason::FAILED_TO_RENDER_CHART,
+    )
+    .await;
+    assert!(
+        release.contains("broken on purpose"),
+        "Ready summarises the failure: {release}"
+    );
+    eventually("a FailedToRenderChart event", CONVERGE, || async {
+        event_reasons(&client, &ns)
+            .await
+            .iter()
+            .any(|r| r == "FailedToRenderChart")
+            .then_some(())
+    })
+    .await;
+    assert!(cluster_classes(&client, &ns).await.is_empty());
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_release_is_reported_and_retried_with_backoff() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "missing").await.unwrap();
+    let fake = FakeGithub::start(30).await.unwrap();
+    fake.publish_dir("docker-ferrol-1-27-v1", &fixtures().join("docker-ferrol-1-27-v1"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let operator = RunningOperator::start(&client, &ns, dir.path(), github_at(fake.api_url()), |_| {}).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v9"])).await;
+
+    let message = release_condition(
+        &client,
+        &ns,
+        "docker-ferrol-1-27-v9",
+        condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+        reason::RELEASE_NOT_FOUND,
+    )
+    .await;
+    assert!(message.contains("docker-ferrol-1-27-v9"), "{message}");
+    eventually("a ReleaseDownloadFailed event", CONVERGE, || async {
+        event_reasons(&client, &ns)
+            .await
+            .iter()
+            .any(|r| r == "ReleaseDownloadFailed")
+            .then_some(())
+    })
+    .await;
+
+    // Retries back off (5 s, 10 s, 20 s ...): in 12 s at most a few attempts, not hundreds.
+    let before = fake.requests().len();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let attempts = fake.requests().len() - before;
+    assert!(attempts <= 4, "{attempts} requests to the source in 12 s");
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_or_rate_limiting_source_is_reported() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+
+    // Nothing listens on this port.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let ns = cso_testenv::namespace(&client, "unreachable").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let source = github_at(&format!("http://127.0.0.1:{port}"));
+    let operator = RunningOperator::start(&client, &ns, dir.path(), source, |_| {}).await;
+    let mut spec = ferrol_spec(&["v1"]);
+    spec["autoSubscribe"] = json!(true);
+    create_stack(&client, &ns, "ferrol", spec).await;
+    let message = stack_condition(
+        &client,
+        &ns,
+        "ferrol",
+        condition::RELEASES_SYNCED,
+        reason::FAILED_TO_SYNC,
+    )
+    .await;
+    assert!(message.contains("127.0.0.1"), "{message}");
+    let message = release_condition(
+        &client,
+        &ns,
+        "docker-ferrol-1-27-v1",
+        condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+        reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
+    )
+    .await;
+    assert!(
+        message.contains("127.0.0.1"),
+        "the network error is in the message: {message}"
+    );
+    operator.stop().await;
+
+    // GitHub's rate limit (403 with X-RateLimit-Remaining: 0) on the listing.
+    let fake = FakeGithub::start(30).await.unwrap();
+    fake.publish_dir("docker-ferrol-1-27-v1", &fixtures().join("docker-ferrol-1-27-v1"))
+        .unwrap();
+    for _ in 0..3 {
+        fake.fail_next(Failure::RateLimited { reset_in_secs: 3600 });
+    }
+    let ns = cso_testenv::namespace(&client, "rate-limited").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let operator = RunningOperator::start(&client, &ns, dir.path(), github_at(fake.api_url()), |_| {}).await;
+    let mut spec = ferrol_spec(&[]);
+    spec["autoSubscribe"] = json!(true);
+    create_stack(&client, &ns, "ferrol", spec).await;
+    let message = stack_condition(
+        &client,
+        &ns,
+        "ferrol",
+        condition::RELEASES_SYNCED,
+        reason::FAILED_TO_SYNC,
+    )
+    .await;
+    assert!(message.contains("rate limited"), "{message}");
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_spec_and_an_unconfigured_source_are_reported() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "invalid").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let unconfigured = Arc::new(UnavailableSource::new(
+        SourceKind::Github,
+        &SourceError::Config("environment variable GIT_ORG_NAME is not set".into()),
+    ));
+    let operator = RunningOperator::start(&client, &ns, dir.path(), unconfigured, |_| {}).await;
+
+    create_stack(&client, &ns, "bad-version", ferrol_spec(&["version-one"])).await;
+    let message = stack_condition(
+        &client,
+        &ns,
+        "bad-version",
+        condition::CLUSTER_STACK_RELEASES_SYNCED,
+        reason::INVALID_SPEC,
+    )
+    .await;
+    assert!(message.contains("version-one"), "{message}");
+
+    let mut spec = ferrol_spec(&["v1"]);
+    spec["autoSubscribe"] = json!(true);
+    create_stack(&client, &ns, "no-source", spec).await;
+    let message = stack_condition(
+        &client,
+        &ns,
+        "no-source",
+        condition::ASSETS_CLIENT_API_AVAILABLE,
+        reason::FAILED_CREATE_ASSETS_CLIENT,
+    )
+    .await;
+    assert!(message.contains("GIT_ORG_NAME"), "{message}");
+    let message = release_condition(
+        &client,
+        &ns,
+        "docker-ferrol-1-27-v1",
+        condition::ASSETS_CLIENT_API_AVAILABLE,
+        reason::FAILED_CREATE_ASSETS_CLIENT,
+    )
+    .await;
+    assert!(message.contains("GIT_ORG_NAME"), "{message}");
+    operator.stop().await;
+}
