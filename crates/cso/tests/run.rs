@@ -1,0 +1,241 @@
+//! `cso run` as a process, as it runs in production: Go-style flags, the GitHub source configured by the Go
+//! operator's variables, killed (SIGKILL) in the middle of its work and started again with an empty release
+//! cache, then stopped with SIGTERM.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use cso_api::{ClusterStack, ClusterStackRelease};
+use cso_testenv::github::FakeGithub;
+use kube::{
+    Api, Client,
+    api::{DynamicObject, PostParams},
+    core::GroupVersionKind,
+    discovery::ApiResource,
+};
+use serde_json::json;
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fixtures() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases")
+}
+
+fn start_operator(
+    kubeconfig: &Path,
+    release_dir: &Path,
+    namespace: &str,
+    github: &str,
+    log: &Path,
+) -> KillOnDrop {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_cso"))
+            .arg("run")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--leader-elect=false")
+            .arg("-namespace")
+            .arg(namespace)
+            .arg(format!("--release-dir={}", release_dir.display()))
+            .arg("--source=github")
+            .arg(format!("--github-api-url={github}"))
+            .arg("--clusterstackrelease-concurrency=2")
+            .args(["--log-level=debug", "--log-format=json"])
+            .env("GIT_PROVIDER", "github")
+            .env("GIT_ORG_NAME", "SovereignCloudStack")
+            .env("GIT_REPOSITORY_NAME", "cluster-stacks\n")
+            .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn ready(client: &Client, namespace: &str) -> Vec<String> {
+    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), namespace);
+    let mut names: Vec<String> = releases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.ready))
+        .filter_map(|r| r.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "restart").await.unwrap();
+    let fake = FakeGithub::start(30).await.unwrap();
+    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
+    }
+    let release_dir = tempfile::tempdir().unwrap();
+    let log = release_dir.path().join("operator.log");
+    let mut operator = start_operator(
+        plane.kubeconfig_path(),
+        release_dir.path(),
+        &ns,
+        fake.api_url(),
+        &log,
+    );
+
+    let stack: ClusterStack = serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+        "metadata": {"name": "ferrol", "namespace": ns},
+        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
+                 "autoSubscribe": false, "noProvider": true, "versions": ["v1", "v2"]},
+    }))
+    .unwrap();
+    Api::<ClusterStack>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &stack)
+        .await
+        .unwrap();
+
+    // Kill as soon as a release has started (its finalizer is on) and before both are applied.
+    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        "a ClusterStackRelease at work",
+        Duration::from_secs(60),
+        || async {
+            let list = releases.list(&Default::default()).await.unwrap().items;
+            list.iter()
+                .any(|r| !r.metadata.finalizers.clone().unwrap_or_default().is_empty())
+                .then_some(())
+        },
+    )
+    .await;
+    operator.0.kill().unwrap();
+    operator.0.wait().unwrap();
+    let ready_at_kill = ready(&client, &ns).await;
+    assert!(
+        ready_at_kill.len() < 2,
+        "killed before both releases were done: {ready_at_kill:?}"
+    );
+
+    // Start again with an empty release cache: it downloads again and converges.
+    std::fs::remove_dir_all(release_dir.path().join("cluster-stacks")).ok();
+    let downloads_before = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/assets/"))
+        .count();
+    let operator = start_operator(
+        plane.kubeconfig_path(),
+        release_dir.path(),
+        &ns,
+        fake.api_url(),
+        &log,
+    );
+    wait_for(
+        "both releases ready after the restart",
+        Duration::from_secs(120),
+        || async { (ready(&client, &ns).await.len() == 2).then_some(()) },
+    )
+    .await;
+    let downloads_after = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/assets/"))
+        .count();
+    assert!(
+        downloads_after > downloads_before,
+        "the empty cache was filled again from the source"
+    );
+    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        assert!(
+            release_dir
+                .path()
+                .join("cluster-stacks")
+                .join(tag)
+                .join("metadata.yaml")
+                .is_file()
+        );
+    }
+    let classes: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cluster.x-k8s.io",
+            "v1beta1",
+            "ClusterClass",
+        )),
+    );
+    for class in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        assert!(classes.get_opt(class).await.unwrap().is_some(), "{class}");
+    }
+    for release in releases.list(&Default::default()).await.unwrap().items {
+        let inventory = release.status.unwrap().resources;
+        assert_eq!(
+            inventory.len(),
+            5,
+            "one inventory entry per object, none twice: {inventory:?}"
+        );
+    }
+
+    // SIGTERM: a clean, prompt exit.
+    let mut operator = operator;
+    let pid = operator.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = operator.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "cso run did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    let first = log.lines().next().unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    assert_eq!(parsed["message"], "starting manager", "JSON log lines: {first}");
+}
