@@ -1,4 +1,4 @@
-//! The command line: `cso run`, `cso crds`, `cso dev up|status`.
+//! The command line: `cso run`, `cso demo`, `cso crds`, `cso dev up|status`.
 //!
 //! `cso run` takes the Go operator's flags with Go's spelling rules, so existing manifests work unchanged:
 //! one or two dashes (`-local`, `--local`), booleans as `--flag`, `--flag=true` or `--flag=false` (never
@@ -23,6 +23,16 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of `--kubeconfig` (else `KUBECONFIG`, else in-cluster).
     Run(Box<RunArgs>),
+    /// The operator's main job on an embedded default: a local management control plane, the bundled
+    /// ferrol stack, a ClusterStack, its ClusterClasses; prints what was created and stops.
+    Demo {
+        /// Where to keep the control plane's files (cleaned first).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Where the example releases are (default: the ones bundled in the repository).
+        #[arg(long)]
+        releases: Option<PathBuf>,
+    },
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Local control planes for development and the quick start.
