@@ -98,6 +98,9 @@ async fn versions_become_cluster_classes_and_unused_ones_go_away() {
     );
     assert_eq!(cluster_classes(&client, &ns).await.len(), 2);
 
+    // The release files are gone (a new pod with an empty cache); deletion must not need them.
+    std::fs::remove_dir_all(dir.path().join("cluster-stacks/docker-ferrol-1-27-v1")).unwrap();
+
     // The Cluster moves to v2: v1, its ClusterClass and its four templates go.
     dynamic(&client, &ns, &capi("Cluster"))
         .patch(
