@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
 use cso_apply::{ApplyEngine, ClusterDiscovery};
 use cso_release::ReleaseCache;
 use cso_render::ChartRenderer;
@@ -124,6 +125,26 @@ impl Context {
         };
         if let Err(e) = self.recorder.publish(&event, &object.object_ref(&())).await {
             tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");
+        }
+    }
+
+    /// Marks `condition` False and publishes an event, unless the condition already says the same (a retry
+    /// that fails the same way stays quiet: one event per problem, not one per attempt).
+    pub(crate) async fn report_false<K>(
+        &self,
+        object: &mut K,
+        (condition, reason, severity): (&str, &str, Severity),
+        message: &str,
+        (event_type, event_reason): (EventType, &str),
+    ) where
+        K: Resource<DynamicType = ()> + HasConditions,
+    {
+        let repeated = object
+            .get_condition(condition)
+            .is_some_and(|c| c.status == ConditionStatus::False && c.reason.as_deref() == Some(reason));
+        object.mark_false(condition, reason, severity, message);
+        if !repeated {
+            self.event(object, event_type, event_reason, message).await;
         }
     }
 

@@ -7,7 +7,10 @@ mod support;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use cso_api::names::{condition, reason};
+use cso_api::{
+    ClusterStack, ClusterStackRelease,
+    names::{condition, reason},
+};
 use cso_release::source::{
     SourceError, SourceKind, UnavailableSource,
     github::{GithubConfig, GithubSource},
@@ -98,7 +101,7 @@ async fn a_chart_that_does_not_render_is_reported() {
     spec["name"] = json!("broken");
     create_stack(&client, &ns, "broken", spec).await;
 
-    let message = release_condition(
+    let message = wait_condition::<ClusterStackRelease>(
         &client,
         &ns,
         "docker-broken-1-27-v1",
@@ -107,7 +110,7 @@ async fn a_chart_that_does_not_render_is_reported() {
     )
     .await;
     assert!(message.contains("broken on purpose"), "{message}");
-    let release = release_condition(
+    let release = wait_condition::<ClusterStackRelease>(
         &client,
         &ns,
         "docker-broken-1-27-v1",
@@ -143,7 +146,7 @@ async fn a_missing_release_is_reported_and_retried_with_backoff() {
     let operator = RunningOperator::start(&client, &ns, dir.path(), github_at(fake.api_url()), |_| {}).await;
     create_stack(&client, &ns, "ferrol", ferrol_spec(&["v9"])).await;
 
-    let message = release_condition(
+    let message = wait_condition::<ClusterStackRelease>(
         &client,
         &ns,
         "docker-ferrol-1-27-v9",
@@ -169,6 +172,31 @@ async fn a_missing_release_is_reported_and_retried_with_backoff() {
     operator.stop().await;
 }
 
+/// An auto-subscribing ferrol ClusterStack (with `versions`) in a new namespace, its operator using
+/// `source`; returns the namespace, once `ReleasesSynced` says `FailedToSync`, with that message.
+async fn failing_to_sync(
+    client: &Client,
+    prefix: &str,
+    source: Arc<GithubSource>,
+    versions: &[&str],
+) -> (String, String, RunningOperator, tempfile::TempDir) {
+    let ns = cso_testenv::namespace(client, prefix).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let operator = RunningOperator::start(client, &ns, dir.path(), source, |_| {}).await;
+    let mut spec = ferrol_spec(versions);
+    spec["autoSubscribe"] = json!(true);
+    create_stack(client, &ns, "ferrol", spec).await;
+    let message = wait_condition::<ClusterStack>(
+        client,
+        &ns,
+        "ferrol",
+        condition::RELEASES_SYNCED,
+        reason::FAILED_TO_SYNC,
+    )
+    .await;
+    (ns, message, operator, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_or_rate_limiting_source_is_reported() {
     let plane = cso_testenv::shared_management();
@@ -179,23 +207,10 @@ async fn an_unreachable_or_rate_limiting_source_is_reported() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let ns = cso_testenv::namespace(&client, "unreachable").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let source = github_at(&format!("http://127.0.0.1:{port}"));
-    let operator = RunningOperator::start(&client, &ns, dir.path(), source, |_| {}).await;
-    let mut spec = ferrol_spec(&["v1"]);
-    spec["autoSubscribe"] = json!(true);
-    create_stack(&client, &ns, "ferrol", spec).await;
-    let message = stack_condition(
-        &client,
-        &ns,
-        "ferrol",
-        condition::RELEASES_SYNCED,
-        reason::FAILED_TO_SYNC,
-    )
-    .await;
+    let (ns, message, operator, _dir) = failing_to_sync(&client, "unreachable", source, &["v1"]).await;
     assert!(message.contains("127.0.0.1"), "{message}");
-    let message = release_condition(
+    let message = wait_condition::<ClusterStackRelease>(
         &client,
         &ns,
         "docker-ferrol-1-27-v1",
@@ -216,20 +231,8 @@ async fn an_unreachable_or_rate_limiting_source_is_reported() {
     for _ in 0..3 {
         fake.fail_next(Failure::RateLimited { reset_in_secs: 3600 });
     }
-    let ns = cso_testenv::namespace(&client, "rate-limited").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let operator = RunningOperator::start(&client, &ns, dir.path(), github_at(fake.api_url()), |_| {}).await;
-    let mut spec = ferrol_spec(&[]);
-    spec["autoSubscribe"] = json!(true);
-    create_stack(&client, &ns, "ferrol", spec).await;
-    let message = stack_condition(
-        &client,
-        &ns,
-        "ferrol",
-        condition::RELEASES_SYNCED,
-        reason::FAILED_TO_SYNC,
-    )
-    .await;
+    let (_, message, operator, _dir) =
+        failing_to_sync(&client, "rate-limited", github_at(fake.api_url()), &[]).await;
     assert!(message.contains("rate limited"), "{message}");
     operator.stop().await;
 }
@@ -247,7 +250,7 @@ async fn an_invalid_spec_and_an_unconfigured_source_are_reported() {
     let operator = RunningOperator::start(&client, &ns, dir.path(), unconfigured, |_| {}).await;
 
     create_stack(&client, &ns, "bad-version", ferrol_spec(&["version-one"])).await;
-    let message = stack_condition(
+    let message = wait_condition::<ClusterStack>(
         &client,
         &ns,
         "bad-version",
@@ -260,7 +263,7 @@ async fn an_invalid_spec_and_an_unconfigured_source_are_reported() {
     let mut spec = ferrol_spec(&["v1"]);
     spec["autoSubscribe"] = json!(true);
     create_stack(&client, &ns, "no-source", spec).await;
-    let message = stack_condition(
+    let message = wait_condition::<ClusterStack>(
         &client,
         &ns,
         "no-source",
@@ -269,7 +272,7 @@ async fn an_invalid_spec_and_an_unconfigured_source_are_reported() {
     )
     .await;
     assert!(message.contains("GIT_ORG_NAME"), "{message}");
-    let message = release_condition(
+    let message = wait_condition::<ClusterStackRelease>(
         &client,
         &ns,
         "docker-ferrol-1-27-v1",

@@ -384,7 +384,7 @@ async fn provider_mode_waits_for_the_provider_object() {
         provider.data["spec"]["nodeImages"],
         json!(["controlplaneamd64provider", "workeramd64provider"])
     );
-    release_condition(
+    wait_condition::<ClusterStackRelease>(
         &client,
         &ns,
         "docker-ferrol-1-27-v1",

@@ -352,38 +352,33 @@ async fn latest_remote_release(
             releases_of(&tags, &key, spec.channel).pop()
         }
         Err(SourceError::Config(message)) => {
-            let first = !stack.is_condition_false(condition::ASSETS_CLIENT_API_AVAILABLE);
-            stack.mark_false(
-                condition::ASSETS_CLIENT_API_AVAILABLE,
-                reason::FAILED_CREATE_ASSETS_CLIENT,
-                Severity::Error,
-                message.clone(),
-            );
-            if first {
-                ctx.event(
-                    stack,
-                    EventType::Warning,
-                    event::FAILED_CREATE_ASSETS_CLIENT,
-                    &message,
-                )
-                .await;
-            }
+            ctx.report_false(
+                stack,
+                (
+                    condition::ASSETS_CLIENT_API_AVAILABLE,
+                    reason::FAILED_CREATE_ASSETS_CLIENT,
+                    Severity::Error,
+                ),
+                &message,
+                (EventType::Warning, event::FAILED_CREATE_ASSETS_CLIENT),
+            )
+            .await;
             failed.push(message);
             None
         }
         Err(e) => {
-            let first = !stack.is_condition_false(condition::RELEASES_SYNCED);
             let message = format!("failed to list the releases at {}: {e}", source.kind());
-            stack.mark_false(
-                condition::RELEASES_SYNCED,
-                reason::FAILED_TO_SYNC,
-                Severity::Warning,
-                message.clone(),
-            );
-            if first {
-                ctx.event(stack, EventType::Warning, event::FAILED_TO_SYNC, &message)
-                    .await;
-            }
+            ctx.report_false(
+                stack,
+                (
+                    condition::RELEASES_SYNCED,
+                    reason::FAILED_TO_SYNC,
+                    Severity::Warning,
+                ),
+                &message,
+                (EventType::Warning, event::FAILED_TO_SYNC),
+            )
+            .await;
             match e.retry_after() {
                 // Rate limited: come back when the source allows it, not earlier.
                 Some(delay) => *next_poll = delay.max(std::time::Duration::from_secs(1)),

@@ -171,26 +171,17 @@ async fn sync(
     let manifests = match rendered {
         Ok(manifests) => manifests,
         Err(message) => {
-            let first = !release.is_condition_false(condition::HELM_CHART_APPLIED)
-                || release
-                    .get_condition(condition::HELM_CHART_APPLIED)
-                    .and_then(|c| c.reason.as_deref())
-                    != Some(reason::FAILED_TO_RENDER_CHART);
-            release.mark_false(
-                condition::HELM_CHART_APPLIED,
-                reason::FAILED_TO_RENDER_CHART,
-                Severity::Error,
-                message.clone(),
-            );
-            if first {
-                ctx.event(
-                    release,
-                    EventType::Warning,
-                    event::FAILED_TO_RENDER_CHART,
-                    &message,
-                )
-                .await;
-            }
+            ctx.report_false(
+                release,
+                (
+                    condition::HELM_CHART_APPLIED,
+                    reason::FAILED_TO_RENDER_CHART,
+                    Severity::Error,
+                ),
+                &message,
+                (EventType::Warning, event::FAILED_TO_RENDER_CHART),
+            )
+            .await;
             return Ok(Outcome::Retry(message));
         }
     };
@@ -212,17 +203,15 @@ async fn sync(
     }
     if !report.is_complete() {
         let message = report.failure_summary();
-        release.mark_false(
-            condition::HELM_CHART_APPLIED,
-            reason::OBJECTS_APPLYING_ONGOING,
-            Severity::Warning,
-            message.clone(),
-        );
-        ctx.event(
+        ctx.report_false(
             release,
-            EventType::Warning,
-            event::FAILED_TO_APPLY_OBJECTS,
+            (
+                condition::HELM_CHART_APPLIED,
+                reason::OBJECTS_APPLYING_ONGOING,
+                Severity::Warning,
+            ),
             &message,
+            (EventType::Warning, event::FAILED_TO_APPLY_OBJECTS),
         )
         .await;
         return Ok(Outcome::Retry(message));
@@ -273,61 +262,62 @@ async fn fetch(
         Err(error) => error,
     };
     let message = error.to_string();
-    let outcome = match &error {
+    let retry = Outcome::Retry(message.clone());
+    let (condition, reason, severity, event_reason, outcome) = match &error {
         CacheError::Source {
             error: SourceError::Config(_),
             ..
-        } => {
-            release.mark_false(
-                condition::ASSETS_CLIENT_API_AVAILABLE,
-                reason::FAILED_CREATE_ASSETS_CLIENT,
-                Severity::Error,
-                message.clone(),
-            );
-            Outcome::Retry(message.clone())
-        }
+        } => (
+            condition::ASSETS_CLIENT_API_AVAILABLE,
+            reason::FAILED_CREATE_ASSETS_CLIENT,
+            Severity::Error,
+            event::FAILED_CREATE_ASSETS_CLIENT,
+            retry,
+        ),
         CacheError::Source {
             error: SourceError::NotFound { .. },
             ..
-        } => {
-            release.mark_false(
-                condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-                reason::RELEASE_NOT_FOUND,
-                Severity::Error,
-                message.clone(),
-            );
-            Outcome::Retry(message.clone())
-        }
+        } => (
+            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+            reason::RELEASE_NOT_FOUND,
+            Severity::Error,
+            event::RELEASE_DOWNLOAD_FAILED,
+            retry,
+        ),
         CacheError::Source {
             error: source_error, ..
-        } => {
-            release.mark_false(
-                condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-                reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
-                Severity::Warning,
-                message.clone(),
-            );
-            match source_error.retry_after() {
-                Some(delay) => Outcome::Done(Action::requeue(delay)),
-                None => Outcome::Retry(message.clone()),
-            }
-        }
-        CacheError::Release { .. } | CacheError::Io { .. } => {
-            release.mark_false(
-                condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-                reason::ISSUE_WITH_RELEASE_ASSETS,
-                Severity::Error,
-                message.clone(),
-            );
-            Outcome::Retry(message.clone())
-        }
+        } => (
+            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+            reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
+            Severity::Warning,
+            event::RELEASE_DOWNLOAD_FAILED,
+            // Rate limited: come back when the source allows it, not earlier.
+            source_error
+                .retry_after()
+                .map_or(retry, |delay| Outcome::Done(Action::requeue(delay))),
+        ),
+        CacheError::Release { .. } => (
+            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+            reason::ISSUE_WITH_RELEASE_ASSETS,
+            Severity::Error,
+            event::VALIDATE_HELM_CHART_FAILED,
+            retry,
+        ),
+        CacheError::Io { .. } => (
+            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+            reason::ISSUE_WITH_RELEASE_ASSETS,
+            Severity::Error,
+            event::RELEASE_DOWNLOAD_FAILED,
+            retry,
+        ),
     };
-    let reason = if matches!(error, CacheError::Release { .. }) {
-        event::VALIDATE_HELM_CHART_FAILED
-    } else {
-        event::RELEASE_DOWNLOAD_FAILED
-    };
-    ctx.event(release, EventType::Warning, reason, &message).await;
+    ctx.report_false(
+        release,
+        (condition, reason, severity),
+        &message,
+        (EventType::Warning, event_reason),
+    )
+    .await;
     Ok(Err(outcome))
 }
 
@@ -399,17 +389,17 @@ async fn cleanup(release: &mut ClusterStackRelease, ctx: &Context) -> Result<Out
                 id.cluster_class_name(),
                 users.join(", ")
             );
-            let first = !release.is_condition_false(condition::CLUSTER_CLASS_UNUSED);
-            release.mark_false(
-                condition::CLUSTER_CLASS_UNUSED,
-                reason::CLUSTER_CLASS_IN_USE,
-                Severity::Info,
-                message.clone(),
-            );
-            if first {
-                ctx.event(release, EventType::Normal, event::CLUSTER_CLASS_IN_USE, &message)
-                    .await;
-            }
+            ctx.report_false(
+                release,
+                (
+                    condition::CLUSTER_CLASS_UNUSED,
+                    reason::CLUSTER_CLASS_IN_USE,
+                    Severity::Info,
+                ),
+                &message,
+                (EventType::Normal, event::CLUSTER_CLASS_IN_USE),
+            )
+            .await;
             // The Cluster watch brings us back when a Cluster moves on; the resync is a safety net.
             return Ok(Outcome::Done(Action::requeue(ctx.settings.resync_interval)));
         }
@@ -423,17 +413,15 @@ async fn cleanup(release: &mut ClusterStackRelease, ctx: &Context) -> Result<Out
     status_of(release).resources = report.resources.clone();
     if !report.is_complete() {
         let message = report.failure_summary();
-        release.mark_false(
-            condition::HELM_CHART_DELETED,
-            reason::FAILED_TO_DELETE_OBJECTS,
-            Severity::Warning,
-            message.clone(),
-        );
-        ctx.event(
+        ctx.report_false(
             release,
-            EventType::Warning,
-            event::FAILED_TO_DELETE_OBJECTS,
+            (
+                condition::HELM_CHART_DELETED,
+                reason::FAILED_TO_DELETE_OBJECTS,
+                Severity::Warning,
+            ),
             &message,
+            (EventType::Warning, event::FAILED_TO_DELETE_OBJECTS),
         )
         .await;
         return Ok(Outcome::Retry(message));

@@ -174,47 +174,28 @@ pub async fn ready_release(client: &Client, namespace: &str, name: &str) -> Clus
     .await
 }
 
-/// Waits until the release has condition `type_` with `reason`, and returns the condition's message.
-pub async fn release_condition(
+/// Waits until object `name` of kind `K` has condition `type_` with `reason`; returns the condition's message.
+pub async fn wait_condition<K>(
     client: &Client,
     namespace: &str,
     name: &str,
     type_: &str,
     reason: &str,
-) -> String {
-    let api: Api<ClusterStackRelease> = Api::namespaced(client.clone(), namespace);
-    eventually(
-        &format!("{name}: {type_} with reason {reason}"),
-        CONVERGE,
-        || async {
-            let release = api.get_opt(name).await.unwrap()?;
-            let condition = release.get_condition(type_)?;
-            (condition.reason.as_deref() == Some(reason))
-                .then(|| condition.message.clone().unwrap_or_default())
-        },
-    )
-    .await
-}
-
-/// Waits until the ClusterStack has condition `type_` with `reason`, and returns the condition's message.
-pub async fn stack_condition(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    type_: &str,
-    reason: &str,
-) -> String {
-    let api: Api<ClusterStack> = Api::namespaced(client.clone(), namespace);
-    eventually(
-        &format!("ClusterStack {name}: {type_} with reason {reason}"),
-        CONVERGE,
-        || async {
-            let stack = api.get_opt(name).await.unwrap()?;
-            let condition = stack.get_condition(type_)?;
-            (condition.reason.as_deref() == Some(reason))
-                .then(|| condition.message.clone().unwrap_or_default())
-        },
-    )
+) -> String
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + cso_api::conditions::HasConditions
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let what = format!("{} {name}: {type_} with reason {reason}", K::kind(&()));
+    eventually(&what, CONVERGE, || async {
+        let object = api.get_opt(name).await.unwrap()?;
+        let condition = object.get_condition(type_)?;
+        (condition.reason.as_deref() == Some(reason)).then(|| condition.message.clone().unwrap_or_default())
+    })
     .await
 }
 
