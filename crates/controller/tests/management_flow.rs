@@ -196,7 +196,7 @@ impl SpecField for kube::api::DynamicObject {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hash_channel_releases_work_and_stay_while_used() {
+async fn hash_channel_releases_work_and_are_not_deleted_while_used() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "custom").await.unwrap();
@@ -226,12 +226,30 @@ async fn hash_channel_releases_work_and_stay_while_used() {
     );
     assert_eq!(stack.status.as_ref().unwrap().usable_versions, "v0-sha.hipstsw");
 
-    // A Cluster names the class in dot form; the release (dash form) is in use and must stay when the spec
-    // moves on (the Go operator compares the two forms as strings and deletes it).
+    // A Cluster names the class in dot form; deleting the release (dash form) waits while it is in use
+    // (the Go operator compares the two forms as strings, finds no user, and deletes it).
     create_cluster(&client, &ns, "custom-user", "docker-ferrol-1-27-v0-sha.hipstsw").await;
-    let mut spec = ferrol_spec(&[]);
-    spec["channel"] = json!("custom");
-    stacks
+    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
+    releases
+        .delete("docker-ferrol-1-27-v0-sha-hipstsw", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = wait_condition::<ClusterStackRelease>(
+        &client,
+        &ns,
+        "docker-ferrol-1-27-v0-sha-hipstsw",
+        condition::CLUSTER_CLASS_UNUSED,
+        reason::CLUSTER_CLASS_IN_USE,
+    )
+    .await;
+    assert!(message.contains("custom-user"), "{message}");
+    assert_eq!(
+        cluster_classes(&client, &ns).await,
+        ["docker-ferrol-1-27-v0-sha.hipstsw"]
+    );
+
+    // The spec no longer lists it and the Cluster goes: so do the release and its ClusterClass.
+    Api::<ClusterStack>::namespaced(client.clone(), &ns)
         .patch(
             "custom",
             &PatchParams::default(),
@@ -239,10 +257,20 @@ async fn hash_channel_releases_work_and_stay_while_used() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
-    let kept = releases.get("docker-ferrol-1-27-v0-sha-hipstsw").await.unwrap();
-    assert!(kept.metadata.deletion_timestamp.is_none());
+    dynamic(&client, &ns, &capi("Cluster"))
+        .delete("custom-user", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the custom release is deleted", CONVERGE, || async {
+        releases
+            .get_opt("docker-ferrol-1-27-v0-sha-hipstsw")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(cluster_classes(&client, &ns).await.is_empty());
     operator.stop().await;
 }
 
