@@ -1,5 +1,15 @@
-//! Log output: JSON lines (what the Go operator writes, for existing log pipelines) or text, at the level
-//! the Go operator's `--log-level` means; `RUST_LOG` overrides the level for debugging.
+//! Log output: JSON lines shaped like the Go operator's (`time`, `level` in capitals, `logger`, `message`,
+//! then the fields), so existing log pipelines keep parsing them; or text. `--log-level` means what it means
+//! for the Go operator; `RUST_LOG` overrides it for debugging.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+use tracing::{Event, Subscriber, field::Field};
+use tracing_subscriber::{
+    fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, format::Writer},
+    registry::LookupSpan,
+};
 
 /// The kube client logs every failed request at ERROR before returning the error to its caller, which
 /// reports it; readiness polling would flood the log.
@@ -22,8 +32,78 @@ pub fn init(log_level: &str, json: bool) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     if json {
-        builder.json().flatten_event(true).with_current_span(false).init();
+        builder.event_format(GoStyleJson).init();
     } else {
         builder.init();
+    }
+}
+
+/// One JSON object per event, keys as the Go operator (zap) writes them.
+struct GoStyleJson;
+
+impl<S, N> FormatEvent<S, N> for GoStyleJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let metadata = event.metadata();
+        let mut line = Map::new();
+        line.insert(
+            "time".into(),
+            Value::String(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        );
+        line.insert(
+            "level".into(),
+            Value::String(metadata.level().as_str().to_owned()),
+        );
+        line.insert("logger".into(), Value::String(metadata.target().to_owned()));
+        let mut fields = FieldsToJson(Map::new());
+        event.record(&mut fields);
+        let message = fields.0.remove("message").unwrap_or(Value::String(String::new()));
+        line.insert("message".into(), message);
+        line.extend(fields.0);
+        // The fields of the enclosing spans, such as the object a reconcile is about.
+        let spans: Vec<String> = ctx
+            .event_scope()
+            .into_iter()
+            .flat_map(|scope| scope.from_root())
+            .filter_map(|span| {
+                let extensions = span.extensions();
+                let fields = extensions.get::<FormattedFields<N>>()?;
+                (!fields.is_empty()).then(|| format!("{}{{{fields}}}", span.name()))
+            })
+            .collect();
+        if !spans.is_empty() {
+            line.insert("context".into(), Value::String(spans.join(" ")));
+        }
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+struct FieldsToJson(Map<String, Value>);
+
+impl tracing::field::Visit for FieldsToJson {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().to_owned(), Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0
+            .insert(field.name().to_owned(), Value::String(value.to_owned()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().to_owned(), value.into());
     }
 }

@@ -238,4 +238,25 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     let first = log.lines().next().unwrap();
     let parsed: serde_json::Value = serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"));
     assert_eq!(parsed["message"], "starting manager", "JSON log lines: {first}");
+    assert_eq!(
+        parsed["level"], "INFO",
+        "keys as the Go operator writes them: {first}"
+    );
+    assert!(
+        parsed["time"].is_string() && parsed["logger"].is_string(),
+        "{first}"
+    );
+    let in_reconcile = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| {
+            l["context"]
+                .as_str()
+                .is_some_and(|c| c.contains("ClusterStackRelease"))
+        })
+        .expect("lines logged inside a reconcile name the object");
+    assert!(
+        in_reconcile["context"].as_str().unwrap().contains(&ns),
+        "{in_reconcile}"
+    );
 }
