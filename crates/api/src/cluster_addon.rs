@@ -15,6 +15,9 @@ use crate::{
 
 /// Finalizer of a ClusterAddon.
 pub const CLUSTER_ADDON_FINALIZER: &str = "clusteraddon.clusterstack.x-k8s.io";
+/// Annotation (unqualified key, as the Go operator writes it): `created` after the first install,
+/// `upgraded` after an upgrade.
+pub const STAGE_ANNOTATION: &str = "ClusterAddonStage";
 
 /// The addons of the Cluster `X`, named `cluster-addon-X`.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -49,6 +49,12 @@ pub mod reason {
     pub const PROVIDER_OBJECT_NOT_FOUND: &str = "ProviderObjectNotFound";
     /// *New.* `ClusterClassUnused` False.
     pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
+    pub const TEMPLATE_NEW_CLUSTER_STACK_FAILED: &str = "TemplateNewClusterStackFailed";
+    pub const PARSING_CLUSTER_ADDON_CONFIG_FAILED: &str = "ParsingClusterAddonConfigFailed";
+    /// *New.* `ClusterAddonConfigValidated` False: multi-stage (`clusteraddon.yaml`) releases are not handled yet.
+    pub const STAGED_RELEASES_NOT_SUPPORTED: &str = "StagedReleasesNotSupported";
+    /// *New.* `ClusterReady` False: the Cluster's class is not set or not a cluster stack's.
+    pub const NO_CLUSTER_STACK_CLASS: &str = "NoClusterStackClass";
     /// *New.* `HelmChartDeleted` / deletion of a ClusterStackRelease: some objects could not be deleted.
     pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
 }
@@ -77,6 +83,9 @@ pub mod event {
     pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
     /// *New.*
     pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
+    pub const TEMPLATE_NEW_CLUSTER_STACK_FAILED: &str = "TemplateNewClusterStackFailed";
+    /// *New.* The addons of a ClusterAddon were applied into its workload cluster.
+    pub const CLUSTER_ADDON_APPLIED: &str = "ClusterAddonApplied";
 }
 
 /// The label with the release tag that every object applied for a release carries (besides

@@ -1,9 +1,12 @@
 //! Clients for workload clusters, built from the Secret `<cluster>-kubeconfig` (key `value`) the way
 //! Cluster API writes it; cached per cluster and rebuilt when the Secret changes; with connect and request
-//! timeouts, so that an unreachable cluster costs seconds, not minutes. Readiness is `GET /readyz`.
+//! timeouts, so that an unreachable cluster costs seconds, not minutes. Readiness is `GET /readyz`. Each
+//! cluster comes with its apply engine (which remembers what it applied, to tell drift) and its kubeconfig
+//! in a private file, for `helm template --dry-run=server`.
 
 use std::{
     collections::HashMap,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -14,7 +17,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::ClusterDiscovery;
+use crate::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
 
 /// The data key of the kubeconfig in the Secret.
 pub const KUBECONFIG_KEY: &str = "value";
@@ -45,6 +48,10 @@ pub enum WorkloadError {
 pub struct WorkloadCluster {
     pub name: String,
     pub discovery: Arc<ClusterDiscovery>,
+    /// Applies to this cluster.
+    pub engine: ApplyEngine,
+    /// The kubeconfig, readable only by this user, for tools such as `helm`.
+    pub kubeconfig_path: PathBuf,
 }
 
 impl WorkloadCluster {
@@ -63,6 +70,8 @@ pub struct WorkloadClients {
     management: Client,
     connect_timeout: Duration,
     request_timeout: Duration,
+    take_over_from: Vec<String>,
+    kubeconfigs: tempfile::TempDir,
     cache: Mutex<HashMap<(String, String), Cached>>,
 }
 
@@ -76,13 +85,25 @@ impl std::fmt::Debug for WorkloadClients {
 }
 
 impl WorkloadClients {
-    pub fn new(management: Client, connect_timeout: Duration, request_timeout: Duration) -> Self {
-        WorkloadClients {
+    pub fn new(
+        management: Client,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> std::io::Result<Self> {
+        Ok(WorkloadClients {
             management,
             connect_timeout,
             request_timeout,
+            take_over_from: Vec::new(),
+            kubeconfigs: tempfile::Builder::new().prefix("cso-workload-").tempdir()?,
             cache: Mutex::default(),
-        }
+        })
+    }
+
+    /// Field managers whose applied fields the engines take over (see [`ApplyEngine::taking_over_from`]).
+    pub fn taking_over_from(mut self, managers: impl IntoIterator<Item = String>) -> Self {
+        self.take_over_from = managers.into_iter().collect();
+        self
     }
 
     /// The client of the Cluster `cluster` in `namespace`, rebuilt when its kubeconfig Secret changed.
@@ -132,9 +153,19 @@ impl WorkloadClients {
         config.read_timeout = Some(self.request_timeout);
         config.write_timeout = Some(self.request_timeout);
         let client = Client::try_from(config).map_err(|e| invalid(e.to_string()))?;
+        let kubeconfig_path = self
+            .kubeconfigs
+            .path()
+            .join(format!("{namespace}_{cluster}.kubeconfig"));
+        write_private(&kubeconfig_path, text.as_bytes())
+            .map_err(|e| invalid(format!("failed to store it: {e}")))?;
+        let discovery = Arc::new(ClusterDiscovery::new(client));
         let built = WorkloadCluster {
             name: cluster.to_owned(),
-            discovery: Arc::new(ClusterDiscovery::new(client)),
+            engine: ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
+                .taking_over_from(self.take_over_from.clone()),
+            discovery,
+            kubeconfig_path,
         };
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
             key,
@@ -144,6 +175,19 @@ impl WorkloadClients {
             },
         );
         Ok(built)
+    }
+
+    /// Forgets the client of a Cluster that is gone.
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(namespace.to_owned(), cluster.to_owned()));
+        let _ = std::fs::remove_file(
+            self.kubeconfigs
+                .path()
+                .join(format!("{namespace}_{cluster}.kubeconfig")),
+        );
     }
 
     /// `GET /readyz` on the workload cluster, within the request timeout.
@@ -167,4 +211,18 @@ impl WorkloadClients {
             Err(_) => Err(not_ready("/readyz did not answer in time".into())),
         }
     }
+}
+
+/// Writes `bytes` to `path` (mode 0600), replacing it atomically.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let staging = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&staging)?;
+    file.write_all(bytes)?;
+    std::fs::rename(staging, path)
 }

@@ -40,7 +40,8 @@ fn kubeconfig_secret(cluster: &str, data: Option<&str>) -> Secret {
 #[tokio::test]
 async fn clients_come_from_the_kubeconfig_secret_and_follow_its_changes() {
     let (client, ns) = setup("workload").await;
-    let clients = WorkloadClients::new(client.clone(), Duration::from_secs(2), Duration::from_secs(5));
+    let clients =
+        WorkloadClients::new(client.clone(), Duration::from_secs(2), Duration::from_secs(5)).unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
 
     assert!(matches!(
@@ -131,7 +132,8 @@ fn deployment(name: &str, replicas: i32) -> Deployment {
 #[tokio::test]
 async fn cel_conditions_wait_for_objects_and_hold_when_true() {
     let (client, ns) = setup("cel").await;
-    let clients = WorkloadClients::new(client.clone(), Duration::from_secs(2), Duration::from_secs(5));
+    let clients =
+        WorkloadClients::new(client.clone(), Duration::from_secs(2), Duration::from_secs(5)).unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     secrets
         .create(

@@ -8,9 +8,9 @@ use std::{
 };
 
 use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
-use cso_apply::{ApplyEngine, ClusterDiscovery};
+use cso_apply::{ApplyEngine, ClusterDiscovery, WorkloadClients};
 use cso_release::ReleaseCache;
-use cso_render::ChartRenderer;
+use cso_render::{ChartRenderer, ValuesTemplater};
 use kube::{
     Client, Resource, ResourceExt,
     runtime::events::{Event, EventType, Recorder, Reporter},
@@ -32,6 +32,8 @@ pub struct Settings {
     pub cluster_stack_concurrency: u16,
     /// `--clusterstackrelease-concurrency`
     pub cluster_stack_release_concurrency: u16,
+    /// `--clusteraddon-concurrency`
+    pub cluster_addon_concurrency: u16,
     /// How often a ClusterStack with `autoSubscribe` asks its source for new releases.
     pub poll_interval: Duration,
     /// How often applied objects are re-applied even when nothing announced a change (drift correction for
@@ -46,6 +48,7 @@ impl Default for Settings {
             watch_filter: None,
             cluster_stack_concurrency: 1,
             cluster_stack_release_concurrency: 1,
+            cluster_addon_concurrency: 1,
             poll_interval: Duration::from_secs(300),
             resync_interval: Duration::from_secs(300),
         }
@@ -60,10 +63,16 @@ pub struct Context {
     /// Applies to the management cluster.
     pub engine: ApplyEngine,
     pub discovery: Arc<ClusterDiscovery>,
+    /// Clients (and apply engines) of workload clusters.
+    pub workloads: WorkloadClients,
+    /// Renders values templates over the Cluster.
+    pub values: Arc<ValuesTemplater>,
     pub settings: Settings,
     pub(crate) provider_watches: ProviderWatches,
     recorder: Recorder,
     backoff: Backoff,
+    /// When each ClusterAddon last applied all its objects, for drift correction.
+    addons_applied: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -76,12 +85,18 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "built once, in run(), from the operator's parts"
+    )]
     pub(crate) fn new(
         client: Client,
         releases: Arc<ReleaseCache>,
         renderer: Arc<dyn ChartRenderer>,
         engine: ApplyEngine,
         discovery: Arc<ClusterDiscovery>,
+        workloads: WorkloadClients,
+        values: Arc<ValuesTemplater>,
         settings: Settings,
         provider_watches: ProviderWatches,
     ) -> Self {
@@ -96,9 +111,12 @@ impl Context {
             renderer,
             engine,
             discovery,
+            workloads,
+            values,
             settings,
             provider_watches,
             backoff: Backoff::default(),
+            addons_applied: Mutex::default(),
         }
     }
 
@@ -151,6 +169,22 @@ impl Context {
     /// The delay before retrying `key` after its `n`-th failure in a row: 5 s doubling up to 5 minutes.
     pub(crate) fn retry_delay(&self, key: &str) -> Duration {
         self.backoff.next(key)
+    }
+
+    /// Whether the ClusterAddon `key` is due for a full re-apply (drift correction).
+    pub(crate) fn addon_apply_due(&self, key: &str) -> bool {
+        self.addons_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_none_or(|at| at.elapsed() >= self.settings.resync_interval)
+    }
+
+    pub(crate) fn addon_applied(&self, key: &str) {
+        self.addons_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), std::time::Instant::now());
     }
 
     /// Forgets the failures of `key` after it reconciled cleanly.

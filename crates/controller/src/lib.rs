@@ -1,9 +1,11 @@
 //! The operator's reconcilers. Each follows dereference -> validate -> build (pure) -> apply -> status;
 //! the pure parts live beside them and are tested without a cluster.
 //!
-//! [`run`] starts the controllers of the management flow (ClusterStack, ClusterStackRelease) on one
-//! [`Context`] and runs them until shutdown.
+//! [`run`] starts the controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) on
+//! one [`Context`] and runs them until shutdown.
 
+pub mod cluster_addon;
+pub mod cluster_addon_create;
 pub mod cluster_stack;
 pub mod cluster_stack_release;
 mod context;

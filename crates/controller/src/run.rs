@@ -4,11 +4,12 @@
 use std::{future::Future, sync::Arc};
 
 use cso_api::{
-    ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster, names::RELEASE_LABEL,
+    ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster,
+    names::RELEASE_LABEL,
 };
-use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
+use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
 use cso_release::ReleaseCache;
-use cso_render::ChartRenderer;
+use cso_render::{ChartRenderer, ValuesTemplater};
 use futures::{FutureExt, StreamExt};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -19,7 +20,10 @@ use kube::{
 };
 
 use crate::{
-    Context, Settings, cluster_stack, cluster_stack_release, filter::watcher_config,
+    Context, Settings, cluster_addon,
+    cluster_addon_create::{self, cluster_addon_name, release_of},
+    cluster_stack, cluster_stack_release,
+    filter::watcher_config,
     provider_watch::ProviderWatches,
 };
 
@@ -28,6 +32,8 @@ pub struct Operator {
     pub client: Client,
     pub releases: Arc<ReleaseCache>,
     pub renderer: Arc<dyn ChartRenderer>,
+    /// Renders values templates (`cluster-addon-values.yaml`) over the Cluster.
+    pub values: Arc<ValuesTemplater>,
     /// Field managers whose server-side-applied fields we take over (`kubectl` for the Go operator's).
     pub take_over_from: Vec<String>,
     pub settings: Settings,
@@ -41,6 +47,10 @@ impl std::fmt::Debug for Operator {
             .finish_non_exhaustive()
     }
 }
+
+/// Connecting to a workload cluster may take this long; an unreachable one costs no more.
+const WORKLOAD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const WORKLOAD_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
@@ -59,11 +69,21 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         client,
         releases,
         renderer,
+        values,
         take_over_from,
         settings,
     } = operator;
     let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
-    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER).taking_over_from(take_over_from);
+    let engine =
+        ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER).taking_over_from(take_over_from.clone());
+    let workloads =
+        match WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT) {
+            Ok(workloads) => workloads.taking_over_from(take_over_from),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create a private directory for workload kubeconfigs");
+                return;
+            }
+        };
     let (provider_watches, provider_triggers) =
         ProviderWatches::new(client.clone(), settings.namespace.clone());
     let ctx = Arc::new(Context::new(
@@ -72,6 +92,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         renderer,
         engine,
         discovery,
+        workloads,
+        values,
         settings.clone(),
         provider_watches,
     ));
@@ -187,8 +209,71 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
+    let clusters = Controller::new(scoped::<Cluster>(&client, namespace), config.clone());
+    let cluster_store = clusters.store();
+    let addon_create = clusters
+        // A ClusterAddon was deleted: make it again.
+        .watches(
+            scoped::<ClusterAddon>(&client, namespace),
+            config.clone(),
+            |addon| {
+                let namespace = addon.namespace().unwrap_or_default();
+                addon
+                    .owner_references()
+                    .iter()
+                    .filter(|o| o.kind == "Cluster")
+                    .map(|o| ObjectRef::new(&o.name).within(&namespace))
+                    .collect::<Vec<_>>()
+            },
+        )
+        // A release appeared: Clusters of its class get their ClusterAddon.
+        .watches(
+            scoped::<ClusterStackRelease>(&client, namespace),
+            config.clone(),
+            move |release| {
+                let release_namespace = release.namespace().unwrap_or_default();
+                let Ok(id) = ReleaseId::parse_tag(&release.name_any()) else {
+                    return Vec::new();
+                };
+                cluster_store
+                    .state()
+                    .iter()
+                    .filter(|c| release_of(c).is_some_and(|(c_id, ns)| c_id == id && ns == release_namespace))
+                    .map(|c| ObjectRef::from_obj(c.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            cluster_addon_create::reconcile,
+            cluster_addon_create::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "ClusterAddonCreate controller");
+            }
+        });
+
+    let addons = Controller::new(scoped::<ClusterAddon>(&client, namespace), config.clone())
+        // Any change of the Cluster (its class, its endpoint used by values templates) is looked at.
+        .watches(scoped::<Cluster>(&client, namespace), config.clone(), |cluster| {
+            Some(
+                ObjectRef::new(&cluster_addon_name(&cluster.name_any()))
+                    .within(&cluster.namespace().unwrap_or_default()),
+            )
+        })
+        .with_config(Config::default().concurrency(settings.cluster_addon_concurrency))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(cluster_addon::reconcile, cluster_addon::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "ClusterAddon controller");
+            }
+        });
+
     tracing::info!(namespace = ?settings.namespace, "controllers started");
-    futures::join!(stacks, releases);
+    futures::join!(stacks, releases, addon_create, addons);
     tracing::info!("controllers stopped");
 }
 

@@ -70,20 +70,28 @@ pub async fn start_management(tools: &Tools, dir: Option<&Path>) -> Result<Contr
 /// needs a real API server must fail, not skip, without one.
 pub fn shared_management() -> &'static ControlPlane {
     static SHARED: OnceLock<ControlPlane> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        std::thread::spawn(|| {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let tools = Tools::discover().map_err(std::io::Error::other)?;
-            runtime
-                .block_on(start_management(&tools, None))
-                .map_err(std::io::Error::other)
-        })
-        .join()
-        .expect("control plane start-up thread panicked")
-        .unwrap_or_else(|e| panic!("cannot start the test control plane: {e}"))
+    SHARED.get_or_init(|| start_shared(|tools| Box::pin(start_management(tools, None))))
+}
+
+/// A bare control plane standing in for a workload cluster, shared like [`shared_management`].
+pub fn shared_workload() -> &'static ControlPlane {
+    static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+    SHARED.get_or_init(|| start_shared(|tools| Box::pin(ControlPlane::start(tools, "workload", None))))
+}
+
+type Starting<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<ControlPlane, Error>> + 'a>>;
+
+fn start_shared(start: impl FnOnce(&Tools) -> Starting<'_> + Send + 'static) -> ControlPlane {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let tools = Tools::discover().map_err(std::io::Error::other)?;
+        runtime.block_on(start(&tools)).map_err(std::io::Error::other)
     })
+    .join()
+    .expect("control plane start-up thread panicked")
+    .unwrap_or_else(|e| panic!("cannot start the test control plane: {e}"))
 }
 
 /// Creates a namespace with a generated name starting with `prefix` and returns its name.

@@ -262,63 +262,82 @@ async fn fetch(
         Err(error) => error,
     };
     let message = error.to_string();
-    let retry = Outcome::Retry(message.clone());
-    let (condition, reason, severity, event_reason, outcome) = match &error {
-        CacheError::Source {
-            error: SourceError::Config(_),
-            ..
-        } => (
-            condition::ASSETS_CLIENT_API_AVAILABLE,
-            reason::FAILED_CREATE_ASSETS_CLIENT,
-            Severity::Error,
-            event::FAILED_CREATE_ASSETS_CLIENT,
-            retry,
-        ),
-        CacheError::Source {
-            error: SourceError::NotFound { .. },
-            ..
-        } => (
-            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-            reason::RELEASE_NOT_FOUND,
-            Severity::Error,
-            event::RELEASE_DOWNLOAD_FAILED,
-            retry,
-        ),
-        CacheError::Source {
-            error: source_error, ..
-        } => (
-            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-            reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
-            Severity::Warning,
-            event::RELEASE_DOWNLOAD_FAILED,
-            // Rate limited: come back when the source allows it, not earlier.
-            source_error
-                .retry_after()
-                .map_or(retry, |delay| Outcome::Done(Action::requeue(delay))),
-        ),
-        CacheError::Release { .. } => (
-            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-            reason::ISSUE_WITH_RELEASE_ASSETS,
-            Severity::Error,
-            event::VALIDATE_HELM_CHART_FAILED,
-            retry,
-        ),
-        CacheError::Io { .. } => (
-            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-            reason::ISSUE_WITH_RELEASE_ASSETS,
-            Severity::Error,
-            event::RELEASE_DOWNLOAD_FAILED,
-            retry,
-        ),
-    };
+    let failure = FetchFailure::of(&error);
     ctx.report_false(
         release,
-        (condition, reason, severity),
+        (failure.condition, failure.reason, failure.severity),
         &message,
-        (EventType::Warning, event_reason),
+        (EventType::Warning, failure.event),
     )
     .await;
+    let outcome = match failure.retry_after {
+        // Rate limited: come back when the source allows it, not earlier.
+        Some(delay) => Outcome::Done(Action::requeue(delay)),
+        None => Outcome::Retry(message),
+    };
     Ok(Err(outcome))
+}
+
+/// How a release that cannot be had is reported, on a ClusterStackRelease or a ClusterAddon.
+pub(crate) struct FetchFailure {
+    pub(crate) condition: &'static str,
+    pub(crate) reason: &'static str,
+    pub(crate) severity: Severity,
+    pub(crate) event: &'static str,
+    /// How long the source asked us to wait.
+    pub(crate) retry_after: Option<std::time::Duration>,
+}
+
+impl FetchFailure {
+    pub(crate) fn of(error: &CacheError) -> Self {
+        let downloaded = |reason, severity, event| FetchFailure {
+            condition: condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+            reason,
+            severity,
+            event,
+            retry_after: None,
+        };
+        match error {
+            CacheError::Source {
+                error: SourceError::Config(_),
+                ..
+            } => FetchFailure {
+                condition: condition::ASSETS_CLIENT_API_AVAILABLE,
+                reason: reason::FAILED_CREATE_ASSETS_CLIENT,
+                severity: Severity::Error,
+                event: event::FAILED_CREATE_ASSETS_CLIENT,
+                retry_after: None,
+            },
+            CacheError::Source {
+                error: SourceError::NotFound { .. },
+                ..
+            } => downloaded(
+                reason::RELEASE_NOT_FOUND,
+                Severity::Error,
+                event::RELEASE_DOWNLOAD_FAILED,
+            ),
+            CacheError::Source {
+                error: source_error, ..
+            } => FetchFailure {
+                retry_after: source_error.retry_after(),
+                ..downloaded(
+                    reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
+                    Severity::Warning,
+                    event::RELEASE_DOWNLOAD_FAILED,
+                )
+            },
+            CacheError::Release { .. } => downloaded(
+                reason::ISSUE_WITH_RELEASE_ASSETS,
+                Severity::Error,
+                event::VALIDATE_HELM_CHART_FAILED,
+            ),
+            CacheError::Io { .. } => downloaded(
+                reason::ISSUE_WITH_RELEASE_ASSETS,
+                Severity::Error,
+                event::RELEASE_DOWNLOAD_FAILED,
+            ),
+        }
+    }
 }
 
 /// Whether the provider object is ready; makes the release its controller owner and watches its kind.

@@ -14,7 +14,7 @@ use std::{
 use cso_api::{ClusterStack, ClusterStackRelease, conditions::ConditionsExt};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, ReleaseSource, archive::UnpackLimits, source::local::LocalSource};
-use cso_render::{CachingRenderer, Helm, cache::DEFAULT_CAPACITY_BYTES};
+use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
 use kube::{
     Api, Client,
     api::{DynamicObject, ListParams, PostParams},
@@ -45,6 +45,8 @@ pub fn local_releases(release_dir: &Path, tags: &[&str]) {
 pub struct RunningOperator {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// The chart renderer, for counting helm runs.
+    pub renderer: Arc<CachingRenderer<Helm>>,
 }
 
 impl RunningOperator {
@@ -69,8 +71,8 @@ impl RunningOperator {
             .helm
             .expect("helm (make tools)");
         let releases = Arc::new(ReleaseCache::new(release_dir, source, UnpackLimits::default()).unwrap());
-        let renderer = Arc::new(CachingRenderer::new(
-            Helm::new(helm, Duration::from_secs(60)).unwrap(),
+        let renderer: Arc<CachingRenderer<Helm>> = Arc::new(CachingRenderer::new(
+            Helm::new(&helm, Duration::from_secs(60)).unwrap(),
             DEFAULT_CAPACITY_BYTES,
         ));
         let mut settings = Settings {
@@ -82,7 +84,10 @@ impl RunningOperator {
         let operator = Operator {
             client: client.clone(),
             releases,
-            renderer,
+            renderer: renderer.clone(),
+            values: Arc::new(
+                ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(60)).unwrap()).unwrap(),
+            ),
             take_over_from: Vec::new(),
             settings,
         };
@@ -93,6 +98,7 @@ impl RunningOperator {
         RunningOperator {
             stop: Some(stop),
             task,
+            renderer,
         }
     }
 
@@ -230,12 +236,15 @@ pub async fn cluster_classes(client: &Client, namespace: &str) -> Vec<String> {
     names
 }
 
-/// Creates a Cluster (v1beta1) of `class`.
+/// Creates a Cluster (v1beta1) of `class`, its API server at `<name>.example.test:6443`.
 pub async fn create_cluster(client: &Client, namespace: &str, name: &str, class: &str) {
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"topology": {"class": class, "version": "v1.27.3"}},
+        "spec": {
+            "topology": {"class": class, "version": "v1.27.3"},
+            "controlPlaneEndpoint": {"host": format!("{name}.example.test"), "port": 6443},
+        },
     }))
     .unwrap();
     dynamic(client, namespace, &capi("Cluster"))
@@ -253,4 +262,22 @@ pub async fn inventory_object_exists(client: &Client, entry: &cso_api::common::R
         .await
         .unwrap()
         .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+}
+
+/// Writes the Secret `<cluster>-kubeconfig` (key `value`) as Cluster API does.
+pub async fn kubeconfig_secret(client: &Client, namespace: &str, cluster: &str, kubeconfig: &str) {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("{cluster}-kubeconfig"), "namespace": namespace},
+        "stringData": {"value": kubeconfig},
+    }))
+    .unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
+    secrets
+        .patch(
+            &format!("{cluster}-kubeconfig"),
+            &kube::api::PatchParams::apply("test").force(),
+            &kube::api::Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
 }

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use cso_api::{ClusterStack, ClusterStackRelease};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
-use cso_render::{CachingRenderer, Helm, cache::DEFAULT_CAPACITY_BYTES};
+use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
 use cso_testenv::Tools;
 use kube::{Api, api::PostParams};
 
@@ -76,9 +76,10 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         client: client.clone(),
         releases: Arc::new(ReleaseCache::new(&release_dir, source, UnpackLimits::default())?),
         renderer: Arc::new(CachingRenderer::new(
-            Helm::new(helm, Duration::from_secs(120))?,
+            Helm::new(&helm, Duration::from_secs(120))?,
             DEFAULT_CAPACITY_BYTES,
         )),
+        values: Arc::new(ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(120))?)?),
         take_over_from: Vec::new(),
         settings: Settings::default(),
     };

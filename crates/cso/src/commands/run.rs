@@ -10,7 +10,7 @@ use cso_release::{
     archive::UnpackLimits,
     source::{self, SourceKind, SourceSettings, UnavailableSource},
 };
-use cso_render::{CachingRenderer, Helm, cache::DEFAULT_CAPACITY_BYTES};
+use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::RunArgs;
@@ -50,6 +50,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         client,
         releases,
         renderer,
+        values: Arc::new(
+            ValuesTemplater::new(Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?)
+                .context("failed to prepare the values templater")?,
+        ),
         take_over_from: args
             .take_over_field_managers
             .iter()
@@ -61,6 +65,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             watch_filter: non_empty(&args.watch_filter),
             cluster_stack_concurrency: args.clusterstack_concurrency,
             cluster_stack_release_concurrency: args.clusterstackrelease_concurrency,
+            cluster_addon_concurrency: args.clusteraddon_concurrency,
             poll_interval: args.poll_interval,
             resync_interval: args.resync_interval,
         },

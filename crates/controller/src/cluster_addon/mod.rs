@@ -1,0 +1,358 @@
+//! The ClusterAddon controller: the core addons of a workload cluster. It waits for the workload cluster
+//! (its kubeconfig Secret and `/readyz`), templates the release's values over the Cluster, renders the addon
+//! chart against the workload cluster, applies it there with an inventory, and prunes what an upgrade no
+//! longer has. A class change that keeps the addon version and the Kubernetes minor changes nothing; the
+//! objects are re-applied every resync interval, so deleted or edited addon objects come back.
+//!
+//! Handled here: releases with one addon chart (`cluster-addon-values.yaml`). Multi-stage releases
+//! (`clusteraddon.yaml`, lifecycle hooks) are reported as not supported yet.
+
+pub mod decision;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use cso_api::{
+    ClusterAddon, ClusterAddonStatus,
+    capi::Cluster,
+    cluster_addon::{CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
+    conditions::{ConditionsExt, Severity},
+    names::{RELEASE_LABEL, condition, event, reason},
+};
+use cso_apply::template_data::template_data;
+use cso_release::{AddonStyle, Release};
+use cso_render::{RenderRequest, parse_manifests};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{controller::Action, events::EventType},
+};
+use serde_json::json;
+
+use self::decision::{Applied, Decision, decide};
+use crate::{
+    Context, Error, cluster_addon_create::release_of, cluster_stack_release::FetchFailure,
+    context::object_key, filter::is_paused, patch,
+};
+
+/// How often an unreachable workload cluster is asked again.
+const WORKLOAD_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+/// The namespace of addon objects that have none (as the Go operator renders them).
+const ADDON_NAMESPACE: &str = "kube-system";
+
+/// What the reconcile decided to record in the spec (the Go operator's fields, written after the fact).
+#[derive(Default)]
+struct SpecUpdate {
+    cluster_stack: Option<String>,
+    version: Option<String>,
+    stage: Option<&'static str>,
+}
+
+pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if is_paused(addon.as_ref()) {
+        return Ok(Action::await_change());
+    }
+    let api: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &addon.namespace().unwrap_or_default());
+    if addon.meta().deletion_timestamp.is_some() {
+        // Deleting never waits: the addons live in the workload cluster and go with it. The Go operator's
+        // finalizer (kept only while its Cluster exists) is removed so a Cluster deletion cannot deadlock.
+        patch::remove_finalizer(&api, addon.as_ref(), CLUSTER_ADDON_FINALIZER).await?;
+        return Ok(Action::await_change());
+    }
+    let mut working = (*addon).clone();
+    let mut spec_update = SpecUpdate::default();
+    let outcome = sync(&mut working, &mut spec_update, &ctx).await;
+    working.set_summary();
+    let status = working.status.clone().unwrap_or_default();
+    patch::status(&api, &working, addon.status.as_ref(), &status).await?;
+    write_spec(&api, &addon, spec_update).await?;
+    let key = object_key(addon.as_ref());
+    match outcome {
+        Ok(action) => {
+            ctx.succeeded(&key);
+            Ok(action)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub fn error_policy(addon: Arc<ClusterAddon>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.retry_delay(&object_key(addon.as_ref()));
+    tracing::warn!(cluster_addon = %addon.name_any(), namespace = ?addon.namespace(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
+    addon.status.get_or_insert_with(Default::default)
+}
+
+async fn sync(
+    addon: &mut ClusterAddon,
+    spec_update: &mut SpecUpdate,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let namespace = addon.namespace().unwrap_or_default();
+    let cluster_name = addon
+        .spec
+        .cluster_ref
+        .name
+        .clone()
+        .unwrap_or_else(|| addon.name_any().trim_start_matches("cluster-addon-").to_owned());
+    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(cluster) = clusters
+        .get_opt(&cluster_name)
+        .await
+        .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?
+    else {
+        // The Cluster is gone; its ClusterAddon goes with it (owner reference).
+        return Ok(Action::await_change());
+    };
+    let Some((id, _)) = release_of(&cluster) else {
+        addon.mark_false(
+            condition::CLUSTER_READY,
+            reason::NO_CLUSTER_STACK_CLASS,
+            Severity::Warning,
+            format!("Cluster {cluster_name} has no ClusterClass of a cluster stack"),
+        );
+        return Ok(Action::await_change());
+    };
+
+    let workload = match ctx.workloads.get(&namespace, &cluster_name).await {
+        Ok(workload) => workload,
+        Err(e) => {
+            addon.mark_false(
+                condition::CLUSTER_READY,
+                reason::CONTROL_PLANE_NOT_READY,
+                Severity::Warning,
+                format!("kubeconfig not there (yet): {e}"),
+            );
+            return Ok(Action::requeue(WORKLOAD_RETRY));
+        }
+    };
+    if let Err(e) = ctx.workloads.ready(&workload).await {
+        addon.mark_false(
+            condition::CLUSTER_READY,
+            reason::CONTROL_PLANE_NOT_READY,
+            Severity::Info,
+            format!("control plane not ready yet: {e}"),
+        );
+        return Ok(Action::requeue(WORKLOAD_RETRY));
+    }
+    addon.mark_true(condition::CLUSTER_READY);
+
+    let release = match ctx.releases.get(&id).await {
+        Ok(release) => release,
+        Err(error) => {
+            let failure = FetchFailure::of(&error);
+            let message = error.to_string();
+            ctx.report_false(
+                addon,
+                (failure.condition, failure.reason, failure.severity),
+                &message,
+                (EventType::Warning, failure.event),
+            )
+            .await;
+            return match failure.retry_after {
+                Some(delay) => Ok(Action::requeue(delay)),
+                None => Err(Error::Reported(message)),
+            };
+        }
+    };
+    addon.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
+    let values_file = match &release.addons {
+        AddonStyle::Single { values_file } => values_file.clone(),
+        AddonStyle::Staged { .. } => {
+            addon.mark_false(
+                condition::CLUSTER_ADDON_CONFIG_VALIDATED,
+                reason::STAGED_RELEASES_NOT_SUPPORTED,
+                Severity::Error,
+                format!("release {} has multi-stage addons (clusteraddon.yaml), which this version does not apply yet", id.tag()),
+            );
+            return Ok(Action::await_change());
+        }
+    };
+
+    let key = object_key(&*addon);
+    let applied = Applied::of(&addon.spec.cluster_stack, &addon.spec.version);
+    let complete = addon.is_condition_true(condition::HELM_CHART_APPLIED);
+    match decide(
+        &applied,
+        &id,
+        &release.metadata.cluster_addon.to_dash(),
+        complete,
+        ctx.addon_apply_due(&key),
+    ) {
+        Decision::RecordOnly => {
+            // Same addons as applied: a class switch is recorded, nothing is rendered or applied.
+            spec_update.cluster_stack = Some(id.cluster_class_name());
+            status_of(addon).ready = true;
+            return Ok(Action::requeue(ctx.settings.resync_interval));
+        }
+        Decision::Apply { upgrade } => {
+            if upgrade {
+                status_of(addon).ready = false;
+            }
+            apply(
+                addon,
+                spec_update,
+                ctx,
+                &cluster,
+                &release,
+                &workload,
+                &values_file,
+                upgrade,
+            )
+            .await?;
+            ctx.addon_applied(&key);
+        }
+    }
+    Ok(Action::requeue(ctx.settings.resync_interval))
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the steps of one apply, kept in one place"
+)]
+async fn apply(
+    addon: &mut ClusterAddon,
+    spec_update: &mut SpecUpdate,
+    ctx: &Context,
+    cluster: &Cluster,
+    release: &Release,
+    workload: &cso_apply::WorkloadCluster,
+    values_file: &std::path::Path,
+    upgrade: bool,
+) -> Result<(), Error> {
+    let id = &release.id;
+    let templated = async {
+        let text = tokio::fs::read_to_string(values_file)
+            .await
+            .map_err(|e| format!("failed to read {}: {e}", values_file.display()))?;
+        let data = template_data(&ctx.discovery, cluster)
+            .await
+            .map_err(|e| e.to_string())?;
+        let values = ctx
+            .values
+            .render(values_file, &text, &data)
+            .await
+            .map_err(|e| e.to_string())?;
+        let rendered = ctx
+            .renderer
+            .render(RenderRequest {
+                chart: release.cluster_addon_archive.clone(),
+                release_name: "cluster-addon".into(),
+                namespace: ADDON_NAMESPACE.into(),
+                values: Some(values),
+                kube_version: Some(release.metadata.kubernetes.clone()),
+                include_crds: true,
+                target_kubeconfig: Some(workload.kubeconfig_path.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        parse_manifests(&rendered).map_err(|e| e.to_string())
+    }
+    .await;
+    let manifests = match templated {
+        Ok(manifests) => manifests,
+        Err(message) => {
+            ctx.report_false(
+                addon,
+                (
+                    condition::HELM_CHART_TEMPLATED,
+                    reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED,
+                    Severity::Error,
+                ),
+                &message,
+                (EventType::Warning, event::TEMPLATE_NEW_CLUSTER_STACK_FAILED),
+            )
+            .await;
+            return Err(Error::Reported(message));
+        }
+    };
+    addon.delete_condition(condition::HELM_CHART_TEMPLATED);
+
+    let labels = BTreeMap::from([(RELEASE_LABEL.to_owned(), id.tag())]);
+    let previous = status_of(addon).resources.clone();
+    let report = workload
+        .engine
+        .apply(&manifests, ADDON_NAMESPACE, &labels, &previous)
+        .await;
+    status_of(addon).resources = report.resources.clone();
+    if !report.drift_corrected.is_empty() {
+        let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();
+        ctx.event(
+            addon,
+            EventType::Normal,
+            event::DRIFT_CORRECTED,
+            format!("re-applied {} in the workload cluster", objects.join(", ")),
+        )
+        .await;
+    }
+    if !report.is_complete() {
+        let message = report.failure_summary();
+        ctx.report_false(
+            addon,
+            (
+                condition::HELM_CHART_APPLIED,
+                reason::FAILED_TO_APPLY_OBJECTS,
+                Severity::Warning,
+            ),
+            &message,
+            (EventType::Warning, event::FAILED_TO_APPLY_OBJECTS),
+        )
+        .await;
+        return Err(Error::Reported(message));
+    }
+    let first = !addon.is_condition_true(condition::HELM_CHART_APPLIED);
+    addon.mark_true(condition::HELM_CHART_APPLIED);
+    status_of(addon).ready = true;
+    if first || upgrade {
+        ctx.event(
+            addon,
+            EventType::Normal,
+            event::CLUSTER_ADDON_APPLIED,
+            format!(
+                "applied the addons of {} ({} objects, {} pruned)",
+                id.cluster_class_name(),
+                report.applied,
+                report.pruned.len()
+            ),
+        )
+        .await;
+    }
+    // Recorded once the work is done (the Go operator records intent before it).
+    let was_installed = !addon.spec.cluster_stack.is_empty();
+    spec_update.cluster_stack = Some(id.cluster_class_name());
+    spec_update.version = Some(release.metadata.cluster_addon.to_dash());
+    spec_update.stage = Some(if was_installed && upgrade {
+        "upgraded"
+    } else {
+        "created"
+    });
+    Ok(())
+}
+
+/// Writes the spec fields and the stage annotation that changed (merge patch on fields we own).
+async fn write_spec(api: &Api<ClusterAddon>, addon: &ClusterAddon, update: SpecUpdate) -> Result<(), Error> {
+    let mut spec = serde_json::Map::new();
+    if let Some(cluster_stack) = update.cluster_stack.filter(|c| *c != addon.spec.cluster_stack) {
+        spec.insert("clusterStack".into(), cluster_stack.into());
+    }
+    if let Some(version) = update.version.filter(|v| *v != addon.spec.version) {
+        spec.insert("version".into(), version.into());
+    }
+    let stage = update
+        .stage
+        .filter(|s| addon.annotations().get(STAGE_ANNOTATION).map(String::as_str) != Some(*s));
+    if spec.is_empty() && stage.is_none() {
+        return Ok(());
+    }
+    let mut body = json!({"spec": spec});
+    if let Some(stage) = stage {
+        body["metadata"] = json!({"annotations": {STAGE_ANNOTATION: stage}});
+    }
+    api.patch(&addon.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(|e| Error::kube(format!("update ClusterAddon {}", addon.name_any()), e))?;
+    Ok(())
+}

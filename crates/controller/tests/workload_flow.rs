@@ -1,0 +1,281 @@
+//! The workload-cluster flow on two real API servers with real helm: a ClusterAddon for each Cluster of a
+//! cluster-stack class, addons templated from the Cluster and applied into the workload cluster, upgrades that
+//! prune, class changes with the same addons that touch nothing, drift put back, and workload clusters that are
+//! missing, broken or unreachable reported and recovered from.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+mod support;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use cso_api::{
+    ClusterAddon,
+    cluster_addon::STAGE_ANNOTATION,
+    conditions::{ConditionsExt, READY},
+    names::{condition, reason},
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
+};
+use serde_json::json;
+use support::*;
+
+const RELEASES: [&str; 3] = [
+    "docker-ferrol-1-27-v1",
+    "docker-ferrol-1-27-v2",
+    "docker-ferrol-1-27-v3",
+];
+
+async fn ready_addon(client: &Client, namespace: &str, cluster: &str, class: &str) -> ClusterAddon {
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), namespace);
+    let name = format!("cluster-addon-{cluster}");
+    eventually(&format!("{name} ready with {class}"), CONVERGE, || async {
+        addons
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .filter(|a| a.spec.cluster_stack == class && a.status.as_ref().is_some_and(|s| s.ready))
+    })
+    .await
+}
+
+async fn move_cluster(client: &Client, namespace: &str, cluster: &str, class: &str) {
+    dynamic(client, namespace, &capi("Cluster"))
+        .patch(
+            cluster,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"class": class}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// resourceVersion of every object of the inventory, read from the workload cluster.
+async fn versions(workload: &Client, addon: &ClusterAddon) -> BTreeMap<String, String> {
+    let mut versions = BTreeMap::new();
+    for entry in &addon.status.as_ref().unwrap().resources {
+        let gvk = kube::core::GroupVersionKind::gvk(&entry.group, &entry.version, &entry.kind);
+        let (resource, caps) = kube::discovery::pinned_kind(workload, &gvk).await.unwrap();
+        let api: Api<kube::api::DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
+            Api::namespaced_with(workload.clone(), &entry.namespace, &resource)
+        } else {
+            Api::all_with(workload.clone(), &resource)
+        };
+        let object = api.get(&entry.name).await.unwrap();
+        versions.insert(
+            format!("{}/{}/{}", entry.kind, entry.namespace, entry.name),
+            object.resource_version().unwrap(),
+        );
+    }
+    versions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addons_install_upgrade_prune_and_come_back() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let workload_plane = cso_testenv::shared_workload();
+    let workload = workload_plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "addons").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &RELEASES);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1", "v2", "v3"])).await;
+    for release in RELEASES {
+        ready_release(&client, &ns, release).await;
+    }
+    kubeconfig_secret(&client, &ns, "c1", workload_plane.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+
+    // v1: installed, with the label templated from the Cluster's control-plane host.
+    let addon = ready_addon(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+    assert_eq!(addon.owner_references()[0].kind, "Cluster");
+    assert_eq!(addon.spec.version, "v1");
+    assert_eq!(
+        addon.annotations().get(STAGE_ANNOTATION).map(String::as_str),
+        Some("created")
+    );
+    assert!(addon.is_condition_true(READY));
+    assert!(addon.is_condition_true(condition::CLUSTER_READY));
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    let metrics = deployments.get("metrics-server").await.unwrap();
+    assert_eq!(
+        metrics.labels().get("domain").map(String::as_str),
+        Some("c1.example.test")
+    );
+    assert_eq!(
+        metrics.labels().get("clusterAddonVersion").map(String::as_str),
+        Some("v1")
+    );
+    assert!(
+        deployments.get_opt("web").await.unwrap().is_some(),
+        "v1 has the Deployment web"
+    );
+
+    // v1 -> v2: changed objects updated, web pruned.
+    move_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v2").await;
+    let addon = ready_addon(&client, &ns, "c1", "docker-ferrol-1-27-v2").await;
+    assert_eq!(addon.spec.version, "v2");
+    assert_eq!(
+        addon.annotations().get(STAGE_ANNOTATION).map(String::as_str),
+        Some("upgraded")
+    );
+    let metrics = deployments.get("metrics-server").await.unwrap();
+    assert_eq!(
+        metrics.labels().get("clusterAddonVersion").map(String::as_str),
+        Some("v2")
+    );
+    assert!(
+        deployments.get_opt("web").await.unwrap().is_none(),
+        "web is not in v2: pruned"
+    );
+    assert!(
+        addon
+            .status
+            .as_ref()
+            .unwrap()
+            .resources
+            .iter()
+            .all(|r| r.name != "web")
+    );
+
+    // v2 -> v3, the same addon version: nothing rendered, nothing written.
+    let before = versions(&workload, &addon).await;
+    let (_, renders_before) = operator.renderer.stats();
+    move_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v3").await;
+    let addon = ready_addon(&client, &ns, "c1", "docker-ferrol-1-27-v3").await;
+    assert_eq!(addon.spec.version, "v2");
+    let (_, renders_after) = operator.renderer.stats();
+    assert_eq!(
+        renders_after, renders_before,
+        "no helm run for a class with the same addons"
+    );
+    assert_eq!(versions(&workload, &addon).await, before, "no object changed");
+    operator.stop().await;
+
+    // With a short resync, an addon object deleted in the workload cluster comes back.
+    let operator = RunningOperator::start(
+        &client,
+        &ns,
+        dir.path(),
+        std::sync::Arc::new(cso_release::source::local::LocalSource::new(
+            dir.path().join("cluster-stacks"),
+        )),
+        |s| s.resync_interval = Duration::from_secs(2),
+    )
+    .await;
+    let uid = deployments.get("metrics-server").await.unwrap().uid();
+    deployments
+        .delete("metrics-server", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "metrics-server is restored in the workload cluster",
+        CONVERGE,
+        || async {
+            deployments
+                .get_opt("metrics-server")
+                .await
+                .unwrap()
+                .filter(|d| d.uid() != uid)
+        },
+    )
+    .await;
+    operator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "addon-create").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+
+    // Created before its stack exists: the ClusterAddon follows once the release does.
+    create_cluster(&client, &ns, "early", "docker-ferrol-1-27-v1").await;
+    create_cluster(&client, &ns, "foreign", "my-own-class").await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    let addon = eventually("cluster-addon-early", CONVERGE, || async {
+        addons.get_opt("cluster-addon-early").await.unwrap()
+    })
+    .await;
+    assert_eq!(addon.spec.cluster_ref.name.as_deref(), Some("early"));
+    addons
+        .delete("cluster-addon-early", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("cluster-addon-early is recreated", CONVERGE, || async {
+        addons
+            .get_opt("cluster-addon-early")
+            .await
+            .unwrap()
+            .filter(|a| a.uid() != addon.uid())
+    })
+    .await;
+    assert!(
+        addons.get_opt("cluster-addon-foreign").await.unwrap().is_none(),
+        "a Cluster of a class that is not a cluster stack's gets no ClusterAddon"
+    );
+
+    // No kubeconfig Secret: reported, and retried without a hot loop.
+    let message = wait_condition::<ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-early",
+        condition::CLUSTER_READY,
+        reason::CONTROL_PLANE_NOT_READY,
+    )
+    .await;
+    assert!(message.contains("early-kubeconfig"), "{message}");
+
+    // A broken Secret, then one that points at nothing.
+    kubeconfig_secret(&client, &ns, "early", "this is not a kubeconfig").await;
+    eventually("the broken kubeconfig is reported", CONVERGE, || async {
+        let addon = addons.get("cluster-addon-early").await.unwrap();
+        let message = addon.get_condition(condition::CLUSTER_READY)?.message.clone()?;
+        message.contains("unusable").then_some(())
+    })
+    .await;
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let unreachable = cso_testenv::shared_workload().kubeconfig_yaml().replace(
+        &cso_testenv::shared_workload().server_url().to_string(),
+        &format!("https://127.0.0.1:{port}"),
+    );
+    kubeconfig_secret(&client, &ns, "early", &unreachable).await;
+    eventually(
+        "the unreachable workload cluster is reported",
+        CONVERGE,
+        || async {
+            let addon = addons.get("cluster-addon-early").await.unwrap();
+            let condition = addon.get_condition(condition::CLUSTER_READY)?;
+            condition
+                .message
+                .as_deref()?
+                .contains("control plane not ready yet")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Fixing the Secret recovers without anything else (a workload cluster of its own, so as not to meet the
+    // other test's addons).
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let own = cso_testenv::ControlPlane::start(&tools, "workload-recovery", None)
+        .await
+        .unwrap();
+    kubeconfig_secret(&client, &ns, "early", own.kubeconfig_yaml()).await;
+    let addon = ready_addon(&client, &ns, "early", "docker-ferrol-1-27-v1").await;
+    assert!(addon.is_condition_true(condition::CLUSTER_READY));
+    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
+    operator.stop().await;
+    own.stop();
+}
