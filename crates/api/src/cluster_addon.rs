@@ -18,6 +18,9 @@ pub const CLUSTER_ADDON_FINALIZER: &str = "clusteraddon.clusterstack.x-k8s.io";
 /// Annotation (unqualified key, as the Go operator writes it): `created` after the first install,
 /// `upgraded` after an upgrade.
 pub const STAGE_ANNOTATION: &str = "ClusterAddonStage";
+/// Annotation with what each stage of a multi-stage release applied (JSON: stage name -> inventory), so
+/// that an upgrade prunes from this record instead of re-rendering the old release.
+pub const STAGE_INVENTORY_ANNOTATION: &str = "clusterstack.x-k8s.io/stage-inventory";
 
 /// The addons of the Cluster `X`, named `cluster-addon-X`.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

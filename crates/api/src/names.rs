@@ -50,9 +50,13 @@ pub mod reason {
     /// *New.* `ClusterClassUnused` False.
     pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
     pub const TEMPLATE_NEW_CLUSTER_STACK_FAILED: &str = "TemplateNewClusterStackFailed";
+    pub const TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED: &str = "TemplateNewClusterStackOverwriteFailed";
+    pub const HELM_CHART_MISSING: &str = "HelmChartMissing";
+    pub const FAILED_TO_EVALUATE_PRE_CONDITION: &str = "FailedToEvaluatePreCondition";
+    pub const FAILED_TO_EVALUATE_POST_CONDITION: &str = "FailedToEvaluatePostCondition";
     pub const PARSING_CLUSTER_ADDON_CONFIG_FAILED: &str = "ParsingClusterAddonConfigFailed";
-    /// *New.* `ClusterAddonConfigValidated` False: multi-stage (`clusteraddon.yaml`) releases are not handled yet.
-    pub const STAGED_RELEASES_NOT_SUPPORTED: &str = "StagedReleasesNotSupported";
+    /// *New.* `HookServerReady` False: `spec.hook` names a hook that does not exist.
+    pub const UNKNOWN_HOOK: &str = "UnknownHook";
     /// *New.* `ClusterReady` False: the Cluster's class is not set or not a cluster stack's.
     pub const NO_CLUSTER_STACK_CLASS: &str = "NoClusterStackClass";
     /// *New.* `HelmChartDeleted` / deletion of a ClusterStackRelease: some objects could not be deleted.
@@ -84,6 +88,8 @@ pub mod event {
     /// *New.*
     pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
     pub const TEMPLATE_NEW_CLUSTER_STACK_FAILED: &str = "TemplateNewClusterStackFailed";
+    /// *New.* A stage of a lifecycle hook failed (render, apply, CEL).
+    pub const STAGE_FAILED: &str = "StageFailed";
     /// *New.* The addons of a ClusterAddon were applied into its workload cluster.
     pub const CLUSTER_ADDON_APPLIED: &str = "ClusterAddonApplied";
 }

@@ -109,6 +109,7 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
         fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
     }
+    fake.slow_down("docker-ferrol-1-27-v2", Duration::from_secs(30));
     let release_dir = tempfile::tempdir().unwrap();
     let log = release_dir.path().join("operator.log");
     let mut operator = start_operator(
@@ -131,26 +132,27 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         .await
         .unwrap();
 
-    // Kill as soon as a release has started (its finalizer is on) and before both are applied.
+    // Kill while v2 is being downloaded (its assets come slowly) and v1 is done.
     let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
-    wait_for(
-        "a ClusterStackRelease at work",
-        Duration::from_secs(60),
-        || async {
-            let list = releases.list(&Default::default()).await.unwrap().items;
-            list.iter()
-                .any(|r| !r.metadata.finalizers.clone().unwrap_or_default().is_empty())
-                .then_some(())
-        },
-    )
+    wait_for("v1 ready while v2 downloads", Duration::from_secs(60), || async {
+        (ready(&client, &ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
+    })
     .await;
     operator.0.kill().unwrap();
     operator.0.wait().unwrap();
-    let ready_at_kill = ready(&client, &ns).await;
+    let v2 = releases.get("docker-ferrol-1-27-v2").await.unwrap();
     assert!(
-        ready_at_kill.len() < 2,
-        "killed before both releases were done: {ready_at_kill:?}"
+        !v2.status.as_ref().is_some_and(|s| s.ready),
+        "killed in the middle: v2 was not done"
     );
+    assert!(
+        !release_dir
+            .path()
+            .join("cluster-stacks/docker-ferrol-1-27-v2")
+            .exists(),
+        "a download cut short leaves nothing in the cache"
+    );
+    fake.slow_down("docker-ferrol-1-27-v2", Duration::ZERO);
 
     // Start again with an empty release cache: it downloads again and converges.
     std::fs::remove_dir_all(release_dir.path().join("cluster-stacks")).ok();

@@ -109,6 +109,26 @@ impl Release {
         Ok(())
     }
 
+    /// The directory with the addon archive's charts (one per stage), unpacked next to the archive on first
+    /// use (`<dir>/<archive name without .tgz>/`, where the Go operator puts it). Blocking.
+    pub fn addon_charts(&self, limits: UnpackLimits) -> Result<PathBuf, ReleaseError> {
+        let name = self
+            .cluster_addon_archive
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".tgz").to_owned())
+            .unwrap_or_default();
+        let target = self.dir.join(name);
+        if target.is_dir() {
+            return Ok(target);
+        }
+        match archive::unpack(&self.cluster_addon_archive, &target, limits) {
+            Ok(_) => Ok(target),
+            // Unpacked meanwhile by another reconcile.
+            Err(_) if target.is_dir() => Ok(target),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub fn is_staged(&self) -> bool {
         matches!(self.addons, AddonStyle::Staged { .. })
     }

@@ -62,6 +62,8 @@ struct Inner {
     requests: Vec<Recorded>,
     max_page_size: usize,
     storage_url: String,
+    /// Assets of these releases are served only after this delay.
+    slow: std::collections::HashMap<String, std::time::Duration>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -148,6 +150,12 @@ impl FakeGithub {
     /// Answers the next API request with `failure`.
     pub fn fail_next(&self, failure: Failure) {
         self.state.lock().failures.push_back(failure);
+    }
+
+    /// Serves the assets of release `tag` only after `delay` (a download that takes a while, to stop an
+    /// operator in the middle of one); `Duration::ZERO` makes them fast again.
+    pub fn slow_down(&self, tag: &str, delay: std::time::Duration) {
+        self.state.lock().slow.insert(tag.to_owned(), delay);
     }
 
     /// Every request so far.
@@ -347,13 +355,20 @@ async fn asset(
 }
 
 async fn blob(State(state): State<Shared>, UrlPath(id): UrlPath<u64>, headers: HeaderMap) -> Response {
-    let data = state
-        .lock()
-        .releases
-        .iter()
-        .flat_map(|r| &r.assets)
-        .find(|a| a.id == id)
-        .map(|a| a.data.clone());
+    let (data, delay) = {
+        let inner = state.lock();
+        let found = inner.releases.iter().find_map(|r| {
+            r.assets
+                .iter()
+                .find(|a| a.id == id)
+                .map(|a| (r.tag.clone(), a.data.clone()))
+        });
+        match found {
+            Some((tag, data)) => (Some(data), inner.slow.get(&tag).copied().unwrap_or_default()),
+            None => (None, std::time::Duration::ZERO),
+        }
+    };
+    tokio::time::sleep(delay).await;
     let response = match data {
         Some(data) => (StatusCode::OK, data.as_ref().clone()).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),

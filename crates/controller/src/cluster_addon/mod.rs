@@ -4,10 +4,11 @@
 //! longer has. A class change that keeps the addon version and the Kubernetes minor changes nothing; the
 //! objects are re-applied every resync interval, so deleted or edited addon objects come back.
 //!
-//! Handled here: releases with one addon chart (`cluster-addon-values.yaml`). Multi-stage releases
-//! (`clusteraddon.yaml`, lifecycle hooks) are reported as not supported yet.
+//! Releases with one addon chart (`cluster-addon-values.yaml`) are handled here; multi-stage releases
+//! (`clusteraddon.yaml`, stages per lifecycle hook) in [`staged`].
 
 pub mod decision;
+mod staged;
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -44,7 +45,11 @@ const ADDON_NAMESPACE: &str = "kube-system";
 struct SpecUpdate {
     cluster_stack: Option<String>,
     version: Option<String>,
+    /// `Some("")` clears `spec.hook`.
+    hook: Option<String>,
     stage: Option<&'static str>,
+    /// The status was written during the reconcile (stage progress): write the final one unconditionally.
+    status_written: bool,
 }
 
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -63,8 +68,13 @@ pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Ac
     let outcome = sync(&mut working, &mut spec_update, &ctx).await;
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
-    patch::status(&api, &working, addon.status.as_ref(), &status).await?;
-    write_spec(&api, &addon, spec_update).await?;
+    let before = if spec_update.status_written {
+        None
+    } else {
+        addon.status.as_ref()
+    };
+    patch::status(&api, &working, before, &status).await?;
+    write_spec(&api, &working, spec_update).await?;
     let key = object_key(addon.as_ref());
     match outcome {
         Ok(action) => {
@@ -158,29 +168,32 @@ async fn sync(
         }
     };
     addon.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
-    let values_file = match &release.addons {
-        AddonStyle::Single { values_file } => values_file.clone(),
-        AddonStyle::Staged { .. } => {
-            addon.mark_false(
-                condition::CLUSTER_ADDON_CONFIG_VALIDATED,
-                reason::STAGED_RELEASES_NOT_SUPPORTED,
-                Severity::Error,
-                format!("release {} has multi-stage addons (clusteraddon.yaml), which this version does not apply yet", id.tag()),
-            );
-            return Ok(Action::await_change());
-        }
-    };
-
     let key = object_key(&*addon);
     let applied = Applied::of(&addon.spec.cluster_stack, &addon.spec.version);
     let complete = addon.is_condition_true(condition::HELM_CHART_APPLIED);
-    match decide(
+    let decision = decide(
         &applied,
         &id,
         &release.metadata.cluster_addon.to_dash(),
         complete,
         ctx.addon_apply_due(&key),
-    ) {
+    );
+    let values_file = match &release.addons {
+        AddonStyle::Single { values_file } => values_file.clone(),
+        AddonStyle::Staged { config } => {
+            let run = staged::StagedRun {
+                ctx,
+                api: &Api::namespaced(ctx.client.clone(), &namespace),
+                cluster: &cluster,
+                release: &release,
+                workload: &workload,
+                config,
+            };
+            let action = run.sync(addon, spec_update, decision).await?;
+            return Ok(action);
+        }
+    };
+    match decision {
         Decision::RecordOnly => {
             // Same addons as applied: a class switch is recorded, nothing is rendered or applied.
             spec_update.cluster_stack = Some(id.cluster_class_name());
@@ -223,47 +236,23 @@ async fn apply(
     upgrade: bool,
 ) -> Result<(), Error> {
     let id = &release.id;
-    let templated = async {
-        let text = tokio::fs::read_to_string(values_file)
-            .await
-            .map_err(|e| format!("failed to read {}: {e}", values_file.display()))?;
-        let data = template_data(&ctx.discovery, cluster)
-            .await
-            .map_err(|e| e.to_string())?;
-        let values = ctx
-            .values
-            .render(values_file, &text, &data)
-            .await
-            .map_err(|e| e.to_string())?;
-        let rendered = ctx
-            .renderer
-            .render(RenderRequest {
-                chart: release.cluster_addon_archive.clone(),
-                release_name: "cluster-addon".into(),
-                namespace: ADDON_NAMESPACE.into(),
-                values: Some(values),
-                kube_version: Some(release.metadata.kubernetes.clone()),
-                include_crds: true,
-                target_kubeconfig: Some(workload.kubeconfig_path.clone()),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        parse_manifests(&rendered).map_err(|e| e.to_string())
-    }
-    .await;
-    let manifests = match templated {
+    let manifests = match render(
+        ctx,
+        cluster,
+        workload,
+        release,
+        &release.cluster_addon_archive,
+        Some(values_file),
+    )
+    .await
+    {
         Ok(manifests) => manifests,
-        Err(message) => {
+        Err((reason, message)) => {
             ctx.report_false(
                 addon,
-                (
-                    condition::HELM_CHART_TEMPLATED,
-                    reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED,
-                    Severity::Error,
-                ),
+                (condition::HELM_CHART_TEMPLATED, reason, Severity::Error),
                 &message,
-                (EventType::Warning, event::TEMPLATE_NEW_CLUSTER_STACK_FAILED),
+                (EventType::Warning, reason),
             )
             .await;
             return Err(Error::Reported(message));
@@ -332,6 +321,52 @@ async fn apply(
     Ok(())
 }
 
+/// Renders `chart` for the workload cluster: values from `values_file` (templated over the Cluster) if
+/// given, rendered against the workload cluster. On failure, the `HelmChartTemplated` reason and a message.
+pub(crate) async fn render(
+    ctx: &Context,
+    cluster: &Cluster,
+    workload: &cso_apply::WorkloadCluster,
+    release: &Release,
+    chart: &std::path::Path,
+    values_file: Option<&std::path::Path>,
+) -> Result<Vec<cso_render::Manifest>, (&'static str, String)> {
+    let values = match values_file {
+        Some(file) => {
+            let overwrite = || reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED;
+            let text = tokio::fs::read_to_string(file)
+                .await
+                .map_err(|e| (overwrite(), format!("failed to read {}: {e}", file.display())))?;
+            let data = template_data(&ctx.discovery, cluster)
+                .await
+                .map_err(|e| (overwrite(), e.to_string()))?;
+            Some(
+                ctx.values
+                    .render(file, &text, &data)
+                    .await
+                    .map_err(|e| (overwrite(), e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+    let failed = |message: String| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message);
+    let rendered = ctx
+        .renderer
+        .render(RenderRequest {
+            chart: chart.to_path_buf(),
+            release_name: "cluster-addon".into(),
+            namespace: ADDON_NAMESPACE.into(),
+            values,
+            kube_version: Some(release.metadata.kubernetes.clone()),
+            include_crds: true,
+            target_kubeconfig: Some(workload.kubeconfig_path.clone()),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    parse_manifests(&rendered).map_err(|e| failed(e.to_string()))
+}
+
 /// Writes the spec fields and the stage annotation that changed (merge patch on fields we own).
 async fn write_spec(api: &Api<ClusterAddon>, addon: &ClusterAddon, update: SpecUpdate) -> Result<(), Error> {
     let mut spec = serde_json::Map::new();
@@ -340,6 +375,9 @@ async fn write_spec(api: &Api<ClusterAddon>, addon: &ClusterAddon, update: SpecU
     }
     if let Some(version) = update.version.filter(|v| *v != addon.spec.version) {
         spec.insert("version".into(), version.into());
+    }
+    if let Some(hook) = update.hook.filter(|h| *h != addon.spec.hook) {
+        spec.insert("hook".into(), hook.into());
     }
     let stage = update
         .stage
