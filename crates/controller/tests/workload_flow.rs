@@ -279,3 +279,144 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
     operator.stop().await;
     own.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let own = cso_testenv::ControlPlane::start(&tools, "workload-staged", None)
+        .await
+        .unwrap();
+    let workload = own.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "staged").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v0-sha-hipstsw"]);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let mut spec = ferrol_spec(&["v0-sha.hipstsw"]);
+    spec["channel"] = json!("custom");
+    create_stack(&client, &ns, "custom", spec).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v0-sha-hipstsw").await;
+    kubeconfig_secret(&client, &ns, "staged", own.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "staged", "docker-ferrol-1-27-v0-sha.hipstsw").await;
+
+    // No hook call arrives: once the control plane answers, the AfterControlPlaneInitialized stages run.
+    let addon = ready_addon(&client, &ns, "staged", "docker-ferrol-1-27-v0-sha.hipstsw").await;
+    assert_eq!(addon.spec.hook, "");
+    assert_eq!(
+        addon.annotations().get(STAGE_ANNOTATION).map(String::as_str),
+        Some("created")
+    );
+    assert!(addon.is_condition_true(condition::HELM_CHART_APPLIED));
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
+
+    // BeforeClusterUpgrade (as the hook server sets it): the ngnix stage waits until its post-condition
+    // (metrics-server replicas == ngnix replicas) holds. Make it not hold first.
+    deployments
+        .patch(
+            "metrics-server",
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    addons
+        .patch(
+            "cluster-addon-staged",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hook": "BeforeClusterUpgrade"}})),
+        )
+        .await
+        .unwrap();
+    let message = wait_condition::<ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-staged",
+        condition::EVALUATED_CEL,
+        reason::FAILED_TO_EVALUATE_POST_CONDITION,
+    )
+    .await;
+    assert!(message.contains("ngnix"), "{message}");
+    let waiting = addons.get("cluster-addon-staged").await.unwrap();
+    let status = waiting.status.as_ref().unwrap();
+    assert!(!status.ready);
+    assert!(
+        !waiting.is_condition_true(condition::HELM_CHART_APPLIED),
+        "the upgrade stays blocked"
+    );
+    assert_eq!(
+        status
+            .stages
+            .iter()
+            .map(|s| (s.name.as_str(), s.phase))
+            .collect::<Vec<_>>(),
+        [(
+            "ngnix",
+            cso_api::cluster_addon::StagePhase::WaitingForPostCondition
+        )]
+    );
+
+    // A restart resumes at the stage's post-condition: ngnix is not applied again.
+    let ngnix_version = deployments
+        .get("cluster-addon-ngnix")
+        .await
+        .unwrap()
+        .resource_version();
+    operator.kill().await;
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let resumed = addons.get("cluster-addon-staged").await.unwrap();
+    assert_eq!(resumed.spec.hook, "BeforeClusterUpgrade");
+    assert_eq!(
+        resumed.status.as_ref().unwrap().stages[0].phase,
+        cso_api::cluster_addon::StagePhase::WaitingForPostCondition
+    );
+    assert_eq!(
+        deployments
+            .get("cluster-addon-ngnix")
+            .await
+            .unwrap()
+            .resource_version(),
+        ngnix_version
+    );
+
+    // The condition holds: the stage is done, the hook completes, HelmChartApplied is True.
+    let ngnix_replicas = deployments
+        .get("cluster-addon-ngnix")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .replicas;
+    deployments
+        .patch(
+            "metrics-server",
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": ngnix_replicas}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let done = eventually("the BeforeClusterUpgrade stages complete", CONVERGE, || async {
+        addons.get("cluster-addon-staged").await.unwrap().filter_done()
+    })
+    .await;
+    assert_eq!(
+        done.annotations().get(STAGE_ANNOTATION).map(String::as_str),
+        Some("upgraded")
+    );
+    assert!(done.status.as_ref().unwrap().stages.is_empty());
+    operator.stop().await;
+    own.stop();
+}
+
+/// The addon if its hook is done and its charts are applied.
+fn done(addon: ClusterAddon) -> Option<ClusterAddon> {
+    (addon.spec.hook.is_empty()
+        && addon.is_condition_true(condition::HELM_CHART_APPLIED)
+        && addon.status.as_ref().is_some_and(|s| s.ready))
+    .then_some(addon)
+}
