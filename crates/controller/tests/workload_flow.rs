@@ -401,7 +401,7 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
         .await
         .unwrap();
     let done = eventually("the BeforeClusterUpgrade stages complete", CONVERGE, || async {
-        addons.get("cluster-addon-staged").await.unwrap().filter_done()
+        done(addons.get("cluster-addon-staged").await.unwrap())
     })
     .await;
     assert_eq!(
