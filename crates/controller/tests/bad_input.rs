@@ -33,24 +33,6 @@ fn github_at(api_url: &str) -> Arc<GithubSource> {
     )
 }
 
-/// A gzipped tar of the files `(path, content)`.
-fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        Vec::new(),
-        flate2::Compression::fast(),
-    ));
-    for (path, content) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        builder
-            .append_data(&mut header, path, content.as_bytes())
-            .unwrap();
-    }
-    builder.into_inner().unwrap().finish().unwrap()
-}
-
 /// A release `docker-broken-1-27-v1` whose cluster-class chart fails to render.
 fn broken_release(release_dir: &Path) {
     let dir = release_dir.join("cluster-stacks/docker-broken-1-27-v1");

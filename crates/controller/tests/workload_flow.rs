@@ -420,3 +420,60 @@ fn done(addon: ClusterAddon) -> Option<ClusterAddon> {
         && addon.status.as_ref().is_some_and(|s| s.ready))
     .then_some(addon)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_stage_is_reported_and_a_fixed_release_recovers() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let own = cso_testenv::ControlPlane::start(&tools, "workload-broken-stage", None)
+        .await
+        .unwrap();
+    let ns = cso_testenv::namespace(&client, "broken-stage").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // v1: the first stage's pre-condition is not CEL; v2 is fixed.
+    staged_release(
+        dir.path(),
+        "v1",
+        "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n      waitForPreCondition:\n        objects: []\n        conditions: \"this is (not CEL\"\n",
+    );
+    staged_release(
+        dir.path(),
+        "v2",
+        "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n",
+    );
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let mut spec = ferrol_spec(&["v1", "v2"]);
+    spec["name"] = json!("staged");
+    create_stack(&client, &ns, "staged", spec).await;
+    kubeconfig_secret(&client, &ns, "broken", own.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "broken", "docker-staged-1-27-v1").await;
+
+    let message = wait_condition::<ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-broken",
+        condition::EVALUATED_CEL,
+        reason::FAILED_TO_EVALUATE_PRE_CONDITION,
+    )
+    .await;
+    assert!(message.contains("does not compile"), "{message}");
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    let stuck = addons.get("cluster-addon-broken").await.unwrap();
+    assert!(!stuck.status.as_ref().unwrap().ready);
+    assert_ne!(
+        stuck.status.as_ref().unwrap().stages[0].phase,
+        cso_api::cluster_addon::StagePhase::Done,
+        "a failed stage is never counted as done"
+    );
+    assert!(stuck.get_condition(READY).is_some_and(|c| !c.is_true()));
+
+    // Moving the Cluster to the fixed release recovers, with no manual cleanup.
+    move_cluster(&client, &ns, "broken", "docker-staged-1-27-v2").await;
+    let addon = ready_addon(&client, &ns, "broken", "docker-staged-1-27-v2").await;
+    assert!(addon.get_condition(condition::EVALUATED_CEL).is_none());
+    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
+    operator.stop().await;
+    own.stop();
+}

@@ -290,10 +290,14 @@ impl StagedRun<'_> {
         &self,
         addon: &mut ClusterAddon,
         index: usize,
-        condition: Option<&WaitCondition>,
+        wait_for: Option<&WaitCondition>,
         pre: bool,
     ) -> Result<(), Halt> {
-        let Some(wait) = condition else { return Ok(()) };
+        let Some(wait) = wait_for else {
+            // No condition (any more: the Cluster may have moved to a fixed release).
+            addon.delete_condition(condition::EVALUATED_CEL);
+            return Ok(());
+        };
         let (failed_reason, which, waiting_phase) = if pre {
             (
                 reason::FAILED_TO_EVALUATE_PRE_CONDITION,

@@ -281,3 +281,66 @@ pub async fn kubeconfig_secret(client: &Client, namespace: &str, cluster: &str, 
         .await
         .unwrap();
 }
+
+/// A gzipped tar of the files `(path, content)`.
+pub fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for (path, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, path, content.as_bytes())
+            .unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+/// A multi-stage release `docker-staged-1-27-<version>` in `<release_dir>/cluster-stacks/`: the stage charts
+/// of the hash fixture (metrics-server, ngnix), the given `clusteraddon.yaml`, and a cluster-class chart with
+/// one ConfigMap.
+pub fn staged_release(release_dir: &Path, version: &str, addon_config: &str) {
+    let tag = format!("docker-staged-1-27-{version}");
+    let dir = release_dir.join("cluster-stacks").join(&tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("metadata.yaml"),
+        format!(
+            "apiVersion: metadata.clusterstack.x-k8s.io/v1alpha1\nversions:\n  clusterStack: {version}\n  kubernetes: v1.27.7\n  components:\n    clusterAddon: {version}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("clusteraddon.yaml"), addon_config).unwrap();
+    let class = tgz(&[
+        ("class/Chart.yaml", "apiVersion: v2\nname: class\nversion: v1\n"),
+        (
+            "class/templates/cm.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-class\ndata: {}\n",
+        ),
+    ]);
+    std::fs::write(
+        dir.join(format!("docker-staged-1-27-cluster-class-{version}.tgz")),
+        class,
+    )
+    .unwrap();
+    let charts = tempfile::tempdir().unwrap();
+    let unpacked = charts.path().join("charts");
+    cso_release::archive::unpack(
+        &fixtures()
+            .join("docker-ferrol-1-27-v0-sha-hipstsw/docker-ferrol-1-27-cluster-addon-v0-sha.hipstsw.tgz"),
+        &unpacked,
+        Default::default(),
+    )
+    .unwrap();
+    let file =
+        std::fs::File::create(dir.join(format!("docker-staged-1-27-cluster-addon-{version}.tgz"))).unwrap();
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast()));
+    for stage in ["metrics-server", "ngnix"] {
+        builder.append_dir_all(stage, unpacked.join(stage)).unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap();
+}
