@@ -222,6 +222,31 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
         "a Cluster of a class that is not a cluster stack's gets no ClusterAddon"
     );
 
+    // A ClusterAddon that carries the Go operator's finalizer never blocks its deletion.
+    let other = ClusterAddon::new(
+        "cluster-addon-migrated",
+        serde_json::from_value(
+            json!({"clusterRef": {"kind": "Cluster", "name": "migrated", "namespace": ns}}),
+        )
+        .unwrap(),
+    );
+    let mut other = other;
+    other.metadata.finalizers = Some(vec![cso_api::cluster_addon::CLUSTER_ADDON_FINALIZER.to_owned()]);
+    addons.create(&Default::default(), &other).await.unwrap();
+    addons
+        .delete("cluster-addon-migrated", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the migrated ClusterAddon is gone", CONVERGE, || async {
+        addons
+            .get_opt("cluster-addon-migrated")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
     // No kubeconfig Secret: reported, and retried without a hot loop.
     let message = wait_condition::<ClusterAddon>(
         &client,
@@ -474,6 +499,45 @@ async fn a_broken_stage_is_reported_and_a_fixed_release_recovers() {
     assert!(addon.get_condition(condition::EVALUATED_CEL).is_none());
     let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
     assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
+    operator.stop().await;
+    own.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scs_addons_install_into_a_workload_cluster() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let own = cso_testenv::ControlPlane::start(&tools, "workload-scs", None)
+        .await
+        .unwrap();
+    let ns = cso_testenv::namespace(&client, "scs").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-scs-1-30-v1"]);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let mut spec = ferrol_spec(&["v1"]);
+    spec["name"] = json!("scs");
+    spec["kubernetesVersion"] = json!("1.30");
+    create_stack(&client, &ns, "scs", spec).await;
+    kubeconfig_secret(&client, &ns, "scs", own.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "scs", "docker-scs-1-30-v1").await;
+
+    let addon = ready_addon(&client, &ns, "scs", "docker-scs-1-30-v1").await;
+    let workload = own.client().await.unwrap();
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(workload.clone(), "kube-system");
+    assert!(
+        daemonsets.get_opt("cilium").await.unwrap().is_some(),
+        "Cilium's agent"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(workload, "kube-system");
+    assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
+    let inventory = &addon.status.as_ref().unwrap().resources;
+    assert!(
+        inventory.len() >= 20,
+        "both stages recorded: {} objects",
+        inventory.len()
+    );
     operator.stop().await;
     own.stop();
 }
