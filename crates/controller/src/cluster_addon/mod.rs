@@ -197,6 +197,8 @@ async fn sync(
         Decision::RecordOnly => {
             // Same addons as applied: a class switch is recorded, nothing is rendered or applied.
             spec_update.cluster_stack = Some(id.cluster_class_name());
+            // A hook set by the hook server is done too (the Go operator never finishes it: upgrades hang).
+            spec_update.hook = Some(String::new());
             status_of(addon).ready = true;
             return Ok(Action::requeue(ctx.settings.resync_interval));
         }
@@ -313,6 +315,7 @@ async fn apply(
     let was_installed = !addon.spec.cluster_stack.is_empty();
     spec_update.cluster_stack = Some(id.cluster_class_name());
     spec_update.version = Some(release.metadata.cluster_addon.to_dash());
+    spec_update.hook = Some(String::new());
     spec_update.stage = Some(if was_installed && upgrade {
         "upgraded"
     } else {

@@ -1,0 +1,8 @@
+//! The operator's HTTPS endpoints: the Cluster API runtime-extension server with the lifecycle hooks
+//! ([`hooks`]), served with certificates that are reloaded when they change ([`tls`]).
+
+pub mod hooks;
+pub mod tls;
+
+pub use hooks::router as hook_router;
+pub use tls::{ServeError, TlsServer};

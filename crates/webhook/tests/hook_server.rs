@@ -1,0 +1,301 @@
+//! The hook server over HTTPS, called as Cluster API calls it: discovery, the three hooks, many concurrent
+//! calls answered from the ClusterAddons' state, Clusters that are not ours never held up, and a rotated
+//! certificate picked up without a restart.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+use std::{path::Path, time::Duration};
+
+use cso_api::{ClusterAddon, conditions::ConditionsExt, names::condition};
+use cso_testenv::pki::Pki;
+use cso_webhook::{TlsServer, hook_router};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+const PREFIX: &str = "/hooks.runtime.cluster.x-k8s.io/v1alpha1";
+
+/// Writes a fresh CA and serving certificate for 127.0.0.1 into `cert_dir`; returns the CA (PEM).
+fn certificates(cert_dir: &Path) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(scratch.path()).unwrap();
+    std::fs::create_dir_all(cert_dir).unwrap();
+    // The key first: a reload between the two writes sees a mismatched pair and waits for the next tick.
+    std::fs::copy(&pki.serving_key, cert_dir.join("tls.key")).unwrap();
+    std::fs::copy(&pki.serving_cert, cert_dir.join("tls.crt")).unwrap();
+    pki.ca_pem
+}
+
+fn https_client(ca_pem: &str) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn call(client: &reqwest::Client, server: &TlsServer, path: &str, body: Value) -> Value {
+    client
+        .post(format!(
+            "https://127.0.0.1:{}{PREFIX}/{path}",
+            server.local_addr.port()
+        ))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn before_upgrade_request(namespace: &str, cluster: &str, class: &str) -> Value {
+    json!({
+        "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "BeforeClusterUpgradeRequest",
+        "cluster": {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+                    "metadata": {"name": cluster, "namespace": namespace},
+                    "spec": {"topology": {"class": class, "version": "v1.27.3"}}},
+        "fromKubernetesVersion": "v1.27.3", "toKubernetesVersion": "v1.27.4",
+    })
+}
+
+async fn create_addon(client: &Client, namespace: &str, cluster: &str, applied: &str) {
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), namespace);
+    let mut addon = ClusterAddon::new(&format!("cluster-addon-{cluster}"), Default::default());
+    addon.spec.cluster_ref.name = Some(cluster.into());
+    addon.spec.cluster_stack = applied.into();
+    addons.create(&PostParams::default(), &addon).await.unwrap();
+}
+
+/// What the ClusterAddon controller records when it applied `class` completely.
+async fn mark_applied(client: &Client, namespace: &str, cluster: &str, class: &str) {
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), namespace);
+    let name = format!("cluster-addon-{cluster}");
+    addons
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterStack": class, "hook": ""}})),
+        )
+        .await
+        .unwrap();
+    let mut addon = addons.get(&name).await.unwrap();
+    addon.mark_true(condition::HELM_CHART_APPLIED);
+    let status = addon.status.as_mut().unwrap();
+    status.ready = true;
+    addons
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_answer_from_the_cluster_addons_under_concurrent_calls() {
+    let plane = cso_testenv::shared_management();
+    let kube = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&kube, "hooks").await.unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    let ca = certificates(certs.path());
+    let server = TlsServer::start(
+        hook_router(kube.clone()),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+    )
+    .await
+    .unwrap();
+    let https = https_client(&ca);
+
+    let discovery = call(
+        &https,
+        &server,
+        "discovery",
+        json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"}),
+    )
+    .await;
+    assert_eq!(discovery["kind"], "DiscoveryResponse");
+    let mut hooks: Vec<&str> = discovery["handlers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["requestHook"]["hook"].as_str().unwrap())
+        .collect();
+    hooks.sort();
+    assert_eq!(
+        hooks,
+        [
+            "AfterClusterUpgrade",
+            "AfterControlPlaneInitialized",
+            "BeforeClusterUpgrade"
+        ]
+    );
+
+    // AfterControlPlaneInitialized starts the install of a fresh cluster.
+    create_addon(&kube, &ns, "fresh", "").await;
+    let mut request = before_upgrade_request(&ns, "fresh", "docker-ferrol-1-27-v1");
+    request["kind"] = json!("AfterControlPlaneInitializedRequest");
+    let answer = call(
+        &https,
+        &server,
+        "aftercontrolplaneinitialized/after-control-plane-initialized",
+        request,
+    )
+    .await;
+    assert_eq!(answer["status"], "Success");
+    assert_eq!(answer["kind"], "AfterControlPlaneInitializedResponse");
+    let addons: Api<ClusterAddon> = Api::namespaced(kube.clone(), &ns);
+    assert_eq!(
+        addons.get("cluster-addon-fresh").await.unwrap().spec.hook,
+        "AfterControlPlaneInitialized"
+    );
+
+    // 20 clusters upgrade from v1 to v2 at once, two calls each at the same time.
+    let clusters: Vec<String> = (0..20).map(|i| format!("c{i}")).collect();
+    for cluster in &clusters {
+        create_addon(&kube, &ns, cluster, "docker-ferrol-1-27-v1").await;
+    }
+    let calls = clusters
+        .iter()
+        .flat_map(|c| [c.clone(), c.clone()])
+        .map(|cluster| {
+            let https = https.clone();
+            let server = &server;
+            let ns = ns.clone();
+            async move {
+                let answer = call(
+                    &https,
+                    server,
+                    "beforeclusterupgrade/before-cluster-upgrade",
+                    before_upgrade_request(&ns, &cluster, "docker-ferrol-1-27-v2"),
+                )
+                .await;
+                (cluster, answer)
+            }
+        });
+    for (cluster, answer) in futures::future::join_all(calls).await {
+        assert_eq!(answer["status"], "Success", "{cluster}: {answer}");
+        assert_eq!(
+            answer["retryAfterSeconds"], 10,
+            "{cluster}: the upgrade waits for its addons: {answer}"
+        );
+    }
+    for cluster in &clusters {
+        let addon = addons.get(&format!("cluster-addon-{cluster}")).await.unwrap();
+        assert_eq!(addon.spec.hook, "BeforeClusterUpgrade", "{cluster}");
+    }
+
+    // Half of them finish; the others keep waiting.
+    for cluster in clusters.iter().step_by(2) {
+        mark_applied(&kube, &ns, cluster, "docker-ferrol-1-27-v2").await;
+    }
+    let calls = clusters.iter().map(|cluster| {
+        let https = https.clone();
+        let server = &server;
+        let ns = ns.clone();
+        async move {
+            let answer = call(
+                &https,
+                server,
+                "beforeclusterupgrade/before-cluster-upgrade",
+                before_upgrade_request(&ns, cluster, "docker-ferrol-1-27-v2"),
+            )
+            .await;
+            (cluster.clone(), answer)
+        }
+    });
+    for (index, (cluster, answer)) in futures::future::join_all(calls).await.into_iter().enumerate() {
+        if index % 2 == 0 {
+            assert!(
+                answer.get("retryAfterSeconds").is_none(),
+                "{cluster} is done: {answer}"
+            );
+        } else {
+            assert_eq!(answer["retryAfterSeconds"], 10, "{cluster} is not done: {answer}");
+        }
+    }
+
+    // A Cluster whose class is not a cluster stack's is never held up; one whose ClusterAddon does not exist
+    // yet is (blocking hook) or fails (non-blocking, Cluster API calls again).
+    let foreign = call(
+        &https,
+        &server,
+        "beforeclusterupgrade/before-cluster-upgrade",
+        before_upgrade_request(&ns, "foreign", "my-own-class"),
+    )
+    .await;
+    assert!(foreign.get("retryAfterSeconds").is_none(), "{foreign}");
+    let unknown = call(
+        &https,
+        &server,
+        "beforeclusterupgrade/before-cluster-upgrade",
+        before_upgrade_request(&ns, "nobody", "docker-ferrol-1-27-v2"),
+    )
+    .await;
+    assert_eq!(unknown["retryAfterSeconds"], 10, "{unknown}");
+    let mut request = before_upgrade_request(&ns, "nobody", "docker-ferrol-1-27-v2");
+    request["kind"] = json!("AfterClusterUpgradeRequest");
+    let failed = call(
+        &https,
+        &server,
+        "afterclusterupgrade/after-cluster-upgrade",
+        request,
+    )
+    .await;
+    assert_eq!(failed["status"], "Failure", "{failed}");
+    assert!(
+        failed["message"].as_str().unwrap().contains("does not exist"),
+        "{failed}"
+    );
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_served_without_a_restart() {
+    let plane = cso_testenv::shared_management();
+    let kube = plane.client().await.unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    let first_ca = certificates(certs.path());
+    let server = TlsServer::start(hook_router(kube), "127.0.0.1:0".parse().unwrap(), certs.path())
+        .await
+        .unwrap();
+    let discovery =
+        json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"});
+    assert_eq!(
+        call(&https_client(&first_ca), &server, "discovery", discovery.clone()).await["status"],
+        "Success"
+    );
+
+    let second_ca = certificates(certs.path());
+    let trusting_second = https_client(&second_ca);
+    let url = format!("https://127.0.0.1:{}{PREFIX}/discovery", server.local_addr.port());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match trusting_second.post(&url).json(&discovery).send().await {
+            Ok(response) if response.status().is_success() => break,
+            _ => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the new certificate was not served within 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+    assert!(
+        https_client(&first_ca)
+            .post(&url)
+            .json(&discovery)
+            .send()
+            .await
+            .is_err(),
+        "the old certificate is no longer served"
+    );
+    server.shutdown(Duration::from_secs(1)).await;
+}
