@@ -32,12 +32,16 @@ fn fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases")
 }
 
+/// Where `cso run` serves its hooks in this test: `(port, certificate dir)`.
+struct Hooks<'a>(u16, &'a Path);
+
 fn start_operator(
     kubeconfig: &Path,
     release_dir: &Path,
     namespace: &str,
     github: &str,
     log: &Path,
+    hooks: &Hooks<'_>,
 ) -> KillOnDrop {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -55,6 +59,8 @@ fn start_operator(
             .arg("--source=github")
             .arg(format!("--github-api-url={github}"))
             .arg("--clusterstackrelease-concurrency=2")
+            .arg(format!("--hook-port={}", hooks.0))
+            .arg(format!("--hook-cert-dir={}", hooks.1.display()))
             .args(["--log-level=debug", "--log-format=json"])
             .env("GIT_PROVIDER", "github")
             .env("GIT_ORG_NAME", "SovereignCloudStack")
@@ -112,12 +118,23 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     fake.slow_down("docker-ferrol-1-27-v2", Duration::from_secs(30));
     let release_dir = tempfile::tempdir().unwrap();
     let log = release_dir.path().join("operator.log");
+    let hook_certs = tempfile::tempdir().unwrap();
+    let pki = cso_testenv::pki::Pki::generate(hook_certs.path()).unwrap();
+    std::fs::copy(&pki.serving_cert, hook_certs.path().join("tls.crt")).unwrap();
+    std::fs::copy(&pki.serving_key, hook_certs.path().join("tls.key")).unwrap();
+    let hook_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let hooks = Hooks(hook_port, hook_certs.path());
     let mut operator = start_operator(
         plane.kubeconfig_path(),
         release_dir.path(),
         &ns,
         fake.api_url(),
         &log,
+        &hooks,
     );
 
     let stack: ClusterStack = serde_json::from_value(json!({
@@ -167,6 +184,7 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         &ns,
         fake.api_url(),
         &log,
+        &hooks,
     );
     wait_for(
         "both releases ready after the restart",
@@ -213,6 +231,25 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
             "one inventory entry per object, none twice: {inventory:?}"
         );
     }
+
+    // The lifecycle-hook server answers Cluster API's discovery over HTTPS.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let discovery: serde_json::Value = https
+        .post(format!(
+            "https://127.0.0.1:{hook_port}/hooks.runtime.cluster.x-k8s.io/v1alpha1/discovery"
+        ))
+        .json(&json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(discovery["handlers"].as_array().unwrap().len(), 3, "{discovery}");
 
     // SIGTERM: a clean, prompt exit.
     let mut operator = operator;

@@ -1,5 +1,6 @@
 //! `cso run`: the operator process. Builds the release source, cache, renderer and client from the flags,
-//! runs the controllers, and stops gracefully on SIGTERM or SIGINT (reconciles in flight finish first).
+//! runs the controllers and the lifecycle-hook server, and stops gracefully on SIGTERM or SIGINT
+//! (reconciles in flight finish first).
 
 use std::sync::Arc;
 
@@ -77,7 +78,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
     };
+    // The hook server runs beside the controllers (on every replica, once leader election exists); it waits
+    // for its certificate without holding up the controllers.
+    let hook_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.hook_port));
+    let hook_router = cso_webhook::hook_router(operator.client.clone());
+    let hook_cert_dir = args.hook_cert_dir.clone();
+    let hook_server = tokio::spawn(async move {
+        match cso_webhook::TlsServer::start(hook_router, hook_addr, &hook_cert_dir).await {
+            Ok(server) => Some(server),
+            Err(e) => {
+                tracing::error!(error = %e, "the hook server cannot start; lifecycle hooks will fail");
+                None
+            }
+        }
+    });
     cso_controller::run(operator, shutdown).await;
+    if !hook_server.is_finished() {
+        // Still waiting for its certificate: nothing to drain.
+        hook_server.abort();
+    } else if let Ok(Some(server)) = hook_server.await {
+        server.shutdown(std::time::Duration::from_secs(5)).await;
+    }
     Ok(())
 }
 
