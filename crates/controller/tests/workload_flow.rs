@@ -541,3 +541,190 @@ async fn scs_addons_install_into_a_workload_cluster() {
     operator.stop().await;
     own.stop();
 }
+
+/// Calls a hook of the server at `port` as Cluster API does; returns the response.
+async fn call_hook(
+    https: &reqwest::Client,
+    port: u16,
+    path: &str,
+    kind: &str,
+    cluster: serde_json::Value,
+) -> serde_json::Value {
+    https
+        .post(format!("https://127.0.0.1:{port}/hooks.runtime.cluster.x-k8s.io/v1alpha1/{path}"))
+        .json(&json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": kind, "cluster": cluster}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_done() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let own = cso_testenv::ControlPlane::start(&tools, "workload-hooks", None)
+        .await
+        .unwrap();
+    let ns = cso_testenv::namespace(&client, "hooks").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let acpi = "  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n";
+    staged_release(
+        dir.path(),
+        "v1",
+        &format!("apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n{acpi}"),
+    );
+    staged_release(
+        dir.path(),
+        "v2",
+        &format!(
+            "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n{acpi}  BeforeClusterUpgrade:\n    - name: ngnix\n      action: apply\n      waitForPostCondition:\n        objects:\n          - {{key: ms, apiVersion: apps/v1, kind: Deployment, name: metrics-server, namespace: kube-system}}\n          - {{key: web, apiVersion: apps/v1, kind: Deployment, name: cluster-addon-ngnix, namespace: kube-system}}\n        conditions: ms.spec.replicas == web.spec.replicas\n"
+        ),
+    );
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let certs = tempfile::tempdir().unwrap();
+    let pki = cso_testenv::pki::Pki::generate(certs.path()).unwrap();
+    std::fs::copy(&pki.serving_cert, certs.path().join("tls.crt")).unwrap();
+    std::fs::copy(&pki.serving_key, certs.path().join("tls.key")).unwrap();
+    let server = cso_webhook::TlsServer::start(
+        cso_webhook::hook_router(client.clone()),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+    )
+    .await
+    .unwrap();
+    let port = server.local_addr.port();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+
+    let mut spec = ferrol_spec(&["v1", "v2"]);
+    spec["name"] = json!("staged");
+    create_stack(&client, &ns, "staged", spec).await;
+    create_cluster(&client, &ns, "hooked", "docker-staged-1-27-v1").await;
+    let clusters = dynamic(&client, &ns, &capi("Cluster"));
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    eventually("cluster-addon-hooked", CONVERGE, || async {
+        addons.get_opt("cluster-addon-hooked").await.unwrap()
+    })
+    .await;
+
+    // AfterControlPlaneInitialized arrives before the workload cluster can be reached: the hook is recorded,
+    // and its stages run once the kubeconfig is there.
+    let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
+    let answer = call_hook(
+        &https,
+        port,
+        "aftercontrolplaneinitialized/after-control-plane-initialized",
+        "AfterControlPlaneInitializedRequest",
+        cluster,
+    )
+    .await;
+    assert_eq!(answer["status"], "Success", "{answer}");
+    assert_eq!(
+        addons.get("cluster-addon-hooked").await.unwrap().spec.hook,
+        "AfterControlPlaneInitialized"
+    );
+    kubeconfig_secret(&client, &ns, "hooked", own.kubeconfig_yaml()).await;
+    ready_addon(&client, &ns, "hooked", "docker-staged-1-27-v1").await;
+
+    // The user moves the Cluster to v2; Cluster API calls BeforeClusterUpgrade, which holds the upgrade
+    // while the ngnix stage waits for its post-condition.
+    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    deployments
+        .patch(
+            "metrics-server",
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    move_cluster(&client, &ns, "hooked", "docker-staged-1-27-v2").await;
+    let before_upgrade = || async {
+        let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
+        call_hook(
+            &https,
+            port,
+            "beforeclusterupgrade/before-cluster-upgrade",
+            "BeforeClusterUpgradeRequest",
+            cluster,
+        )
+        .await
+    };
+    let answer = before_upgrade().await;
+    assert_eq!(answer["retryAfterSeconds"], 10, "{answer}");
+    wait_condition::<ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-hooked",
+        condition::EVALUATED_CEL,
+        reason::FAILED_TO_EVALUATE_POST_CONDITION,
+    )
+    .await;
+    let answer = before_upgrade().await;
+    assert_eq!(
+        answer["retryAfterSeconds"], 10,
+        "still held while the condition does not hold: {answer}"
+    );
+
+    // The condition holds: the stage and the hook finish, and the upgrade may go on.
+    let replicas = deployments
+        .get("cluster-addon-ngnix")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .replicas;
+    deployments
+        .patch(
+            "metrics-server",
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": replicas}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let released = eventually(
+        "BeforeClusterUpgrade lets the upgrade go on",
+        CONVERGE,
+        || async {
+            let answer = before_upgrade().await;
+            answer.get("retryAfterSeconds").is_none().then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(released["status"], "Success");
+    let addon = addons.get("cluster-addon-hooked").await.unwrap();
+    assert_eq!(addon.spec.cluster_stack, "docker-staged-1-27-v2");
+    assert_eq!(
+        addon.annotations().get(STAGE_ANNOTATION).map(String::as_str),
+        Some("upgraded")
+    );
+
+    // AfterClusterUpgrade (no stages in this release): answered, and the ClusterAddon settles.
+    let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
+    let answer = call_hook(
+        &https,
+        port,
+        "afterclusterupgrade/after-cluster-upgrade",
+        "AfterClusterUpgradeRequest",
+        cluster,
+    )
+    .await;
+    assert_eq!(answer["status"], "Success", "{answer}");
+    eventually(
+        "the ClusterAddon settles after AfterClusterUpgrade",
+        CONVERGE,
+        || async { done(addons.get("cluster-addon-hooked").await.unwrap()) },
+    )
+    .await;
+    server.shutdown(Duration::from_secs(1)).await;
+    operator.stop().await;
+    own.stop();
+}
