@@ -17,24 +17,6 @@ use cso_render::{CachingRenderer, ChartRenderer, Helm, RenderRequest, parse_mani
 
 const REAPPLY_RUNS: usize = 10;
 
-/// (user + system CPU, peak RSS in KiB) of this process.
-fn usage() -> (Duration, u64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let peak = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .unwrap()
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap();
-    (Duration::from_millis(ticks * 10), peak)
-}
-
 async fn render(
     renderer: &impl ChartRenderer,
     addons: &Path,
@@ -83,14 +65,14 @@ async fn main() {
         "docker-scs-1-30-v1".to_owned(),
     )]);
 
-    let (cpu0, _) = usage();
+    let cpu0 = cso_testenv::usage::Usage::of(None).unwrap().cpu;
     let started = Instant::now();
     let manifests = render(&renderer, &addons, plane.kubeconfig_path()).await;
     let rendered = started.elapsed();
     let report = engine.apply(&manifests, "kube-system", &labels, &[]).await;
     let total = started.elapsed();
     assert!(report.is_complete(), "{}", report.failure_summary());
-    let (cpu1, _) = usage();
+    let cpu1 = cso_testenv::usage::Usage::of(None).unwrap().cpu;
 
     let mut reapply = Vec::new();
     for _ in 0..REAPPLY_RUNS {
@@ -103,7 +85,11 @@ async fn main() {
         reapply.push(started.elapsed());
     }
     reapply.sort();
-    let (cpu2, peak) = usage();
+    let cso_testenv::usage::Usage {
+        cpu: cpu2,
+        peak_rss_kib: peak,
+        ..
+    } = cso_testenv::usage::Usage::of(None).unwrap();
     let objects = report.resources.len();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(

@@ -16,6 +16,7 @@ use cso_api::{ClusterAddon, ClusterStack};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
 use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
+use cso_testenv::usage::Usage;
 use kube::{
     Api, Client,
     api::{DynamicObject, PostParams},
@@ -26,24 +27,6 @@ use serde_json::json;
 
 const WORKLOADS: usize = 3;
 const CONCURRENCY: u16 = 10;
-
-/// (user + system CPU, peak RSS in KiB) of this process.
-fn usage() -> (Duration, u64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let peak = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .unwrap()
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap();
-    (Duration::from_millis(ticks * 10), peak)
-}
 
 async fn create(client: &Client, namespace: &str, object: serde_json::Value, resource: &ApiResource) {
     let object: DynamicObject = serde_json::from_value(object).unwrap();
@@ -105,7 +88,7 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
         .unwrap();
     let secret = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Secret"));
     let cluster = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster"));
-    let (cpu_before, _) = usage();
+    let cpu_before = Usage::of(None).unwrap().cpu;
     let started = Instant::now();
     for i in 0..n {
         let name = format!("c{i}");
@@ -147,7 +130,11 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let took = started.elapsed();
-    let (cpu_after, peak) = usage();
+    let Usage {
+        cpu: cpu_after,
+        peak_rss_kib: peak,
+        ..
+    } = Usage::of(None).unwrap();
     let (hits, misses) = renderer.stats();
     println!(
         "N = {n:>3}: all ClusterAddons ready in {:>6.1} s; addon chart: {misses} helm runs ({hits} cache hits), values: {n} helm runs; operator CPU {:>5.1} s; peak RSS so far {:.1} MiB",

@@ -338,14 +338,7 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
 
     // BeforeClusterUpgrade (as the hook server sets it): the ngnix stage waits until its post-condition
     // (metrics-server replicas == ngnix replicas) holds. Make it not hold first.
-    deployments
-        .patch(
-            "metrics-server",
-            &PatchParams::apply("someone-else").force(),
-            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 3}})),
-        )
-        .await
-        .unwrap();
+    set_replicas(&deployments, "metrics-server", 3).await;
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
     addons
         .patch(
@@ -408,23 +401,8 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
     );
 
     // The condition holds: the stage is done, the hook completes, HelmChartApplied is True.
-    let ngnix_replicas = deployments
-        .get("cluster-addon-ngnix")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .replicas;
-    deployments
-        .patch(
-            "metrics-server",
-            &PatchParams::apply("someone-else").force(),
-            &Patch::Apply(
-                json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": ngnix_replicas}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let ngnix_replicas = replicas(&deployments, "cluster-addon-ngnix").await;
+    set_replicas(&deployments, "metrics-server", ngnix_replicas).await;
     let done = eventually("the BeforeClusterUpgrade stages complete", CONVERGE, || async {
         done(addons.get("cluster-addon-staged").await.unwrap())
     })
@@ -636,14 +614,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     // The user moves the Cluster to v2; Cluster API calls BeforeClusterUpgrade, which holds the upgrade
     // while the ngnix stage waits for its post-condition.
     let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
-    deployments
-        .patch(
-            "metrics-server",
-            &PatchParams::apply("someone-else").force(),
-            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 3}})),
-        )
-        .await
-        .unwrap();
+    set_replicas(&deployments, "metrics-server", 3).await;
     move_cluster(&client, &ns, "hooked", "docker-staged-1-27-v2").await;
     let before_upgrade = || async {
         let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
@@ -673,23 +644,8 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     );
 
     // The condition holds: the stage and the hook finish, and the upgrade may go on.
-    let replicas = deployments
-        .get("cluster-addon-ngnix")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .replicas;
-    deployments
-        .patch(
-            "metrics-server",
-            &PatchParams::apply("someone-else").force(),
-            &Patch::Apply(
-                json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": replicas}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let replicas = replicas(&deployments, "cluster-addon-ngnix").await;
+    set_replicas(&deployments, "metrics-server", replicas).await;
     let released = eventually(
         "BeforeClusterUpgrade lets the upgrade go on",
         CONVERGE,
@@ -727,4 +683,22 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     server.shutdown(Duration::from_secs(1)).await;
     operator.stop().await;
     own.stop();
+}
+
+/// Sets the replicas of Deployment `name`, as someone else than the operator would.
+async fn set_replicas(deployments: &Api<Deployment>, name: &str, replicas: impl serde::Serialize) {
+    deployments
+        .patch(
+            name,
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": replicas}}),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
+async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
+    deployments.get(name).await.unwrap().spec.unwrap().replicas
 }

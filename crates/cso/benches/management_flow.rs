@@ -12,6 +12,7 @@ use std::{
 };
 
 use cso_api::ClusterStack;
+use cso_testenv::usage::Usage;
 use kube::{
     Api,
     api::{DynamicObject, PostParams},
@@ -21,30 +22,6 @@ use kube::{
 use serde_json::json;
 
 const RUNS: usize = 10;
-
-/// (VmRSS, VmHWM) in KiB and user + system CPU of process `pid`.
-fn usage(pid: u32) -> (u64, u64, Duration) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .unwrap()
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    (
-        field("VmRSS:"),
-        field("VmHWM:"),
-        Duration::from_millis(ticks * 10),
-    )
-}
 
 fn copy_release(release_dir: &Path, tag: &str) {
     let from = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -80,7 +57,7 @@ async fn main() {
         .unwrap();
     let pid = operator.id();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (rss_started, _, _) = usage(pid);
+    let rss_started = Usage::of(Some(pid)).unwrap().rss_kib;
 
     let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "cluster.x-k8s.io",
@@ -117,7 +94,11 @@ async fn main() {
         times.push(started.elapsed());
     }
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let (rss_idle, rss_peak, cpu) = usage(pid);
+    let Usage {
+        cpu,
+        rss_kib: rss_idle,
+        peak_rss_kib: rss_peak,
+    } = Usage::of(Some(pid)).unwrap();
     operator.kill().unwrap();
     operator.wait().unwrap();
 

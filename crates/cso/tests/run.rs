@@ -128,14 +128,17 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         .unwrap()
         .port();
     let hooks = Hooks(hook_port, hook_certs.path());
-    let mut operator = start_operator(
-        plane.kubeconfig_path(),
-        release_dir.path(),
-        &ns,
-        fake.api_url(),
-        &log,
-        &hooks,
-    );
+    let start = || {
+        start_operator(
+            plane.kubeconfig_path(),
+            release_dir.path(),
+            &ns,
+            fake.api_url(),
+            &log,
+            &hooks,
+        )
+    };
+    let mut operator = start();
 
     let stack: ClusterStack = serde_json::from_value(json!({
         "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
@@ -178,14 +181,7 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         .iter()
         .filter(|r| r.path.contains("/assets/"))
         .count();
-    let operator = start_operator(
-        plane.kubeconfig_path(),
-        release_dir.path(),
-        &ns,
-        fake.api_url(),
-        &log,
-        &hooks,
-    );
+    let operator = start();
     wait_for(
         "both releases ready after the restart",
         Duration::from_secs(120),

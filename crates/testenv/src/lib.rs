@@ -11,6 +11,7 @@ pub mod pki;
 pub mod process;
 pub mod registry;
 pub mod tools;
+pub mod usage;
 
 use std::{path::Path, sync::OnceLock};
 

@@ -97,6 +97,31 @@ async fn mark_applied(client: &Client, namespace: &str, cluster: &str, class: &s
         .unwrap();
 }
 
+/// `BeforeClusterUpgrade` to v2 for every cluster, `calls_each` times per cluster, all at once.
+async fn upgrade_all(
+    https: &reqwest::Client,
+    server: &TlsServer,
+    ns: &str,
+    clusters: &[String],
+    calls_each: usize,
+) -> Vec<(String, Value)> {
+    let calls = clusters
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.clone(), calls_each))
+        .map(|cluster| async move {
+            let request = before_upgrade_request(ns, &cluster, "docker-ferrol-1-27-v2");
+            let answer = call(
+                https,
+                server,
+                "beforeclusterupgrade/before-cluster-upgrade",
+                request,
+            )
+            .await;
+            (cluster, answer)
+        });
+    futures::future::join_all(calls).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_answer_from_the_cluster_addons_under_concurrent_calls() {
     let plane = cso_testenv::shared_management();
@@ -161,25 +186,8 @@ async fn hooks_answer_from_the_cluster_addons_under_concurrent_calls() {
     for cluster in &clusters {
         create_addon(&kube, &ns, cluster, "docker-ferrol-1-27-v1").await;
     }
-    let calls = clusters
-        .iter()
-        .flat_map(|c| [c.clone(), c.clone()])
-        .map(|cluster| {
-            let https = https.clone();
-            let server = &server;
-            let ns = ns.clone();
-            async move {
-                let answer = call(
-                    &https,
-                    server,
-                    "beforeclusterupgrade/before-cluster-upgrade",
-                    before_upgrade_request(&ns, &cluster, "docker-ferrol-1-27-v2"),
-                )
-                .await;
-                (cluster, answer)
-            }
-        });
-    for (cluster, answer) in futures::future::join_all(calls).await {
+    let answers = upgrade_all(&https, &server, &ns, &clusters, 2).await;
+    for (cluster, answer) in answers {
         assert_eq!(answer["status"], "Success", "{cluster}: {answer}");
         assert_eq!(
             answer["retryAfterSeconds"], 10,
@@ -195,22 +203,8 @@ async fn hooks_answer_from_the_cluster_addons_under_concurrent_calls() {
     for cluster in clusters.iter().step_by(2) {
         mark_applied(&kube, &ns, cluster, "docker-ferrol-1-27-v2").await;
     }
-    let calls = clusters.iter().map(|cluster| {
-        let https = https.clone();
-        let server = &server;
-        let ns = ns.clone();
-        async move {
-            let answer = call(
-                &https,
-                server,
-                "beforeclusterupgrade/before-cluster-upgrade",
-                before_upgrade_request(&ns, cluster, "docker-ferrol-1-27-v2"),
-            )
-            .await;
-            (cluster.clone(), answer)
-        }
-    });
-    for (index, (cluster, answer)) in futures::future::join_all(calls).await.into_iter().enumerate() {
+    let answers = upgrade_all(&https, &server, &ns, &clusters, 1).await;
+    for (index, (cluster, answer)) in answers.into_iter().enumerate() {
         if index % 2 == 0 {
             assert!(
                 answer.get("retryAfterSeconds").is_none(),

@@ -112,13 +112,8 @@ fn resident_mib(plane: &ControlPlane) -> u64 {
     plane
         .pids()
         .iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
-        .filter_map(|status| {
-            status.lines().find_map(|line| {
-                line.strip_prefix("VmRSS:")
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            })
-        })
+        .filter_map(|pid| cso_testenv::usage::Usage::of(Some(*pid)))
+        .map(|usage| usage.rss_kib)
         .sum::<u64>()
         / 1024
 }
