@@ -425,7 +425,7 @@ fn done(addon: ClusterAddon) -> Option<ClusterAddon> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_stage_is_reported_and_a_fixed_release_recovers() {
+async fn a_broken_stage_or_a_missing_stage_chart_is_reported_and_a_fixed_release_recovers() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
     let tools = cso_testenv::Tools::discover().unwrap();
@@ -445,11 +445,30 @@ async fn a_broken_stage_is_reported_and_a_fixed_release_recovers() {
         "v2",
         "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n",
     );
+    // v3: a stage whose chart the release does not have.
+    staged_release(
+        dir.path(),
+        "v3",
+        "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n  AfterControlPlaneInitialized:\n    - name: missing-chart\n      action: apply\n",
+    );
     let operator = RunningOperator::local(&client, &ns, dir.path()).await;
-    let mut spec = ferrol_spec(&["v1", "v2"]);
+    let mut spec = ferrol_spec(&["v1", "v2", "v3"]);
     spec["name"] = json!("staged");
     create_stack(&client, &ns, "staged", spec).await;
     kubeconfig_secret(&client, &ns, "broken", own.kubeconfig_yaml()).await;
+    kubeconfig_secret(&client, &ns, "no-chart", own.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "no-chart", "docker-staged-1-27-v3").await;
+    let message = wait_condition::<ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-no-chart",
+        condition::HELM_CHART_FOUND,
+        reason::HELM_CHART_MISSING,
+    )
+    .await;
+    assert!(message.contains("missing-chart"), "{message}");
+    move_cluster(&client, &ns, "no-chart", "docker-staged-1-27-v2").await;
+    ready_addon(&client, &ns, "no-chart", "docker-staged-1-27-v2").await;
     create_cluster(&client, &ns, "broken", "docker-staged-1-27-v1").await;
 
     let message = wait_condition::<ClusterAddon>(
