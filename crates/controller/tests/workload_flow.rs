@@ -721,3 +721,111 @@ async fn set_replicas(deployments: &Api<Deployment>, name: &str, replicas: impl 
 async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
     deployments.get(name).await.unwrap().spec.unwrap().replicas
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_stages_and_dropped_charts_remove_their_objects() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let own = cso_testenv::ControlPlane::start(&tools, "workload-delete-stage", None)
+        .await
+        .unwrap();
+    let ns = cso_testenv::namespace(&client, "delete-stage").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let header = "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n";
+    // v1 installs both charts; v2's upgrade deletes ngnix with a delete stage; v3 no longer names ngnix.
+    staged_release(
+        dir.path(),
+        "v1",
+        &format!(
+            "{header}  AfterControlPlaneInitialized:\n    - {{name: metrics-server, action: apply}}\n    - {{name: ngnix, action: apply}}\n"
+        ),
+    );
+    staged_release(
+        dir.path(),
+        "v2",
+        &format!(
+            "{header}  AfterControlPlaneInitialized:\n    - {{name: metrics-server, action: apply}}\n  BeforeClusterUpgrade:\n    - {{name: ngnix, action: delete}}\n    - {{name: metrics-server, action: apply}}\n"
+        ),
+    );
+    staged_release(
+        dir.path(),
+        "v3",
+        &format!(
+            "{header}  AfterControlPlaneInitialized:\n    - {{name: metrics-server, action: apply}}\n  BeforeClusterUpgrade:\n    - {{name: metrics-server, action: apply}}\n"
+        ),
+    );
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let mut spec = ferrol_spec(&["v1", "v2", "v3"]);
+    spec["name"] = json!("staged");
+    create_stack(&client, &ns, "staged", spec).await;
+    kubeconfig_secret(&client, &ns, "del", own.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "del", "docker-staged-1-27-v1").await;
+    let addon = ready_addon(&client, &ns, "del", "docker-staged-1-27-v1").await;
+    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    assert!(
+        deployments
+            .get_opt("cluster-addon-ngnix")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let inventory = |addon: &ClusterAddon| -> Vec<String> {
+        addon
+            .status
+            .as_ref()
+            .unwrap()
+            .resources
+            .iter()
+            .map(|r| format!("{}/{}", r.kind, r.name))
+            .collect()
+    };
+    assert!(inventory(&addon).contains(&"Deployment/cluster-addon-ngnix".to_owned()));
+
+    move_cluster(&client, &ns, "del", "docker-staged-1-27-v2").await;
+    let addon = ready_addon(&client, &ns, "del", "docker-staged-1-27-v2").await;
+    assert!(
+        deployments
+            .get_opt("cluster-addon-ngnix")
+            .await
+            .unwrap()
+            .is_none(),
+        "deleted by the delete stage"
+    );
+    assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
+    assert!(
+        !inventory(&addon).iter().any(|o| o.contains("ngnix")),
+        "{:?}",
+        inventory(&addon)
+    );
+
+    // Another cluster on v1 (ngnix installed again), moved to v3, which has no ngnix stage at all: its
+    // objects are removed too.
+    kubeconfig_secret(&client, &ns, "drop", own.kubeconfig_yaml()).await;
+    create_cluster(&client, &ns, "drop", "docker-staged-1-27-v1").await;
+    ready_addon(&client, &ns, "drop", "docker-staged-1-27-v1").await;
+    assert!(
+        deployments
+            .get_opt("cluster-addon-ngnix")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    move_cluster(&client, &ns, "drop", "docker-staged-1-27-v3").await;
+    let addon = ready_addon(&client, &ns, "drop", "docker-staged-1-27-v3").await;
+    assert!(
+        deployments
+            .get_opt("cluster-addon-ngnix")
+            .await
+            .unwrap()
+            .is_none(),
+        "a dropped chart's objects go"
+    );
+    assert!(
+        !inventory(&addon).iter().any(|o| o.contains("ngnix")),
+        "{:?}",
+        inventory(&addon)
+    );
+    operator.stop().await;
+    own.stop();
+}

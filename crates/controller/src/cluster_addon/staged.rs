@@ -145,6 +145,7 @@ impl StagedRun<'_> {
 
         addon.mark_true(condition::HELM_CHART_APPLIED);
         let status = status_of(addon);
+        status.resources = inventory.values().flatten().cloned().collect();
         status.stages.clear();
         status.ready = true;
         self.persist(addon, &inventory).await?;
