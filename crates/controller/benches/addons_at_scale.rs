@@ -64,6 +64,7 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
         ),
         renderer: renderer.clone(),
         values: Arc::new(ValuesTemplater::new(Helm::new(helm, Duration::from_secs(60)).unwrap()).unwrap()),
+        metrics: Default::default(),
         take_over_from: Vec::new(),
         settings: Settings {
             namespace: Some(ns.clone()),

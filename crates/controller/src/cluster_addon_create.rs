@@ -33,7 +33,15 @@ pub(crate) fn release_of(cluster: &Cluster) -> Option<(ReleaseId, String)> {
     Some((id, class.namespace))
 }
 
+/// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics
+        .reconcile("clusteraddoncreate", reconcile_object(cluster, ctx))
+        .await
+}
+
+async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     if is_paused(cluster.as_ref()) || cluster.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

@@ -67,6 +67,7 @@ pub struct Context {
     pub workloads: WorkloadClients,
     /// Renders values templates over the Cluster.
     pub values: Arc<ValuesTemplater>,
+    pub metrics: Arc<crate::Metrics>,
     pub settings: Settings,
     pub(crate) provider_watches: ProviderWatches,
     recorder: Recorder,
@@ -97,6 +98,7 @@ impl Context {
         discovery: Arc<ClusterDiscovery>,
         workloads: WorkloadClients,
         values: Arc<ValuesTemplater>,
+        metrics: Arc<crate::Metrics>,
         settings: Settings,
         provider_watches: ProviderWatches,
     ) -> Self {
@@ -113,6 +115,7 @@ impl Context {
             discovery,
             workloads,
             values,
+            metrics,
             settings,
             provider_watches,
             backoff: Backoff::default(),

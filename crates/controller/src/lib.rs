@@ -11,11 +11,13 @@ pub mod cluster_stack_release;
 mod context;
 mod filter;
 mod in_use;
+pub mod metrics;
 mod patch;
 mod provider_watch;
 mod run;
 
 pub use context::{Context, EVENT_REPORTER, Settings};
+pub use metrics::Metrics;
 pub use run::{Operator, run};
 
 /// Why a reconcile did not finish. What the user can act on is also in the object's conditions.

@@ -34,6 +34,8 @@ pub struct Operator {
     pub renderer: Arc<dyn ChartRenderer>,
     /// Renders values templates (`cluster-addon-values.yaml`) over the Cluster.
     pub values: Arc<ValuesTemplater>,
+    /// Where the controllers record what they do (served by the binary on `/metrics`).
+    pub metrics: Arc<crate::Metrics>,
     /// Field managers whose server-side-applied fields we take over (`kubectl` for the Go operator's).
     pub take_over_from: Vec<String>,
     pub settings: Settings,
@@ -70,6 +72,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         releases,
         renderer,
         values,
+        metrics,
         take_over_from,
         settings,
     } = operator;
@@ -94,6 +97,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         discovery,
         workloads,
         values,
+        metrics,
         settings.clone(),
         provider_watches,
     ));

@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod endpoints;
 mod logging;
 
 use clap::Parser;

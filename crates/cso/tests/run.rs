@@ -32,8 +32,21 @@ fn fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases")
 }
 
-/// Where `cso run` serves its hooks in this test: `(port, certificate dir)`.
-struct Hooks<'a>(u16, &'a Path);
+/// Where `cso run` serves in this test.
+struct Endpoints<'a> {
+    hook_port: u16,
+    hook_cert_dir: &'a Path,
+    metrics_port: u16,
+    health_port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 fn start_operator(
     kubeconfig: &Path,
@@ -41,7 +54,7 @@ fn start_operator(
     namespace: &str,
     github: &str,
     log: &Path,
-    hooks: &Hooks<'_>,
+    endpoints: &Endpoints<'_>,
 ) -> KillOnDrop {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -59,8 +72,16 @@ fn start_operator(
             .arg("--source=github")
             .arg(format!("--github-api-url={github}"))
             .arg("--clusterstackrelease-concurrency=2")
-            .arg(format!("--hook-port={}", hooks.0))
-            .arg(format!("--hook-cert-dir={}", hooks.1.display()))
+            .arg(format!("--hook-port={}", endpoints.hook_port))
+            .arg(format!("--hook-cert-dir={}", endpoints.hook_cert_dir.display()))
+            .arg(format!(
+                "--metrics-bind-address=127.0.0.1:{}",
+                endpoints.metrics_port
+            ))
+            .arg(format!(
+                "--health-probe-bind-address=127.0.0.1:{}",
+                endpoints.health_port
+            ))
             .args(["--log-level=debug", "--log-format=json"])
             .env("GIT_PROVIDER", "github")
             .env("GIT_ORG_NAME", "SovereignCloudStack")
@@ -122,12 +143,13 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     let pki = cso_testenv::pki::Pki::generate(hook_certs.path()).unwrap();
     std::fs::copy(&pki.serving_cert, hook_certs.path().join("tls.crt")).unwrap();
     std::fs::copy(&pki.serving_key, hook_certs.path().join("tls.key")).unwrap();
-    let hook_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let hooks = Hooks(hook_port, hook_certs.path());
+    let hook_port = free_port();
+    let endpoints = Endpoints {
+        hook_port,
+        hook_cert_dir: hook_certs.path(),
+        metrics_port: free_port(),
+        health_port: free_port(),
+    };
     let start = || {
         start_operator(
             plane.kubeconfig_path(),
@@ -135,7 +157,7 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
             &ns,
             fake.api_url(),
             &log,
-            &hooks,
+            &endpoints,
         )
     };
     let mut operator = start();
@@ -246,6 +268,35 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         .await
         .unwrap();
     assert_eq!(discovery["handlers"].as_array().unwrap().len(), 3, "{discovery}");
+
+    // Metrics with controller-runtime's names, and the probes.
+    let plain = reqwest::Client::new();
+    let metrics = plain
+        .get(format!("http://127.0.0.1:{}/metrics", endpoints.metrics_port))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"controller_runtime_reconcile_total{controller="clusterstackrelease",result="success"}"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"cso_objects_applied_total{target="management"}"#),
+        "{metrics}"
+    );
+    for probe in ["healthz", "readyz"] {
+        let answer = plain
+            .get(format!("http://127.0.0.1:{}/{probe}", endpoints.health_port))
+            .send()
+            .await
+            .unwrap();
+        assert!(answer.status().is_success(), "{probe}");
+    }
 
     // SIGTERM: a clean, prompt exit.
     let mut operator = operator;

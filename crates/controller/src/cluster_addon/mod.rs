@@ -52,7 +52,15 @@ struct SpecUpdate {
     status_written: bool,
 }
 
+/// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`).
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics
+        .reconcile("clusteraddon", reconcile_object(addon, ctx))
+        .await
+}
+
+async fn reconcile_object(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
     if is_paused(addon.as_ref()) {
         return Ok(Action::await_change());
     }
@@ -268,6 +276,7 @@ async fn apply(
         .engine
         .apply(&manifests, ADDON_NAMESPACE, &labels, &previous)
         .await;
+    ctx.metrics.applied("workload", &report);
     status_of(addon).resources = report.resources.clone();
     if !report.drift_corrected.is_empty() {
         let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();

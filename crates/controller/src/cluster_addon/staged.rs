@@ -122,6 +122,7 @@ impl StagedRun<'_> {
                 .engine
                 .apply(&[], ADDON_NAMESPACE, &self.labels(), &records)
                 .await;
+            self.ctx.metrics.applied("workload", &report);
             if !report.is_complete() {
                 let message = format!("stage {stage} of the old release: {}", report.failure_summary());
                 self.ctx
@@ -408,6 +409,7 @@ impl StagedRun<'_> {
                     .engine
                     .apply(&manifests, ADDON_NAMESPACE, &self.labels(), &previous)
                     .await;
+                self.ctx.metrics.applied("workload", &report);
                 inventory.insert(stage.name.clone(), report.resources.clone());
                 status_of(addon).resources = inventory.values().flatten().cloned().collect();
                 if !report.is_complete() {
@@ -445,6 +447,7 @@ impl StagedRun<'_> {
                     .engine
                     .apply(&[], ADDON_NAMESPACE, &self.labels(), &targets)
                     .await;
+                self.ctx.metrics.applied("workload", &report);
                 if !report.is_complete() {
                     let message = format!(
                         "failed to successfully delete helm chart: {:?}: {}",

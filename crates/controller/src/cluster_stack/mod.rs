@@ -35,8 +35,15 @@ use crate::{
     patch,
 };
 
-/// Reconciles one ClusterStack.
+/// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`).
 pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics
+        .reconcile("clusterstack", reconcile_object(stack, ctx))
+        .await
+}
+
+async fn reconcile_object(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
     if is_paused(stack.as_ref()) || stack.meta().deletion_timestamp.is_some() {
         // Deletion needs nothing from us: the releases are owned and garbage-collected.
         return Ok(Action::await_change());

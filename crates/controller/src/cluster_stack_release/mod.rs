@@ -31,8 +31,15 @@ use crate::{
     patch,
 };
 
-/// Reconciles one ClusterStackRelease.
+/// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`).
 pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics
+        .reconcile("clusterstackrelease", reconcile_object(release, ctx))
+        .await
+}
+
+async fn reconcile_object(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
     if is_paused(release.as_ref()) {
         return Ok(Action::await_change());
     }
@@ -189,6 +196,7 @@ async fn sync(
     let labels = BTreeMap::from([(RELEASE_LABEL.to_owned(), name.clone())]);
     let previous = status_of(release).resources.clone();
     let report = ctx.engine.apply(&manifests, &namespace, &labels, &previous).await;
+    ctx.metrics.applied("management", &report);
     status_of(release).resources = report.resources.clone();
     if !report.drift_corrected.is_empty() {
         let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();
@@ -429,6 +437,7 @@ async fn cleanup(release: &mut ClusterStackRelease, ctx: &Context) -> Result<Out
     let labels = BTreeMap::from([(RELEASE_LABEL.to_owned(), name.clone())]);
     let previous = status_of(release).resources.clone();
     let report = ctx.engine.apply(&[], &namespace, &labels, &previous).await;
+    ctx.metrics.applied("management", &report);
     status_of(release).resources = report.resources.clone();
     if !report.is_complete() {
         let message = report.failure_summary();

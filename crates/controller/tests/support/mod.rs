@@ -88,6 +88,7 @@ impl RunningOperator {
             values: Arc::new(
                 ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(60)).unwrap()).unwrap(),
             ),
+            metrics: Default::default(),
             take_over_from: Vec::new(),
             settings,
         };

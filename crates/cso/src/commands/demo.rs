@@ -80,6 +80,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
             DEFAULT_CAPACITY_BYTES,
         )),
         values: Arc::new(ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(120))?)?),
+        metrics: Default::default(),
         take_over_from: Vec::new(),
         settings: Settings::default(),
     };

@@ -47,6 +47,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let helm = Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?;
     let renderer = Arc::new(CachingRenderer::new(helm, DEFAULT_CAPACITY_BYTES));
 
+    let metrics = Arc::new(cso_controller::Metrics::default());
+    for (flag, router) in [
+        (
+            &args.metrics_bind_address,
+            crate::endpoints::metrics_router(metrics.clone()),
+        ),
+        (&args.health_probe_bind_address, crate::endpoints::probes_router()),
+    ] {
+        if let Some(addr) = crate::endpoints::bind_address(flag).map_err(anyhow::Error::msg)? {
+            crate::endpoints::serve(addr, router)
+                .await
+                .with_context(|| format!("failed to listen on {addr}"))?;
+        }
+    }
+
     let operator = Operator {
         client,
         releases,
@@ -55,6 +70,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ValuesTemplater::new(Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?)
                 .context("failed to prepare the values templater")?,
         ),
+        metrics: metrics.clone(),
         take_over_from: args
             .take_over_field_managers
             .iter()
