@@ -292,14 +292,11 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
 
     // Fixing the Secret recovers without anything else (a workload cluster of its own, so as not to meet the
     // other test's addons).
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let own = cso_testenv::ControlPlane::start(&tools, "workload-recovery", None)
-        .await
-        .unwrap();
+    let own = workload_plane("workload-recovery").await;
     kubeconfig_secret(&client, &ns, "early", own.kubeconfig_yaml()).await;
     let addon = ready_addon(&client, &ns, "early", "docker-ferrol-1-27-v1").await;
     assert!(addon.is_condition_true(condition::CLUSTER_READY));
-    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    let deployments: Api<Deployment> = kube_system(&own).await;
     assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
     operator.stop().await;
     own.stop();
@@ -309,10 +306,7 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
 async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let own = cso_testenv::ControlPlane::start(&tools, "workload-staged", None)
-        .await
-        .unwrap();
+    let own = workload_plane("workload-staged").await;
     let workload = own.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "staged").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -428,10 +422,7 @@ fn done(addon: ClusterAddon) -> Option<ClusterAddon> {
 async fn a_broken_stage_or_a_missing_stage_chart_is_reported_and_a_fixed_release_recovers() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let own = cso_testenv::ControlPlane::start(&tools, "workload-broken-stage", None)
-        .await
-        .unwrap();
+    let own = workload_plane("workload-broken-stage").await;
     let ns = cso_testenv::namespace(&client, "broken-stage").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     // v1: the first stage's pre-condition is not CEL; v2 is fixed.
@@ -494,7 +485,7 @@ async fn a_broken_stage_or_a_missing_stage_chart_is_reported_and_a_fixed_release
     move_cluster(&client, &ns, "broken", "docker-staged-1-27-v2").await;
     let addon = ready_addon(&client, &ns, "broken", "docker-staged-1-27-v2").await;
     assert!(addon.get_condition(condition::EVALUATED_CEL).is_none());
-    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    let deployments: Api<Deployment> = kube_system(&own).await;
     assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
     operator.stop().await;
     own.stop();
@@ -504,10 +495,7 @@ async fn a_broken_stage_or_a_missing_stage_chart_is_reported_and_a_fixed_release
 async fn scs_addons_install_into_a_workload_cluster() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let own = cso_testenv::ControlPlane::start(&tools, "workload-scs", None)
-        .await
-        .unwrap();
+    let own = workload_plane("workload-scs").await;
     let ns = cso_testenv::namespace(&client, "scs").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     local_releases(dir.path(), &["docker-scs-1-30-v1"]);
@@ -562,10 +550,7 @@ async fn call_hook(
 async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_done() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let own = cso_testenv::ControlPlane::start(&tools, "workload-hooks", None)
-        .await
-        .unwrap();
+    let own = workload_plane("workload-hooks").await;
     let ns = cso_testenv::namespace(&client, "hooks").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let acpi = "  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n";
@@ -632,7 +617,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
 
     // The user moves the Cluster to v2; Cluster API calls BeforeClusterUpgrade, which holds the upgrade
     // while the ngnix stage waits for its post-condition.
-    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    let deployments: Api<Deployment> = kube_system(&own).await;
     set_replicas(&deployments, "metrics-server", 3).await;
     move_cluster(&client, &ns, "hooked", "docker-staged-1-27-v2").await;
     let before_upgrade = || async {
@@ -726,10 +711,7 @@ async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
 async fn delete_stages_and_dropped_charts_remove_their_objects() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let own = cso_testenv::ControlPlane::start(&tools, "workload-delete-stage", None)
-        .await
-        .unwrap();
+    let own = workload_plane("workload-delete-stage").await;
     let ns = cso_testenv::namespace(&client, "delete-stage").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let header = "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n";
@@ -762,7 +744,7 @@ async fn delete_stages_and_dropped_charts_remove_their_objects() {
     kubeconfig_secret(&client, &ns, "del", own.kubeconfig_yaml()).await;
     create_cluster(&client, &ns, "del", "docker-staged-1-27-v1").await;
     let addon = ready_addon(&client, &ns, "del", "docker-staged-1-27-v1").await;
-    let deployments: Api<Deployment> = Api::namespaced(own.client().await.unwrap(), "kube-system");
+    let deployments: Api<Deployment> = kube_system(&own).await;
     assert!(
         deployments
             .get_opt("cluster-addon-ngnix")

@@ -345,3 +345,16 @@ pub fn staged_release(release_dir: &Path, version: &str, addon_config: &str) {
     }
     builder.into_inner().unwrap().finish().unwrap();
 }
+
+/// A workload cluster of the test's own (addons of different tests must not meet in one cluster).
+pub async fn workload_plane(name: &str) -> cso_testenv::ControlPlane {
+    let tools = cso_testenv::Tools::discover().unwrap();
+    cso_testenv::ControlPlane::start(&tools, name, None)
+        .await
+        .unwrap()
+}
+
+/// The Deployments of `kube-system` in a workload cluster, where addons go.
+pub async fn kube_system(plane: &cso_testenv::ControlPlane) -> Api<k8s_openapi::api::apps::v1::Deployment> {
+    Api::namespaced(plane.client().await.unwrap(), "kube-system")
+}
