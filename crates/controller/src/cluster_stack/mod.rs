@@ -91,9 +91,11 @@ pub fn stack_spec(stack: &ClusterStack) -> Result<StackSpec, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(StackSpec {
-        provider: probe.provider,
-        name: probe.name,
-        kubernetes: probe.kubernetes,
+        stack: StackKey {
+            provider: probe.provider,
+            name: probe.name,
+            kubernetes: probe.kubernetes,
+        },
         channel: spec.channel,
         versions,
         auto_subscribe: spec.auto_subscribe,
@@ -351,12 +353,7 @@ async fn latest_remote_release(
         Ok(tags) => {
             stack.mark_true(condition::ASSETS_CLIENT_API_AVAILABLE);
             stack.mark_true(condition::RELEASES_SYNCED);
-            let key = StackKey {
-                provider: spec.provider.clone(),
-                name: spec.name.clone(),
-                kubernetes: spec.kubernetes,
-            };
-            releases_of(&tags, &key, spec.channel).pop()
+            releases_of(&tags, &spec.stack, spec.channel).pop()
         }
         Err(SourceError::Config(message)) => {
             ctx.report_false(

@@ -9,14 +9,13 @@
 
 use std::collections::BTreeSet;
 
-use cso_api::{Channel, KubernetesVersion, ReleaseId, Version};
+use cso_api::{Channel, ReleaseId, Version};
+use cso_release::StackKey;
 
 /// The stack a ClusterStack follows, from its spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StackSpec {
-    pub provider: String,
-    pub name: String,
-    pub kubernetes: KubernetesVersion,
+    pub stack: StackKey,
     pub channel: Channel,
     pub versions: Vec<Version>,
     pub auto_subscribe: bool,
@@ -24,12 +23,13 @@ pub struct StackSpec {
 
 impl StackSpec {
     fn release(&self, version: &Version) -> Option<ReleaseId> {
-        ReleaseId::new(&self.provider, &self.name, self.kubernetes, version.clone()).ok()
+        let stack = &self.stack;
+        ReleaseId::new(&stack.provider, &stack.name, stack.kubernetes, version.clone()).ok()
     }
 
     /// Whether `id` is a release of this stack (any version, any channel).
     pub fn owns(&self, id: &ReleaseId) -> bool {
-        id.provider == self.provider && id.name == self.name && id.kubernetes == self.kubernetes
+        self.stack.contains(id)
     }
 }
 
@@ -120,9 +120,11 @@ mod tests {
 
     fn spec(versions: &[&str], channel: Channel, auto_subscribe: bool) -> StackSpec {
         StackSpec {
-            provider: "docker".into(),
-            name: "ferrol".into(),
-            kubernetes: KubernetesVersion { major: 1, minor: 27 },
+            stack: StackKey {
+                provider: "docker".into(),
+                name: "ferrol".into(),
+                kubernetes: cso_api::KubernetesVersion { major: 1, minor: 27 },
+            },
             channel,
             versions: versions.iter().map(|v| Version::parse_dot(v).unwrap()).collect(),
             auto_subscribe,
