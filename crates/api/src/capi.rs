@@ -110,6 +110,14 @@ impl Cluster {
         (!name.is_empty()).then_some(ClassName { name, namespace })
     }
 
+    /// The cluster-stack release whose ClusterClass this Cluster uses, with the class's namespace; `None`
+    /// without a class or for a class that is not named like a cluster stack's.
+    pub fn stack_release(&self) -> Option<(crate::ReleaseId, String)> {
+        let class = self.class()?;
+        let id = crate::ReleaseId::parse_cluster_class(&class.name).ok()?;
+        Some((id, class.namespace))
+    }
+
     /// The Kubernetes version of the topology, e.g. `v1.27.3`.
     pub fn topology_version(&self) -> Option<&str> {
         self.spec
@@ -151,6 +159,11 @@ mod tests {
             })
         );
         assert_eq!(cluster.topology_version(), Some("v1.27.3"));
+        let (release, class_namespace) = cluster.stack_release().unwrap();
+        assert_eq!(
+            (release.tag().as_str(), class_namespace.as_str()),
+            ("docker-ferrol-1-27-v1", "team")
+        );
         assert_eq!(cluster.spec.control_plane_endpoint.unwrap().host, "10.0.0.1");
         assert_eq!(
             cluster.spec.control_plane_ref.unwrap().kind,

@@ -5,9 +5,7 @@
 
 use std::sync::Arc;
 
-use cso_api::{
-    ClusterAddon, ClusterAddonSpec, ClusterStackRelease, ReleaseId, capi::Cluster, common::ObjectReference,
-};
+use cso_api::{ClusterAddon, ClusterAddonSpec, ClusterStackRelease, capi::Cluster, common::ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
@@ -26,13 +24,6 @@ pub fn cluster_addon_name(cluster: &str) -> String {
     format!("cluster-addon-{cluster}")
 }
 
-/// The release whose ClusterClass `cluster` uses, if the class is named like a cluster stack's.
-pub(crate) fn release_of(cluster: &Cluster) -> Option<(ReleaseId, String)> {
-    let class = cluster.class()?;
-    let id = ReleaseId::parse_cluster_class(&class.name).ok()?;
-    Some((id, class.namespace))
-}
-
 /// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let metrics = ctx.metrics.clone();
@@ -45,7 +36,7 @@ async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Ac
     if is_paused(cluster.as_ref()) || cluster.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let Some((id, class_namespace)) = release_of(&cluster) else {
+    let Some((id, class_namespace)) = cluster.stack_release() else {
         return Ok(Action::await_change());
     };
     let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &class_namespace);

@@ -15,12 +15,11 @@ pub(crate) fn releases_in_use(
 ) -> BTreeMap<ReleaseId, BTreeSet<String>> {
     let mut used: BTreeMap<ReleaseId, BTreeSet<String>> = BTreeMap::new();
     for cluster in clusters {
-        let Some(class) = cluster.class() else { continue };
-        if class.namespace != namespace {
-            continue;
-        }
         // Classes that are not named like a cluster stack's are not ours.
-        if let Ok(id) = ReleaseId::parse_cluster_class(&class.name) {
+        let Some((id, class_namespace)) = cluster.stack_release() else {
+            continue;
+        };
+        if class_namespace == namespace {
             used.entry(id).or_default().insert(format!(
                 "{}/{}",
                 cluster.namespace().unwrap_or_default(),

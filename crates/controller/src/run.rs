@@ -21,7 +21,7 @@ use kube::{
 
 use crate::{
     Context, Settings, cluster_addon,
-    cluster_addon_create::{self, cluster_addon_name, release_of},
+    cluster_addon_create::{self, cluster_addon_name},
     cluster_stack, cluster_stack_release,
     filter::watcher_config,
     provider_watch::ProviderWatches,
@@ -127,16 +127,13 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             scoped::<Cluster>(&client, namespace),
             config.clone(),
             move |cluster| {
-                let Some(class) = cluster.class() else {
-                    return Vec::new();
-                };
-                let Ok(id) = ReleaseId::parse_cluster_class(&class.name) else {
+                let Some((id, class_namespace)) = cluster.stack_release() else {
                     return Vec::new();
                 };
                 stack_store
                     .state()
                     .iter()
-                    .filter(|s| s.namespace().as_deref() == Some(class.namespace.as_str()))
+                    .filter(|s| s.namespace().as_deref() == Some(class_namespace.as_str()))
                     .filter(|s| cluster_stack::stack_spec(s).is_ok_and(|spec| spec.owns(&id)))
                     .map(|s| ObjectRef::from_obj(s.as_ref()))
                     .collect::<Vec<_>>()
@@ -193,9 +190,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let releases = releases
         // A Cluster moved on or went away: a release waiting to be deleted may go now.
         .watches(scoped::<Cluster>(&client, namespace), config.clone(), |cluster| {
-            let class = cluster.class()?;
-            let id = ReleaseId::parse_cluster_class(&class.name).ok()?;
-            Some(ObjectRef::new(&id.tag()).within(&class.namespace))
+            let (id, class_namespace) = cluster.stack_release()?;
+            Some(ObjectRef::new(&id.tag()).within(&class_namespace))
         })
         .reconcile_on(class_triggers)
         // A provider object changed (its status.ready).
@@ -242,7 +238,10 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                 cluster_store
                     .state()
                     .iter()
-                    .filter(|c| release_of(c).is_some_and(|(c_id, ns)| c_id == id && ns == release_namespace))
+                    .filter(|c| {
+                        c.stack_release()
+                            .is_some_and(|(c_id, ns)| c_id == id && ns == release_namespace)
+                    })
                     .map(|c| ObjectRef::from_obj(c.as_ref()))
                     .collect::<Vec<_>>()
             },

@@ -189,10 +189,7 @@ async fn answer(client: &Client, hook: &str, request: HookRequest) -> Result<Out
     let namespace = cluster.namespace().ok_or("the cluster has no namespace")?;
     let cluster_name = cluster.name_any();
     // Clusters of other classes are none of our business: never hold them up.
-    let Some(target) = cluster
-        .class()
-        .and_then(|c| ReleaseId::parse_cluster_class(&c.name).ok())
-    else {
+    let Some((target, _)) = cluster.stack_release() else {
         return Ok(Outcome::Done);
     };
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &namespace);

@@ -31,8 +31,7 @@ use serde_json::json;
 
 use self::decision::{Applied, Decision, decide};
 use crate::{
-    Context, Error, cluster_addon_create::release_of, cluster_stack_release::FetchFailure,
-    context::object_key, filter::is_paused, patch,
+    Context, Error, cluster_stack_release::FetchFailure, context::object_key, filter::is_paused, patch,
 };
 
 /// How often an unreachable workload cluster is asked again.
@@ -73,7 +72,7 @@ async fn reconcile_object(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result
     }
     let mut working = (*addon).clone();
     let mut spec_update = SpecUpdate::default();
-    let outcome = sync(&mut working, &mut spec_update, &ctx).await;
+    let outcome = sync(&mut working, &api, &mut spec_update, &ctx).await;
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     let before = if spec_update.status_written {
@@ -105,6 +104,7 @@ fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
 
 async fn sync(
     addon: &mut ClusterAddon,
+    api: &Api<ClusterAddon>,
     spec_update: &mut SpecUpdate,
     ctx: &Context,
 ) -> Result<Action, Error> {
@@ -124,7 +124,7 @@ async fn sync(
         // The Cluster is gone; its ClusterAddon goes with it (owner reference).
         return Ok(Action::await_change());
     };
-    let Some((id, _)) = release_of(&cluster) else {
+    let Some((id, _)) = cluster.stack_release() else {
         addon.mark_false(
             condition::CLUSTER_READY,
             reason::NO_CLUSTER_STACK_CLASS,
@@ -191,7 +191,7 @@ async fn sync(
         AddonStyle::Staged { config } => {
             let run = staged::StagedRun {
                 ctx,
-                api: &Api::namespaced(ctx.client.clone(), &namespace),
+                api,
                 cluster: &cluster,
                 release: &release,
                 workload: &workload,
