@@ -68,6 +68,8 @@ async fn reconcile_object(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result
         // Deleting never waits: the addons live in the workload cluster and go with it. The Go operator's
         // finalizer (kept only while its Cluster exists) is removed so a Cluster deletion cannot deadlock.
         patch::remove_finalizer(&api, addon.as_ref(), CLUSTER_ADDON_FINALIZER).await?;
+        ctx.workloads
+            .forget(&addon.namespace().unwrap_or_default(), &cluster_name(&addon));
         return Ok(Action::await_change());
     }
     let mut working = (*addon).clone();
@@ -92,6 +94,16 @@ async fn reconcile_object(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result
     }
 }
 
+/// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.
+fn cluster_name(addon: &ClusterAddon) -> String {
+    addon
+        .spec
+        .cluster_ref
+        .name
+        .clone()
+        .unwrap_or_else(|| addon.name_any().trim_start_matches("cluster-addon-").to_owned())
+}
+
 pub fn error_policy(addon: Arc<ClusterAddon>, error: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.retry_delay(&object_key(addon.as_ref()));
     tracing::warn!(cluster_addon = %addon.name_any(), namespace = ?addon.namespace(), %error, retry_in = ?delay, "reconcile failed");
@@ -109,19 +121,15 @@ async fn sync(
     ctx: &Context,
 ) -> Result<Action, Error> {
     let namespace = addon.namespace().unwrap_or_default();
-    let cluster_name = addon
-        .spec
-        .cluster_ref
-        .name
-        .clone()
-        .unwrap_or_else(|| addon.name_any().trim_start_matches("cluster-addon-").to_owned());
+    let cluster_name = cluster_name(addon);
     let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(cluster) = clusters
         .get_opt(&cluster_name)
         .await
         .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?
     else {
-        // The Cluster is gone; its ClusterAddon goes with it (owner reference).
+        // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does its client.
+        ctx.workloads.forget(&namespace, &cluster_name);
         return Ok(Action::await_change());
     };
     let Some((id, _)) = cluster.stack_release() else {
