@@ -568,9 +568,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     );
     let operator = RunningOperator::local(&client, &ns, dir.path()).await;
     let certs = tempfile::tempdir().unwrap();
-    let pki = cso_testenv::pki::Pki::generate(certs.path()).unwrap();
-    std::fs::copy(&pki.serving_cert, certs.path().join("tls.crt")).unwrap();
-    std::fs::copy(&pki.serving_key, certs.path().join("tls.key")).unwrap();
+    let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let server = cso_webhook::TlsServer::start(
         cso_webhook::hook_router(client.clone()),
         "127.0.0.1:0".parse().unwrap(),
@@ -581,7 +579,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     let port = server.local_addr.port();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let https = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
         .build()
         .unwrap();
 

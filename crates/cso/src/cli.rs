@@ -70,9 +70,12 @@ pub struct RunArgs {
     /// Elect a leader with a Lease before running the controllers.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true")]
     pub leader_elect: bool,
-    /// Namespace of the leader-election Lease (default: the pod's namespace).
+    /// Namespace of the leader-election Lease (default: the pod's namespace, else the kubeconfig's).
     #[arg(long, default_value = "")]
     pub leader_elect_namespace: String,
+    /// How long the leader's Lease is valid without renewal: the longest a failover can take.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
     /// Only reconcile objects labelled `cluster.x-k8s.io/watch-filter=<value>`.
     #[arg(long, default_value = "")]
     pub watch_filter: String,
@@ -109,6 +112,12 @@ pub struct RunArgs {
     /// Accepted for compatibility; see `--qps`.
     #[arg(long, default_value_t = 100)]
     pub burst: u32,
+    /// Port of the validating admission webhooks (hard-coded 9443 in the Go operator).
+    #[arg(long, default_value_t = 9443)]
+    pub webhook_port: u16,
+    /// Certificates of the admission webhooks (`tls.crt`, `tls.key`).
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs/")]
+    pub webhook_cert_dir: PathBuf,
     /// Port of the runtime-extension (lifecycle hook) server.
     #[arg(long, default_value_t = 9442)]
     pub hook_port: u16,

@@ -3,6 +3,7 @@
 mod cli;
 mod commands;
 mod endpoints;
+mod leader;
 mod logging;
 
 use clap::Parser;

@@ -11,6 +11,7 @@ use std::{
 
 use cso_api::{ClusterStack, ClusterStackRelease};
 use cso_testenv::github::FakeGithub;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Client,
     api::{DynamicObject, PostParams},
@@ -32,13 +33,31 @@ fn fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases")
 }
 
-/// Where `cso run` serves in this test.
-struct Endpoints<'a> {
+/// One `cso run` replica: where it serves, with which certificates, and whether it elects a leader.
+struct Instance<'a> {
+    cert_dir: &'a Path,
     hook_port: u16,
-    hook_cert_dir: &'a Path,
+    webhook_port: u16,
     metrics_port: u16,
     health_port: u16,
+    leader_elect: bool,
 }
+
+impl<'a> Instance<'a> {
+    fn new(cert_dir: &'a Path, leader_elect: bool) -> Self {
+        Instance {
+            cert_dir,
+            hook_port: free_port(),
+            webhook_port: free_port(),
+            metrics_port: free_port(),
+            health_port: free_port(),
+            leader_elect,
+        }
+    }
+}
+
+/// The lease duration the replicas of these tests use (production default: 15 s).
+const LEASE_SECONDS: u64 = 6;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -54,7 +73,7 @@ fn start_operator(
     namespace: &str,
     github: &str,
     log: &Path,
-    endpoints: &Endpoints<'_>,
+    instance: &Instance<'_>,
 ) -> KillOnDrop {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -65,22 +84,26 @@ fn start_operator(
         Command::new(env!("CARGO_BIN_EXE_cso"))
             .arg("run")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--leader-elect=false")
+            .arg(format!("--leader-elect={}", instance.leader_elect))
+            .arg(format!("--leader-elect-namespace={namespace}"))
+            .arg(format!("--leader-elect-lease-duration={}s", LEASE_SECONDS))
             .arg("-namespace")
             .arg(namespace)
             .arg(format!("--release-dir={}", release_dir.display()))
             .arg("--source=github")
             .arg(format!("--github-api-url={github}"))
             .arg("--clusterstackrelease-concurrency=2")
-            .arg(format!("--hook-port={}", endpoints.hook_port))
-            .arg(format!("--hook-cert-dir={}", endpoints.hook_cert_dir.display()))
+            .arg(format!("--hook-port={}", instance.hook_port))
+            .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
+            .arg(format!("--webhook-port={}", instance.webhook_port))
+            .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
             .arg(format!(
                 "--metrics-bind-address=127.0.0.1:{}",
-                endpoints.metrics_port
+                instance.metrics_port
             ))
             .arg(format!(
                 "--health-probe-bind-address=127.0.0.1:{}",
-                endpoints.health_port
+                instance.health_port
             ))
             .args(["--log-level=debug", "--log-format=json"])
             .env("GIT_PROVIDER", "github")
@@ -112,6 +135,39 @@ where
     }
 }
 
+/// Sends SIGTERM and waits (at most 30 s) for the process to exit.
+fn terminate(operator: &mut KillOnDrop) -> std::process::ExitStatus {
+    let pid = operator.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = Instant::now();
+    loop {
+        if let Some(status) = operator.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "cso run did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ferrol_stack(namespace: &str, versions: &[&str]) -> ClusterStack {
+    serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+        "metadata": {"name": "ferrol", "namespace": namespace},
+        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
+                 "autoSubscribe": false, "noProvider": true, "versions": versions},
+    }))
+    .unwrap()
+}
+
 async fn ready(client: &Client, namespace: &str) -> Vec<String> {
     let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), namespace);
     let mut names: Vec<String> = releases
@@ -139,17 +195,9 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     fake.slow_down("docker-ferrol-1-27-v2", Duration::from_secs(30));
     let release_dir = tempfile::tempdir().unwrap();
     let log = release_dir.path().join("operator.log");
-    let hook_certs = tempfile::tempdir().unwrap();
-    let pki = cso_testenv::pki::Pki::generate(hook_certs.path()).unwrap();
-    std::fs::copy(&pki.serving_cert, hook_certs.path().join("tls.crt")).unwrap();
-    std::fs::copy(&pki.serving_key, hook_certs.path().join("tls.key")).unwrap();
-    let hook_port = free_port();
-    let endpoints = Endpoints {
-        hook_port,
-        hook_cert_dir: hook_certs.path(),
-        metrics_port: free_port(),
-        health_port: free_port(),
-    };
+    let certs = tempfile::tempdir().unwrap();
+    let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
+    let endpoints = Instance::new(certs.path(), true);
     let start = || {
         start_operator(
             plane.kubeconfig_path(),
@@ -162,15 +210,8 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     };
     let mut operator = start();
 
-    let stack: ClusterStack = serde_json::from_value(json!({
-        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
-        "metadata": {"name": "ferrol", "namespace": ns},
-        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
-                 "autoSubscribe": false, "noProvider": true, "versions": ["v1", "v2"]},
-    }))
-    .unwrap();
     Api::<ClusterStack>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &stack)
+        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1", "v2"]))
         .await
         .unwrap();
 
@@ -253,12 +294,13 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     // The lifecycle-hook server answers Cluster API's discovery over HTTPS.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let https = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
         .build()
         .unwrap();
     let discovery: serde_json::Value = https
         .post(format!(
-            "https://127.0.0.1:{hook_port}/hooks.runtime.cluster.x-k8s.io/v1alpha1/discovery"
+            "https://127.0.0.1:{}/hooks.runtime.cluster.x-k8s.io/v1alpha1/discovery",
+            endpoints.hook_port
         ))
         .json(&json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"}))
         .send()
@@ -300,25 +342,12 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
 
     // SIGTERM: a clean, prompt exit.
     let mut operator = operator;
-    let pid = operator.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
+    let status = terminate(&mut operator);
+    assert_eq!(
+        lease_holder(&client, &ns).await,
+        None,
+        "the lease was released on SIGTERM"
     );
-    let stopped = Instant::now();
-    let status = loop {
-        if let Some(status) = operator.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            stopped.elapsed() < Duration::from_secs(30),
-            "cso run did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
     assert!(status.success(), "exit status {status}");
     let log = std::fs::read_to_string(&log).unwrap();
     let first = log.lines().next().unwrap();
@@ -345,4 +374,148 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         in_reconcile["context"].as_str().unwrap().contains(&ns),
         "{in_reconcile}"
     );
+}
+
+/// The JSON log lines of one replica.
+fn log_lines(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
+    log_lines(log).into_iter().find(|l| l["message"] == message)
+}
+
+async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt("clusterstack.x-k8s.io")
+        .await
+        .unwrap()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "leader").await.unwrap();
+    let fake = FakeGithub::start(30).await.unwrap();
+    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let certs = scratch.path().join("certs");
+    cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let replica = |name: &str| {
+        let instance = Instance::new(&certs, true);
+        let release_dir = scratch.path().join(name);
+        std::fs::create_dir_all(&release_dir).unwrap();
+        let log = scratch.path().join(format!("{name}.log"));
+        let process = start_operator(
+            plane.kubeconfig_path(),
+            &release_dir,
+            &ns,
+            fake.api_url(),
+            &log,
+            &instance,
+        );
+        (process, log, instance.health_port)
+    };
+
+    // The first replica becomes the leader; the second waits, serving its probes (and webhooks) meanwhile.
+    let (mut first, first_log, _) = replica("first");
+    let became = wait_for("the first replica leads", Duration::from_secs(30), || async {
+        logged(&first_log, "became the leader")
+    })
+    .await;
+    let first_identity = became["identity"].as_str().unwrap().to_owned();
+    assert_eq!(
+        lease_holder(&client, &ns).await.as_deref(),
+        Some(first_identity.as_str())
+    );
+    let (mut second, second_log, second_health) = replica("second");
+    wait_for(
+        "the second replica waits for the lease",
+        Duration::from_secs(30),
+        || async { logged(&second_log, "waiting for the leader-election lease") },
+    )
+    .await;
+    let stacks: Api<ClusterStack> = Api::namespaced(client.clone(), &ns);
+    stacks
+        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1"]))
+        .await
+        .unwrap();
+    wait_for("v1 ready", Duration::from_secs(60), || async {
+        (ready(&client, &ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
+    })
+    .await;
+    let probe = reqwest::get(format!("http://127.0.0.1:{second_health}/readyz"))
+        .await
+        .unwrap();
+    assert!(probe.status().is_success(), "a follower serves its probes");
+    let reconciled_by = |log: &Path| {
+        log_lines(log)
+            .iter()
+            .any(|l| l["context"].as_str().is_some_and(|c| c.contains(&ns)))
+    };
+    assert!(reconciled_by(&first_log), "the leader reconciles");
+    assert!(
+        logged(&second_log, "starting controllers").is_none() && !reconciled_by(&second_log),
+        "a follower runs no controllers"
+    );
+
+    // The leader dies without releasing the lease: the follower takes over once it expires and converges.
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    stacks
+        .patch(
+            "ferrol",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
+        )
+        .await
+        .unwrap();
+    let takeover_limit = Duration::from_secs(LEASE_SECONDS * 2 + 5);
+    let became = wait_for("the second replica takes over", takeover_limit, || async {
+        logged(&second_log, "became the leader")
+    })
+    .await;
+    let second_identity = became["identity"].as_str().unwrap().to_owned();
+    assert_ne!(first_identity, second_identity);
+    wait_for(
+        "v2 ready under the new leader",
+        Duration::from_secs(60),
+        || async { (ready(&client, &ns).await.len() == 2).then_some(()) },
+    )
+    .await;
+
+    // Fail-stop: when another holder takes the lease, the leader stops at once and exits non-zero.
+    let stolen = json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 600,
+        "renewTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}});
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .patch(
+            "clusterstack.x-k8s.io",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(stolen),
+        )
+        .await
+        .unwrap();
+    let deposed = Instant::now();
+    let status = loop {
+        if let Some(status) = second.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            deposed.elapsed() < takeover_limit,
+            "the deposed leader kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "losing the lease is a failure exit: {status}");
+    assert!(logged(&second_log, "leader election lost").is_some());
 }

@@ -79,3 +79,18 @@ impl Pki {
         })
     }
 }
+
+/// Writes a fresh CA-signed serving certificate for `localhost` and `127.0.0.1` into `cert_dir` as
+/// `tls.crt` and `tls.key` (the layout of cert-manager's Secrets) and returns the CA (PEM) that clients and
+/// webhook configurations trust. The key is written first, so a server that reloads between the two writes
+/// sees a mismatched pair and waits for its next check.
+pub fn write_serving_certificate(cert_dir: &Path) -> Result<String, Error> {
+    let scratch = cert_dir.join(".pki");
+    std::fs::create_dir_all(&scratch).map_err(|e| Error::io(&scratch, e))?;
+    let pki = Pki::generate(&scratch)?;
+    for (from, to) in [(&pki.serving_key, "tls.key"), (&pki.serving_cert, "tls.crt")] {
+        let target = cert_dir.join(to);
+        std::fs::copy(from, &target).map_err(|e| Error::io(&target, e))?;
+    }
+    Ok(pki.ca_pem)
+}

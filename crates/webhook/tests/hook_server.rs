@@ -3,10 +3,9 @@
 //! certificate picked up without a restart.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
-use std::{path::Path, time::Duration};
+use std::time::Duration;
 
 use cso_api::{ClusterAddon, conditions::ConditionsExt, names::condition};
-use cso_testenv::pki::Pki;
 use cso_webhook::{TlsServer, hook_router};
 use kube::{
     Api, Client,
@@ -15,17 +14,6 @@ use kube::{
 use serde_json::{Value, json};
 
 const PREFIX: &str = "/hooks.runtime.cluster.x-k8s.io/v1alpha1";
-
-/// Writes a fresh CA and serving certificate for 127.0.0.1 into `cert_dir`; returns the CA (PEM).
-fn certificates(cert_dir: &Path) -> String {
-    let scratch = tempfile::tempdir().unwrap();
-    let pki = Pki::generate(scratch.path()).unwrap();
-    std::fs::create_dir_all(cert_dir).unwrap();
-    // The key first: a reload between the two writes sees a mismatched pair and waits for the next tick.
-    std::fs::copy(&pki.serving_key, cert_dir.join("tls.key")).unwrap();
-    std::fs::copy(&pki.serving_cert, cert_dir.join("tls.crt")).unwrap();
-    pki.ca_pem
-}
 
 fn https_client(ca_pem: &str) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -128,7 +116,7 @@ async fn hooks_answer_from_the_cluster_addons_under_concurrent_calls() {
     let kube = plane.client().await.unwrap();
     let ns = cso_testenv::namespace(&kube, "hooks").await.unwrap();
     let certs = tempfile::tempdir().unwrap();
-    let ca = certificates(certs.path());
+    let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let server = TlsServer::start(
         hook_router(kube.clone()),
         "127.0.0.1:0".parse().unwrap(),
@@ -255,7 +243,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     let plane = cso_testenv::shared_management();
     let kube = plane.client().await.unwrap();
     let certs = tempfile::tempdir().unwrap();
-    let first_ca = certificates(certs.path());
+    let first_ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let server = TlsServer::start(hook_router(kube), "127.0.0.1:0".parse().unwrap(), certs.path())
         .await
         .unwrap();
@@ -266,7 +254,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         "Success"
     );
 
-    let second_ca = certificates(certs.path());
+    let second_ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let trusting_second = https_client(&second_ca);
     let url = format!("https://127.0.0.1:{}{PREFIX}/discovery", server.local_addr.port());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

@@ -1,8 +1,9 @@
 //! `cso run`: the operator process. Builds the release source, cache, renderer and client from the flags,
-//! runs the controllers and the lifecycle-hook server, and stops gracefully on SIGTERM or SIGINT
-//! (reconciles in flight finish first).
+//! serves metrics, probes, the admission webhooks and the lifecycle-hook server on every replica, runs the
+//! controllers on the elected leader, and stops gracefully on SIGTERM or SIGINT (reconciles in flight
+//! finish first, then the lease is released).
 
-use std::sync::Arc;
+use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use cso_controller::{Operator, Settings};
@@ -12,15 +13,18 @@ use cso_release::{
     source::{self, SourceKind, SourceSettings, UnavailableSource},
 };
 use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+};
 
-use crate::cli::RunArgs;
+use crate::{
+    cli::RunArgs,
+    leader::{self, LeaseSettings},
+};
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting manager");
-    if args.leader_elect {
-        tracing::warn!("leader election is not available yet: run a single replica (--leader-elect=false)");
-    }
     let client = client(&args).await?;
 
     let kind: SourceKind = args.source.parse()?;
@@ -87,35 +91,103 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             resync_interval: args.resync_interval,
         },
     };
+    let stop = stop_signal()?;
+    // Every replica serves the webhooks and the hook server; each waits for its certificate without holding
+    // up anything else.
+    let webhooks = spawn_tls_server(
+        "admission webhooks",
+        cso_webhook::admission_router(operator.client.clone()),
+        args.webhook_port,
+        args.webhook_cert_dir.clone(),
+    );
+    let hooks = spawn_tls_server(
+        "hook server",
+        cso_webhook::hook_router(operator.client.clone()),
+        args.hook_port,
+        args.hook_cert_dir.clone(),
+    );
+
+    let leadership = if args.leader_elect {
+        let settings = LeaseSettings {
+            namespace: match non_empty(&args.leader_elect_namespace) {
+                Some(namespace) => namespace,
+                None => operator.client.default_namespace().to_owned(),
+            },
+            duration: args.leader_elect_lease_duration,
+            identity: LeaseSettings::identity(),
+        };
+        match leader::acquire(operator.client.clone(), &settings, stopped(stop.clone())).await? {
+            Some(leadership) => Some(leadership),
+            None => {
+                stop_tls_servers([webhooks, hooks]).await;
+                return Ok(());
+            }
+        }
+    } else {
+        None
+    };
+
+    tracing::info!("starting controllers");
+    let controllers = cso_controller::run(operator, stopped(stop));
+    if let Some(leadership) = leadership {
+        tokio::select! {
+            () = controllers => leadership.release().await,
+            reason = leadership.lost() => {
+                // Fail-stop: the controllers are dropped mid-flight and the process ends, before another
+                // replica can hold the lease.
+                tracing::error!(%reason, "leader election lost");
+                anyhow::bail!("leader election lost: {reason}");
+            }
+        }
+    } else {
+        controllers.await;
+    }
+    stop_tls_servers([webhooks, hooks]).await;
+    Ok(())
+}
+
+/// Becomes `true` on SIGTERM or SIGINT.
+fn stop_signal() -> anyhow::Result<watch::Receiver<bool>> {
     let mut terminate = signal(SignalKind::terminate())?;
-    let shutdown = async move {
+    let (sender, receiver) = watch::channel(false);
+    tokio::spawn(async move {
         tokio::select! {
             _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
-    };
-    // The hook server runs beside the controllers (on every replica, once leader election exists); it waits
-    // for its certificate without holding up the controllers.
-    let hook_addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.hook_port));
-    let hook_router = cso_webhook::hook_router(operator.client.clone());
-    let hook_cert_dir = args.hook_cert_dir.clone();
-    let hook_server = tokio::spawn(async move {
-        match cso_webhook::TlsServer::start(hook_router, hook_addr, &hook_cert_dir).await {
+        let _ = sender.send(true);
+    });
+    Ok(receiver)
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+type TlsTask = tokio::task::JoinHandle<Option<cso_webhook::TlsServer>>;
+
+fn spawn_tls_server(what: &'static str, router: axum::Router, port: u16, cert_dir: PathBuf) -> TlsTask {
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    tokio::spawn(async move {
+        match cso_webhook::TlsServer::start(router, addr, &cert_dir).await {
             Ok(server) => Some(server),
             Err(e) => {
-                tracing::error!(error = %e, "the hook server cannot start; lifecycle hooks will fail");
+                tracing::error!(error = %e, "the {what} cannot start");
                 None
             }
         }
-    });
-    cso_controller::run(operator, shutdown).await;
-    if !hook_server.is_finished() {
-        // Still waiting for its certificate: nothing to drain.
-        hook_server.abort();
-    } else if let Ok(Some(server)) = hook_server.await {
-        server.shutdown(std::time::Duration::from_secs(5)).await;
+    })
+}
+
+async fn stop_tls_servers(servers: [TlsTask; 2]) {
+    for task in servers {
+        if !task.is_finished() {
+            // Still waiting for its certificate: nothing to drain.
+            task.abort();
+        } else if let Ok(Some(server)) = task.await {
+            server.shutdown(std::time::Duration::from_secs(5)).await;
+        }
     }
-    Ok(())
 }
 
 fn non_empty(value: &str) -> Option<String> {

@@ -1,0 +1,708 @@
+//! Validating admission webhooks for ClusterStack, ClusterStackRelease, ClusterAddon and Cluster API
+//! `Cluster`, on the Go operator's paths so its `ValidatingWebhookConfiguration` works unchanged.
+//!
+//! The rules are pure functions over the objects (and, where needed, the Clusters or the release the
+//! request concerns), so each is unit-tested; the handlers only read what the rules need from the API.
+//! Compared with the Go operator: only Clusters whose class is named like a cluster stack's are checked
+//! (others pass untouched), a Cluster update keeps its immutability checks even when the release cannot be
+//! read, versions are validated on update too and must belong to the channel, one non-conforming Cluster
+//! does not switch off the delete protection, and a ClusterAddon's `clusterRef` may leave out the namespace.
+
+use std::sync::Arc;
+
+use axum::{Json, Router, extract::State, routing::post};
+use cso_api::{
+    ClusterAddon, ClusterStack, ClusterStackRelease, ReleaseId,
+    capi::Cluster,
+    version::{KubernetesVersion, Version},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::ListParams,
+    core::{
+        DynamicObject, Status,
+        admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
+    },
+};
+use serde::de::DeserializeOwned;
+
+pub const CLUSTER_PATH: &str = "/validate-cluster-x-k8s-io-v1beta1-cluster";
+pub const CLUSTER_ADDON_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusteraddon";
+pub const CLUSTER_STACK_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusterstack";
+pub const CLUSTER_STACK_RELEASE_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusterstackrelease";
+
+/// One rejected field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn field_error(field: &'static str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field,
+        message: message.into(),
+    }
+}
+
+/// The answer to one admission request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Allowed, with warnings shown to the client (kubectl prints them).
+    Allowed { warnings: Vec<String> },
+    /// HTTP 422: fields of the object are invalid.
+    Invalid(Vec<FieldError>),
+    /// HTTP 400: the object is still in use and cannot be deleted.
+    InUse(String),
+}
+
+impl Verdict {
+    fn allowed() -> Self {
+        Verdict::Allowed { warnings: vec![] }
+    }
+
+    fn warn(warning: String) -> Self {
+        Verdict::Allowed {
+            warnings: vec![warning],
+        }
+    }
+
+    fn from_errors(errors: Vec<FieldError>) -> Self {
+        if errors.is_empty() {
+            Verdict::allowed()
+        } else {
+            Verdict::Invalid(errors)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The rules.
+
+/// ClusterStack create and update: versions parse and belong to the channel, a provider reference unless
+/// `noProvider`; on update the stack's identity (provider, name, channel, Kubernetes minor) is immutable.
+pub fn cluster_stack(new: &ClusterStack, old: Option<&ClusterStack>) -> Vec<FieldError> {
+    let spec = &new.spec;
+    let mut errors = Vec::new();
+    for text in &spec.versions {
+        match Version::parse_dot(text) {
+            Err(e) => errors.push(field_error(
+                "spec.versions",
+                format!("invalid version {text:?}: {e}"),
+            )),
+            Ok(version) if version.channel() != spec.channel => errors.push(field_error(
+                "spec.versions",
+                format!(
+                    "version {text:?} belongs to channel {}, but the ClusterStack follows channel {}",
+                    version.channel(),
+                    spec.channel
+                ),
+            )),
+            Ok(_) => {}
+        }
+    }
+    if spec.provider_ref.is_none() && !spec.no_provider {
+        errors.push(field_error(
+            "spec.providerRef",
+            "empty provider ref, even though noProvider mode is turned off",
+        ));
+    }
+    if let Some(old) = old {
+        let before = &old.spec;
+        let immutable = [
+            ("spec.provider", before.provider != spec.provider),
+            ("spec.name", before.name != spec.name),
+            ("spec.channel", before.channel != spec.channel),
+            (
+                "spec.kubernetesVersion",
+                before.kubernetes_version != spec.kubernetes_version,
+            ),
+        ];
+        for (field, changed) in immutable {
+            if changed {
+                errors.push(field_error(field, "field is immutable"));
+            }
+        }
+    }
+    errors
+}
+
+/// The Clusters (`namespace/name`) built from any release of `stack`: their class lives in the stack's
+/// namespace and names the same provider, stack, Kubernetes minor and channel (so hash builds count for a
+/// `custom` ClusterStack, which the Go operator never matches).
+pub fn cluster_stack_users(stack: &ClusterStack, clusters: &[Cluster]) -> Vec<String> {
+    let namespace = stack.namespace().unwrap_or_default();
+    let Ok(kubernetes) = KubernetesVersion::parse_dot(&stack.spec.kubernetes_version) else {
+        return vec![];
+    };
+    users(clusters, |id, class_namespace| {
+        class_namespace == namespace
+            && id.provider == stack.spec.provider
+            && id.name == stack.spec.name
+            && id.kubernetes == kubernetes
+            && id.channel() == stack.spec.channel
+    })
+}
+
+/// The Clusters (`namespace/name`) whose class is the one of release `release` (a tag) in `namespace`.
+pub fn release_users(namespace: &str, release: &str, clusters: &[Cluster]) -> Vec<String> {
+    let Ok(release) = ReleaseId::parse_tag(release) else {
+        return vec![];
+    };
+    users(clusters, |id, class_namespace| {
+        class_namespace == namespace && *id == release
+    })
+}
+
+fn users(clusters: &[Cluster], uses: impl Fn(&ReleaseId, &str) -> bool) -> Vec<String> {
+    let mut names: Vec<String> = clusters
+        .iter()
+        .filter(|c| c.stack_release().is_some_and(|(id, ns)| uses(&id, &ns)))
+        .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
+        .collect();
+    names.sort();
+    names
+}
+
+/// ClusterAddon create and update: the reference names a `Cluster` in the ClusterAddon's own namespace
+/// (an empty namespace means that one); on update the Cluster it names is immutable.
+pub fn cluster_addon(new: &ClusterAddon, old: Option<&ClusterAddon>) -> Vec<FieldError> {
+    let reference = &new.spec.cluster_ref;
+    let mut errors = Vec::new();
+    if reference.name.as_deref().unwrap_or_default().is_empty() {
+        errors.push(field_error("spec.clusterRef.name", "must not be empty"));
+    }
+    if reference.kind.as_deref().is_some_and(|k| k != "Cluster") {
+        errors.push(field_error("spec.clusterRef.kind", "kind must be Cluster"));
+    }
+    let own_namespace = new.namespace().unwrap_or_default();
+    if reference
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| !ns.is_empty() && ns != own_namespace)
+    {
+        errors.push(field_error(
+            "spec.clusterRef.namespace",
+            "cluster and clusterAddon need to be in same namespace",
+        ));
+    }
+    if let Some(old) = old {
+        let before = &old.spec.cluster_ref;
+        if before.name != reference.name {
+            errors.push(field_error("spec.clusterRef.name", "field is immutable"));
+        }
+        if before.kind.as_deref().unwrap_or("Cluster") != reference.kind.as_deref().unwrap_or("Cluster") {
+            errors.push(field_error("spec.clusterRef.kind", "field is immutable"));
+        }
+    }
+    errors
+}
+
+/// What is known of the ClusterStackRelease behind a Cluster's class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseLookup {
+    /// Found; its `status.kubernetesVersion` (empty until it was applied).
+    Found { kubernetes_version: String },
+    /// Not readable (not found, or the API failed): the Kubernetes version cannot be checked.
+    Unavailable(String),
+}
+
+/// Cluster create and update, for Clusters whose class is a cluster stack's (others are allowed as they
+/// are): the topology's Kubernetes version is the release's; on update the provider and stack stay the same,
+/// and the Kubernetes minor stays or goes up by one (same major).
+pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) -> Verdict {
+    let old_release = old.and_then(Cluster::stack_release);
+    let Some((id, _)) = new.stack_release() else {
+        return match old_release {
+            // Leaving the cluster stack is a different stack: refused like any other change of stack.
+            Some((before, _)) => Verdict::Invalid(vec![field_error(
+                "spec.topology.class",
+                format!(
+                    "the Cluster uses cluster stack {}; its class must stay one of that stack's, \
+                     <provider>-<clusterStackName>-<kubernetesVersion>-<clusterStackVersion>",
+                    before.stack_prefix()
+                ),
+            )]),
+            None => Verdict::allowed(),
+        };
+    };
+    let mut errors = Vec::new();
+    if let Some((before, _)) = &old_release {
+        if before.provider != id.provider {
+            errors.push(field_error(
+                "spec.topology.class",
+                format!(
+                    "provider name must not change. Got {}, want {}",
+                    id.provider, before.provider
+                ),
+            ));
+        }
+        if before.name != id.name {
+            errors.push(field_error(
+                "spec.topology.class",
+                format!(
+                    "cluster stack name must not change. Got {}, want {}",
+                    id.name, before.name
+                ),
+            ));
+        }
+        let (from, to) = (before.kubernetes, id.kubernetes);
+        let minor_step = i64::from(to.minor) - i64::from(from.minor);
+        if to.major != from.major || !(0..=1).contains(&minor_step) {
+            errors.push(field_error(
+                "spec.topology.class",
+                format!(
+                    "kubernetes version must be the same or higher by one. Got {}, want {} or {}.{}",
+                    to.to_dot(),
+                    from.to_dot(),
+                    from.major,
+                    from.minor + 1
+                ),
+            ));
+        }
+    }
+    let class = id.cluster_class_name();
+    let mut warnings = Vec::new();
+    match release {
+        ReleaseLookup::Unavailable(error) => warnings.push(format!(
+            "cannot validate clusterClass and Kubernetes version. Getting clusterStackRelease object failed: {error}"
+        )),
+        ReleaseLookup::Found { kubernetes_version } if kubernetes_version.is_empty() => {
+            warnings.push(format!(
+                "no Kubernetes version set in status of clusterStackRelease object. Cannot validate Kubernetes \
+                 version. Check out the ClusterStackRelease {} manually",
+                id.tag()
+            ))
+        }
+        ReleaseLookup::Found { kubernetes_version } => {
+            let got = new.topology_version().unwrap_or_default();
+            if got != kubernetes_version {
+                errors.push(field_error(
+                    "spec.topology.version",
+                    format!("clusterClass {class} expects Kubernetes version {kubernetes_version}, but got {got}"),
+                ));
+            }
+        }
+    }
+    if errors.is_empty() {
+        Verdict::Allowed { warnings }
+    } else {
+        Verdict::Invalid(errors)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Serving.
+
+struct Admission {
+    client: Client,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission").finish_non_exhaustive()
+    }
+}
+
+/// The four validating webhooks on the Go operator's paths.
+pub fn router(client: Client) -> Router {
+    Router::new()
+        .route(CLUSTER_STACK_PATH, post(review_cluster_stack))
+        .route(CLUSTER_STACK_RELEASE_PATH, post(review_cluster_stack_release))
+        .route(CLUSTER_ADDON_PATH, post(review_cluster_addon))
+        .route(CLUSTER_PATH, post(review_cluster))
+        .with_state(Arc::new(Admission { client }))
+}
+
+type Review = Json<AdmissionReview<DynamicObject>>;
+type Answer = Json<AdmissionReview<DynamicObject>>;
+
+/// Unpacks the request, runs `decide` and packs its verdict; a review that cannot be read is refused.
+async fn answer<F, Fut>(kind: &str, review: AdmissionReview<DynamicObject>, decide: F) -> Answer
+where
+    F: FnOnce(AdmissionRequest<DynamicObject>) -> Fut,
+    Fut: Future<Output = Result<Verdict, String>>,
+{
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(e) => {
+            return Json(AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")).into_review());
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    let (name, operation) = (request.name.clone(), request.operation.clone());
+    let response = match decide(request).await {
+        Ok(verdict) => {
+            tracing::debug!(kind, %name, ?operation, ?verdict, "admission review");
+            respond(response, kind, &name, verdict)
+        }
+        Err(message) => deny(response, 400, "BadRequest", message),
+    };
+    Json(response.into_review())
+}
+
+fn respond(response: AdmissionResponse, kind: &str, name: &str, verdict: Verdict) -> AdmissionResponse {
+    match verdict {
+        Verdict::Allowed { warnings } => {
+            let mut response = response;
+            response.warnings = (!warnings.is_empty()).then_some(warnings);
+            response
+        }
+        Verdict::Invalid(errors) => {
+            let fields: Vec<String> = errors
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect();
+            let message = format!("{kind} {name:?} is invalid: {}", fields.join("; "));
+            deny(response, 422, "Invalid", message)
+        }
+        Verdict::InUse(message) => deny(response, 400, "BadRequest", message),
+    }
+}
+
+fn deny(response: AdmissionResponse, code: u16, reason: &str, message: String) -> AdmissionResponse {
+    let mut response = response.deny(&message);
+    response.result = Status::failure(&message, reason).with_code(code);
+    response
+}
+
+fn object<K: DeserializeOwned>(object: Option<&DynamicObject>) -> Result<Option<K>, String> {
+    object
+        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value))
+        .transpose()
+        .map_err(|e| format!("cannot read the object: {e}"))
+}
+
+fn required<K: DeserializeOwned>(o: Option<&DynamicObject>) -> Result<K, String> {
+    object(o)?.ok_or_else(|| "the request carries no object".to_owned())
+}
+
+async fn clusters_or_warning(client: &Client, what: &str) -> Result<Vec<Cluster>, Verdict> {
+    Api::<Cluster>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(|e| {
+            Verdict::warn(format!(
+                "cannot validate whether {what} is still in use. Watch out for potentially orphaned resources: {e}"
+            ))
+        })
+}
+
+async fn review_cluster_stack(State(state): State<Arc<Admission>>, Json(review): Review) -> Answer {
+    answer(
+        "ClusterStack.clusterstack.x-k8s.io",
+        review,
+        |request| async move {
+            Ok(match request.operation {
+                Operation::Delete => {
+                    let stack: ClusterStack = required(request.old_object.as_ref())?;
+                    match clusters_or_warning(&state.client, "clusterstack").await {
+                        Err(warning) => warning,
+                        Ok(clusters) => in_use("ClusterStack", cluster_stack_users(&stack, &clusters)),
+                    }
+                }
+                _ => {
+                    let stack: ClusterStack = required(request.object.as_ref())?;
+                    let old: Option<ClusterStack> = object(request.old_object.as_ref())?;
+                    Verdict::from_errors(cluster_stack(&stack, old.as_ref()))
+                }
+            })
+        },
+    )
+    .await
+}
+
+async fn review_cluster_stack_release(State(state): State<Arc<Admission>>, Json(review): Review) -> Answer {
+    answer(
+        "ClusterStackRelease.clusterstack.x-k8s.io",
+        review,
+        |request| async move {
+            if request.operation != Operation::Delete {
+                return Ok(Verdict::allowed());
+            }
+            let namespace = request.namespace.clone().unwrap_or_default();
+            Ok(
+                match clusters_or_warning(&state.client, "clusterstackrelease").await {
+                    Err(warning) => warning,
+                    Ok(clusters) => in_use(
+                        "ClusterStackRelease",
+                        release_users(&namespace, &request.name, &clusters),
+                    ),
+                },
+            )
+        },
+    )
+    .await
+}
+
+fn in_use(kind: &str, users: Vec<String>) -> Verdict {
+    if users.is_empty() {
+        Verdict::allowed()
+    } else {
+        Verdict::InUse(format!(
+            "can't delete {kind} as there are clusters using it: [{}]",
+            users.join(", ")
+        ))
+    }
+}
+
+async fn review_cluster_addon(State(_): State<Arc<Admission>>, Json(review): Review) -> Answer {
+    answer(
+        "ClusterAddon.clusterstack.x-k8s.io",
+        review,
+        |request| async move {
+            if request.operation == Operation::Delete {
+                return Ok(Verdict::allowed());
+            }
+            let addon: ClusterAddon = required(request.object.as_ref())?;
+            let old: Option<ClusterAddon> = object(request.old_object.as_ref())?;
+            Ok(Verdict::from_errors(cluster_addon(&addon, old.as_ref())))
+        },
+    )
+    .await
+}
+
+async fn review_cluster(State(state): State<Arc<Admission>>, Json(review): Review) -> Answer {
+    answer("Cluster.cluster.x-k8s.io", review, |request| async move {
+        if request.operation == Operation::Delete {
+            return Ok(Verdict::allowed());
+        }
+        let new: Cluster = required(request.object.as_ref())?;
+        let old: Option<Cluster> = object(request.old_object.as_ref())?;
+        let Some((id, class_namespace)) = new.stack_release() else {
+            return Ok(cluster(
+                &new,
+                old.as_ref(),
+                &ReleaseLookup::Unavailable(String::new()),
+            ));
+        };
+        let releases: Api<ClusterStackRelease> = Api::namespaced(state.client.clone(), &class_namespace);
+        let release = match releases.get(&id.tag()).await {
+            Ok(release) => ReleaseLookup::Found {
+                kubernetes_version: release.status.unwrap_or_default().kubernetes_version,
+            },
+            Err(e) => ReleaseLookup::Unavailable(e.to_string()),
+        };
+        Ok(cluster(&new, old.as_ref(), &release))
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+    use super::*;
+    use serde_json::json;
+
+    fn stack(spec: serde_json::Value) -> ClusterStack {
+        serde_json::from_value(json!({
+            "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+            "metadata": {"name": "ferrol", "namespace": "ns"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn ferrol(versions: serde_json::Value) -> ClusterStack {
+        stack(
+            json!({"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27",
+                     "noProvider": true, "versions": versions}),
+        )
+    }
+
+    fn cluster_with(namespace: &str, name: &str, class: &str, version: &str) -> Cluster {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"topology": {"class": class, "version": version}},
+        }))
+        .unwrap()
+    }
+
+    fn plain_cluster() -> Cluster {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": {"name": "plain", "namespace": "ns"}, "spec": {},
+        }))
+        .unwrap()
+    }
+
+    fn fields(errors: &[FieldError]) -> Vec<&str> {
+        errors.iter().map(|e| e.field).collect()
+    }
+
+    fn found(version: &str) -> ReleaseLookup {
+        ReleaseLookup::Found {
+            kubernetes_version: version.into(),
+        }
+    }
+
+    #[test]
+    fn cluster_stack_versions_must_parse_and_match_the_channel() {
+        assert!(cluster_stack(&ferrol(json!(["v1", "v2"])), None).is_empty());
+        let errors = cluster_stack(&ferrol(json!(["v1-alpha"])), None);
+        assert_eq!(fields(&errors), ["spec.versions"]);
+        let errors = cluster_stack(&ferrol(json!(["v0-sha.hipstsw"])), None);
+        assert!(errors[0].message.contains("channel custom"), "{errors:?}");
+        let custom = stack(
+            json!({"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27",
+            "channel": "custom", "noProvider": true, "versions": ["v0-sha.hipstsw", "v2"]}),
+        );
+        assert_eq!(fields(&cluster_stack(&custom, None)), ["spec.versions"]);
+    }
+
+    #[test]
+    fn cluster_stack_needs_a_provider_ref_unless_no_provider() {
+        let without = stack(json!({"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27"}));
+        assert_eq!(fields(&cluster_stack(&without, None)), ["spec.providerRef"]);
+    }
+
+    #[test]
+    fn cluster_stack_identity_is_immutable_and_versions_checked_on_update() {
+        let old = ferrol(json!(["v1"]));
+        let mut new = ferrol(json!(["v1", "v2"]));
+        assert!(cluster_stack(&new, Some(&old)).is_empty());
+        new.spec.provider = "openstack".into();
+        new.spec.kubernetes_version = "1.28".into();
+        new.spec.versions.push("2".into());
+        assert_eq!(
+            fields(&cluster_stack(&new, Some(&old))),
+            ["spec.versions", "spec.provider", "spec.kubernetesVersion"]
+        );
+    }
+
+    #[test]
+    fn cluster_stack_users_are_clusters_of_any_version_of_the_stack() {
+        let stack = ferrol(json!(["v1"]));
+        let clusters = [
+            cluster_with("ns", "a", "docker-ferrol-1-27-v6", "v1.27.3"),
+            cluster_with("ns", "hash", "docker-ferrol-1-27-v0-sha.hipstsw", "v1.27.7"),
+            cluster_with("ns", "other-minor", "docker-ferrol-1-25-v1", "v1.25.1"),
+            cluster_with("ns", "odd", "test-cluster-class", "v1.27.3"),
+            cluster_with("elsewhere", "b", "docker-ferrol-1-27-v1", "v1.27.3"),
+            plain_cluster(),
+        ];
+        assert_eq!(cluster_stack_users(&stack, &clusters), ["ns/a"]);
+        let mut custom = ferrol(json!(["v0-sha.hipstsw"]));
+        custom.spec.channel = cso_api::Channel::Custom;
+        assert_eq!(cluster_stack_users(&custom, &clusters), ["ns/hash"]);
+    }
+
+    #[test]
+    fn release_users_ignore_non_conforming_classes() {
+        let clusters = [
+            cluster_with("ns", "odd", "test-cluster-class", "v1.27.3"),
+            cluster_with("ns", "a", "docker-ferrol-1-27-v1", "v1.27.3"),
+            cluster_with("ns", "b", "docker-ferrol-1-27-v2", "v1.27.3"),
+            cluster_with("ns", "hash", "docker-ferrol-1-27-v0-sha.hipstsw", "v1.27.7"),
+        ];
+        assert_eq!(release_users("ns", "docker-ferrol-1-27-v1", &clusters), ["ns/a"]);
+        assert_eq!(
+            release_users("ns", "docker-ferrol-1-27-v0-sha-hipstsw", &clusters),
+            ["ns/hash"]
+        );
+        assert!(release_users("other", "docker-ferrol-1-27-v1", &clusters).is_empty());
+    }
+
+    #[test]
+    fn cluster_addon_reference_rules() {
+        let addon = |reference: serde_json::Value| -> ClusterAddon {
+            serde_json::from_value(json!({
+                "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterAddon",
+                "metadata": {"name": "cluster-addon-c1", "namespace": "ns"},
+                "spec": {"clusterRef": reference},
+            }))
+            .unwrap()
+        };
+        let good = addon(json!({"kind": "Cluster", "name": "c1"}));
+        assert!(cluster_addon(&good, None).is_empty());
+        assert!(
+            cluster_addon(&good, Some(&good)).is_empty(),
+            "an empty namespace is the own one"
+        );
+        let wrong_kind = addon(json!({"kind": "Machine", "name": "c1", "namespace": "ns"}));
+        assert_eq!(
+            fields(&cluster_addon(&wrong_kind, None)),
+            ["spec.clusterRef.kind"]
+        );
+        let elsewhere = addon(json!({"kind": "Cluster", "name": "c1", "namespace": "other"}));
+        assert_eq!(
+            fields(&cluster_addon(&elsewhere, None)),
+            ["spec.clusterRef.namespace"]
+        );
+        let renamed = addon(json!({"kind": "Cluster", "name": "c2"}));
+        assert_eq!(
+            fields(&cluster_addon(&renamed, Some(&good))),
+            ["spec.clusterRef.name"]
+        );
+        assert_eq!(
+            fields(&cluster_addon(&addon(json!({})), None)),
+            ["spec.clusterRef.name"]
+        );
+    }
+
+    #[test]
+    fn clusters_without_a_cluster_stack_class_are_not_ours() {
+        let unavailable = ReleaseLookup::Unavailable("not found".into());
+        assert_eq!(cluster(&plain_cluster(), None, &unavailable), Verdict::allowed());
+        let odd = cluster_with("ns", "odd", "test-cluster-class", "v1.27.3");
+        assert_eq!(
+            cluster(&odd, Some(&plain_cluster()), &unavailable),
+            Verdict::allowed()
+        );
+        // An update from a topology-less Cluster is not a panic.
+        let ours = cluster_with("ns", "c", "docker-ferrol-1-27-v1", "v1.27.3");
+        assert_eq!(
+            cluster(&ours, Some(&plain_cluster()), &found("v1.27.3")),
+            Verdict::allowed()
+        );
+    }
+
+    #[test]
+    fn cluster_version_must_be_the_releases() {
+        let ours = cluster_with("ns", "c", "docker-ferrol-1-27-v1", "v1.27.3");
+        assert_eq!(cluster(&ours, None, &found("v1.27.3")), Verdict::allowed());
+        let Verdict::Invalid(errors) = cluster(&ours, None, &found("v1.27.4")) else {
+            panic!("expected a denial")
+        };
+        assert_eq!(fields(&errors), ["spec.topology.version"]);
+        assert!(
+            errors[0]
+                .message
+                .contains("expects Kubernetes version v1.27.4, but got v1.27.3")
+        );
+        let Verdict::Allowed { warnings } = cluster(&ours, None, &found("")) else {
+            panic!("expected a warning")
+        };
+        assert_eq!(warnings.len(), 1);
+    }
+
+    #[test]
+    fn cluster_upgrades_keep_the_stack_and_step_one_minor_even_without_the_release() {
+        let old = cluster_with("ns", "c", "docker-ferrol-1-27-v1", "v1.27.3");
+        let unavailable = ReleaseLookup::Unavailable("not found".into());
+        let next_minor = cluster_with("ns", "c", "docker-ferrol-1-28-v1", "v1.28.1");
+        assert!(matches!(
+            cluster(&next_minor, Some(&old), &unavailable),
+            Verdict::Allowed { .. }
+        ));
+        for (class, field_count) in [
+            ("docker-ferrol-1-29-v1", 1),
+            ("docker-ferrol-1-26-v1", 1),
+            ("openstack-scs-1-27-v1", 2),
+            ("docker-ferrol-2-27-v1", 1),
+        ] {
+            let new = cluster_with("ns", "c", class, "v1.27.3");
+            let Verdict::Invalid(errors) = cluster(&new, Some(&old), &unavailable) else {
+                panic!("{class} should be refused")
+            };
+            assert_eq!(errors.len(), field_count, "{class}: {errors:?}");
+        }
+        let left = cluster_with("ns", "c", "my-own-class", "v1.27.3");
+        assert!(matches!(
+            cluster(&left, Some(&old), &unavailable),
+            Verdict::Invalid(_)
+        ));
+    }
+}
