@@ -80,7 +80,7 @@ impl ApplyReport {
 #[derive(Clone, Debug)]
 pub struct ApplyEngine {
     discovery: Arc<ClusterDiscovery>,
-    field_manager: String,
+    pub(crate) field_manager: String,
     take_over_from: Vec<String>,
     /// uid and generation of each object as our last apply left it, to tell drift from no change.
     observed: Arc<Mutex<HashMap<ObjectKey, Observed>>>,
@@ -95,12 +95,12 @@ struct Observed {
 }
 
 /// A rendered object made ready to apply.
-struct Prepared {
-    key: ObjectKey,
+pub(crate) struct Prepared {
+    pub(crate) key: ObjectKey,
     version: String,
-    kind: Option<ResolvedKind>,
-    object: Value,
-    error: Option<String>,
+    pub(crate) kind: Option<ResolvedKind>,
+    pub(crate) object: Value,
+    pub(crate) error: Option<String>,
     drift_corrected: bool,
 }
 
@@ -198,7 +198,7 @@ impl ApplyEngine {
         report
     }
 
-    async fn prepare(
+    pub(crate) async fn prepare(
         &self,
         manifest: &Manifest,
         default_namespace: &str,
@@ -359,7 +359,7 @@ impl ApplyEngine {
         item
     }
 
-    fn api(&self, kind: &ResolvedKind, namespace: &str) -> Api<DynamicObject> {
+    pub(crate) fn api(&self, kind: &ResolvedKind, namespace: &str) -> Api<DynamicObject> {
         let client = self.discovery.client().clone();
         if kind.namespaced {
             Api::namespaced_with(client, namespace, &kind.resource)
@@ -448,7 +448,7 @@ fn resource(key: &ObjectKey, version: &str, status: ResourceStatus, error: Strin
     }
 }
 
-fn api_error(error: &kube::Error) -> String {
+pub(crate) fn api_error(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
         other => other.to_string(),

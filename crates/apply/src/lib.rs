@@ -1,6 +1,6 @@
 //! Applying rendered objects to a cluster (management or workload): a discovery cache per cluster
 //! ([`discovery`]), an inventory of what was applied keyed by group, kind, namespace and name
-//! ([`inventory`]), the engine that applies in order and prunes ([`engine`]), CEL wait conditions
+//! ([`inventory`]), the engine that applies in order and prunes ([`engine`]) and its dry run ([`plan`]), CEL wait conditions
 //! ([`cel`]), clients for workload clusters ([`workload`]) and the data values templates see
 //! ([`template_data`]).
 
@@ -8,10 +8,12 @@ pub mod cel;
 pub mod discovery;
 pub mod engine;
 pub mod inventory;
+pub mod plan;
 pub mod template_data;
 pub mod workload;
 
 pub use discovery::{ClusterDiscovery, DiscoveryError};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure};
 pub use inventory::ObjectKey;
+pub use plan::{Change, PlannedChange};
 pub use workload::{WorkloadClients, WorkloadCluster, WorkloadError};

@@ -13,7 +13,9 @@ mod filter;
 mod in_use;
 pub mod metrics;
 mod patch;
+pub mod preview;
 mod provider_watch;
+pub mod rendering;
 mod run;
 
 pub use context::{Context, EVENT_REPORTER, Settings};

@@ -86,7 +86,9 @@ async fn addons_install_upgrade_prune_and_come_back() {
     for release in RELEASES {
         ready_release(&client, &ns, release).await;
     }
-    kubeconfig_secret(&client, &ns, "c1", workload_plane.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", workload_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
     create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
 
     // v1: installed, with the label templated from the Cluster's control-plane host.
@@ -259,7 +261,9 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
     assert!(message.contains("early-kubeconfig"), "{message}");
 
     // A broken Secret, then one that points at nothing.
-    kubeconfig_secret(&client, &ns, "early", "this is not a kubeconfig").await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "early", "this is not a kubeconfig")
+        .await
+        .unwrap();
     eventually("the broken kubeconfig is reported", CONVERGE, || async {
         let addon = addons.get("cluster-addon-early").await.unwrap();
         let message = addon.get_condition(condition::CLUSTER_READY)?.message.clone()?;
@@ -274,7 +278,9 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
         &cso_testenv::shared_workload().server_url().to_string(),
         &format!("https://127.0.0.1:{port}"),
     );
-    kubeconfig_secret(&client, &ns, "early", &unreachable).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "early", &unreachable)
+        .await
+        .unwrap();
     eventually(
         "the unreachable workload cluster is reported",
         CONVERGE,
@@ -293,7 +299,9 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
     // Fixing the Secret recovers without anything else (a workload cluster of its own, so as not to meet the
     // other test's addons).
     let own = workload_plane("workload-recovery").await;
-    kubeconfig_secret(&client, &ns, "early", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "early", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     let addon = ready_addon(&client, &ns, "early", "docker-ferrol-1-27-v1").await;
     assert!(addon.is_condition_true(condition::CLUSTER_READY));
     let deployments: Api<Deployment> = kube_system(&own).await;
@@ -316,7 +324,9 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
     spec["channel"] = json!("custom");
     create_stack(&client, &ns, "custom", spec).await;
     ready_release(&client, &ns, "docker-ferrol-1-27-v0-sha-hipstsw").await;
-    kubeconfig_secret(&client, &ns, "staged", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "staged", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     create_cluster(&client, &ns, "staged", "docker-ferrol-1-27-v0-sha.hipstsw").await;
 
     // No hook call arrives: once the control plane answers, the AfterControlPlaneInitialized stages run.
@@ -446,8 +456,12 @@ async fn a_broken_stage_or_a_missing_stage_chart_is_reported_and_a_fixed_release
     let mut spec = ferrol_spec(&["v1", "v2", "v3"]);
     spec["name"] = json!("staged");
     create_stack(&client, &ns, "staged", spec).await;
-    kubeconfig_secret(&client, &ns, "broken", own.kubeconfig_yaml()).await;
-    kubeconfig_secret(&client, &ns, "no-chart", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "broken", own.kubeconfig_yaml())
+        .await
+        .unwrap();
+    cso_testenv::kubeconfig_secret(&client, &ns, "no-chart", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     create_cluster(&client, &ns, "no-chart", "docker-staged-1-27-v3").await;
     let message = wait_condition::<ClusterAddon>(
         &client,
@@ -504,7 +518,9 @@ async fn scs_addons_install_into_a_workload_cluster() {
     spec["name"] = json!("scs");
     spec["kubernetesVersion"] = json!("1.30");
     create_stack(&client, &ns, "scs", spec).await;
-    kubeconfig_secret(&client, &ns, "scs", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "scs", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     create_cluster(&client, &ns, "scs", "docker-scs-1-30-v1").await;
 
     let addon = ready_addon(&client, &ns, "scs", "docker-scs-1-30-v1").await;
@@ -610,7 +626,9 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
         addons.get("cluster-addon-hooked").await.unwrap().spec.hook,
         "AfterControlPlaneInitialized"
     );
-    kubeconfig_secret(&client, &ns, "hooked", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "hooked", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     ready_addon(&client, &ns, "hooked", "docker-staged-1-27-v1").await;
 
     // The user moves the Cluster to v2; Cluster API calls BeforeClusterUpgrade, which holds the upgrade
@@ -739,7 +757,9 @@ async fn delete_stages_and_dropped_charts_remove_their_objects() {
     let mut spec = ferrol_spec(&["v1", "v2", "v3"]);
     spec["name"] = json!("staged");
     create_stack(&client, &ns, "staged", spec).await;
-    kubeconfig_secret(&client, &ns, "del", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "del", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     create_cluster(&client, &ns, "del", "docker-staged-1-27-v1").await;
     let addon = ready_addon(&client, &ns, "del", "docker-staged-1-27-v1").await;
     let deployments: Api<Deployment> = kube_system(&own).await;
@@ -781,7 +801,9 @@ async fn delete_stages_and_dropped_charts_remove_their_objects() {
 
     // Another cluster on v1 (ngnix installed again), moved to v3, which has no ngnix stage at all: its
     // objects are removed too.
-    kubeconfig_secret(&client, &ns, "drop", own.kubeconfig_yaml()).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "drop", own.kubeconfig_yaml())
+        .await
+        .unwrap();
     create_cluster(&client, &ns, "drop", "docker-staged-1-27-v1").await;
     ready_addon(&client, &ns, "drop", "docker-staged-1-27-v1").await;
     assert!(

@@ -35,6 +35,9 @@ pub enum Command {
     },
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
+    /// Show what a release would do, touching nothing: the ClusterClass objects and the objects of each
+    /// addon chart or stage; with `--diff`, what it would create, change and prune in the live clusters.
+    Render(RenderArgs),
     /// Local control planes for development and the quick start.
     #[command(subcommand)]
     Dev(DevCommand),
@@ -54,6 +57,38 @@ pub enum DevCommand {
         #[arg(long)]
         dir: PathBuf,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// A release directory (named by its tag, e.g. `docker-ferrol-1-27-v2`) or a release tag to fetch.
+    pub release: String,
+    /// The Cluster the addons are rendered for: a YAML file, or `NAMESPACE/NAME` of a live Cluster.
+    /// Without it, an example Cluster of the release stands in.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Namespace of the ClusterStackRelease (default: the Cluster's, else `default`).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Compare with the live clusters (server-side dry run): the management cluster for the cluster class,
+    /// the Cluster's workload cluster for the addons.
+    #[arg(long)]
+    pub diff: bool,
+    /// Kubeconfig of the management cluster; default: `KUBECONFIG`, then in-cluster.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Where fetched releases are cached.
+    #[arg(long, default_value = "/tmp/downloads/")]
+    pub release_dir: PathBuf,
+    /// Where a release tag is fetched from: `github` or `oci` (configured as for `cso run`).
+    #[arg(long, default_value = "github")]
+    pub source: String,
+    /// The GitHub API (GitHub Enterprise, or a stand-in).
+    #[arg(long, default_value = "https://api.github.com")]
+    pub github_api_url: String,
+    /// The `helm` binary.
+    #[arg(long, default_value = "helm", env = "CSO_HELM")]
+    pub helm: PathBuf,
 }
 
 #[derive(Debug, Args)]

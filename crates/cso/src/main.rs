@@ -13,6 +13,8 @@ async fn main() -> anyhow::Result<()> {
     let cli = cli::Cli::parse_from(cli::go_style_args(std::env::args()));
     match &cli.command {
         cli::Command::Run(run) => logging::init(&run.log_level, run.log_format == "json"),
+        // Its output is the result: only errors are logged.
+        cli::Command::Render(_) => logging::init("error", false),
         _ => logging::init("info", false),
     }
     commands::run(cli.command).await

@@ -111,3 +111,34 @@ pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<String, Er
         .map_err(|e| Error::Kube(e.to_string()))?;
     Ok(created.metadata.name.unwrap_or_default())
 }
+
+/// Writes the Secret Cluster API keeps a workload cluster's kubeconfig in (`<cluster>-kubeconfig`, key
+/// `value`), as the operator reads it.
+pub async fn kubeconfig_secret(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+    kubeconfig: &str,
+) -> Result<(), Error> {
+    use k8s_openapi::api::core::v1::Secret;
+    let name = format!("{cluster}-kubeconfig");
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        type_: Some("cluster.x-k8s.io/secret".into()),
+        string_data: Some([("value".to_owned(), kubeconfig.to_owned())].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .patch(
+            &name,
+            &kube::api::PatchParams::apply("cso-testenv").force(),
+            &kube::api::Patch::Apply(&secret),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::Kube(e.to_string()))
+}

@@ -10,18 +10,18 @@
 pub mod decision;
 mod staged;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use cso_api::{
     ClusterAddon, ClusterAddonStatus,
     capi::Cluster,
     cluster_addon::{CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
     conditions::{ConditionsExt, Severity},
-    names::{RELEASE_LABEL, condition, event, reason},
+    names::{condition, event, reason},
 };
 use cso_apply::template_data::template_data;
 use cso_release::{AddonStyle, Release};
-use cso_render::{RenderRequest, parse_manifests};
+use cso_render::parse_manifests;
 use kube::{
     Api, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -30,15 +30,13 @@ use kube::{
 use serde_json::json;
 
 use self::decision::{Applied, Decision, decide};
+use crate::rendering::{self, ADDON_NAMESPACE};
 use crate::{
     Context, Error, cluster_stack_release::FetchFailure, context::object_key, filter::is_paused, patch,
 };
 
 /// How often an unreachable workload cluster is asked again.
 const WORKLOAD_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-/// The namespace of addon objects that have none (as the Go operator renders them).
-const ADDON_NAMESPACE: &str = "kube-system";
-
 /// What the reconcile decided to record in the spec (the Go operator's fields, written after the fact).
 #[derive(Default)]
 struct SpecUpdate {
@@ -278,7 +276,7 @@ async fn apply(
     };
     addon.delete_condition(condition::HELM_CHART_TEMPLATED);
 
-    let labels = BTreeMap::from([(RELEASE_LABEL.to_owned(), id.tag())]);
+    let labels = rendering::release_labels(id.tag());
     let previous = status_of(addon).resources.clone();
     let report = workload
         .engine
@@ -353,18 +351,14 @@ pub(crate) async fn render(
 ) -> Result<Vec<cso_render::Manifest>, (&'static str, String)> {
     let values = match values_file {
         Some(file) => {
-            let overwrite = || reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED;
-            let text = tokio::fs::read_to_string(file)
-                .await
-                .map_err(|e| (overwrite(), format!("failed to read {}: {e}", file.display())))?;
+            let overwrite = |message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message);
             let data = template_data(&ctx.discovery, cluster)
                 .await
-                .map_err(|e| (overwrite(), e.to_string()))?;
+                .map_err(|e| overwrite(e.to_string()))?;
             Some(
-                ctx.values
-                    .render(file, &text, &data)
+                rendering::addon_values(&ctx.values, file, &data)
                     .await
-                    .map_err(|e| (overwrite(), e.to_string()))?,
+                    .map_err(overwrite)?,
             )
         }
         None => None,
@@ -372,16 +366,12 @@ pub(crate) async fn render(
     let failed = |message: String| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message);
     let rendered = ctx
         .renderer
-        .render(RenderRequest {
-            chart: chart.to_path_buf(),
-            release_name: "cluster-addon".into(),
-            namespace: ADDON_NAMESPACE.into(),
+        .render(rendering::addon_request(
+            release,
+            chart,
             values,
-            kube_version: Some(release.metadata.kubernetes.clone()),
-            include_crds: true,
-            target_kubeconfig: Some(workload.kubeconfig_path.clone()),
-            ..Default::default()
-        })
+            Some(workload.kubeconfig_path.clone()),
+        ))
         .await
         .map_err(|e| failed(e.to_string()))?;
     parse_manifests(&rendered).map_err(|e| failed(e.to_string()))

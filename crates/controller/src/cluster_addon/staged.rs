@@ -18,7 +18,7 @@ use cso_api::{
     cluster_addon::{STAGE_ANNOTATION, STAGE_INVENTORY_ANNOTATION, StageAction, StagePhase, StageStatus},
     common::Resource,
     conditions::{ConditionsExt, Severity},
-    names::{RELEASE_LABEL, condition, event, reason},
+    names::{condition, event, reason},
 };
 use cso_apply::{
     WorkloadCluster,
@@ -32,7 +32,8 @@ use kube::{
 };
 use serde_json::json;
 
-use super::{ADDON_NAMESPACE, SpecUpdate, decision::Decision, render, status_of};
+use super::{SpecUpdate, decision::Decision, render, status_of};
+use crate::rendering::{self, ADDON_NAMESPACE};
 use crate::{Context, Error, context::object_key, patch};
 
 /// How often an unmet CEL condition is evaluated again.
@@ -361,7 +362,7 @@ impl StagedRun<'_> {
         charts: &std::path::Path,
         inventory: &mut StageInventory,
     ) -> Result<(), Halt> {
-        let chart = charts.join(&stage.name);
+        let (chart, values) = rendering::stage_chart(charts, stage);
         if !chart.is_dir() {
             let message = format!(
                 "helm chart name doesn't exists in the cluster addon helm chart: {:?}",
@@ -376,15 +377,13 @@ impl StagedRun<'_> {
             return Err(Halt::Failed(message));
         }
         addon.delete_condition(condition::HELM_CHART_FOUND);
-        let overwrite = chart.join("overwrite.yaml");
-        let values = overwrite.is_file().then_some(overwrite.as_path());
         let manifests = match render(
             self.ctx,
             self.cluster,
             self.workload,
             self.release,
             &chart,
-            values,
+            values.as_deref(),
         )
         .await
         {
@@ -507,7 +506,7 @@ impl StagedRun<'_> {
     }
 
     fn labels(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([(RELEASE_LABEL.to_owned(), self.release.id.tag())])
+        rendering::release_labels(self.release.id.tag())
     }
 
     /// Writes the status and the stage inventory now.

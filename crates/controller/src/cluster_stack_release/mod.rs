@@ -3,17 +3,19 @@
 //! comes back), with the inventory in `status.resources`. Deleting waits while a Cluster uses the class,
 //! then deletes every object of the inventory, without needing the release's files.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use cso_api::{
     ClusterStackRelease, ClusterStackReleaseStatus, ReleaseId,
     cluster_stack_release::CLUSTER_STACK_RELEASE_FINALIZER,
     common::ObjectReference,
     conditions::{ConditionsExt, Severity},
-    names::{RELEASE_LABEL, condition, event, reason},
+    names::{condition, event, reason},
 };
 use cso_release::{CacheError, Release, SourceError};
-use cso_render::{RenderRequest, parse_manifests};
+use cso_render::parse_manifests;
+
+use crate::rendering;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
@@ -159,12 +161,7 @@ async fn sync(
 
     let rendered = ctx
         .renderer
-        .render(RenderRequest {
-            chart: assets.cluster_class_chart.clone(),
-            release_name: id.stack_prefix(),
-            namespace: namespace.clone(),
-            ..Default::default()
-        })
+        .render(rendering::cluster_class_request(&assets, &namespace))
         .await
         .map_err(|e| e.to_string())
         .and_then(|text| parse_manifests(&text).map_err(|e| e.to_string()))
@@ -193,7 +190,7 @@ async fn sync(
         }
     };
 
-    let labels = BTreeMap::from([(RELEASE_LABEL.to_owned(), name.clone())]);
+    let labels = rendering::release_labels(name.clone());
     let previous = status_of(release).resources.clone();
     let report = ctx.engine.apply(&manifests, &namespace, &labels, &previous).await;
     ctx.metrics.applied("management", &report);
@@ -434,7 +431,7 @@ async fn cleanup(release: &mut ClusterStackRelease, ctx: &Context) -> Result<Out
     release.mark_true(condition::CLUSTER_CLASS_UNUSED);
 
     // Delete from the inventory, with no render: works when the files are gone or never came.
-    let labels = BTreeMap::from([(RELEASE_LABEL.to_owned(), name.clone())]);
+    let labels = rendering::release_labels(name.clone());
     let previous = status_of(release).resources.clone();
     let report = ctx.engine.apply(&[], &namespace, &labels, &previous).await;
     ctx.metrics.applied("management", &report);

@@ -265,24 +265,6 @@ pub async fn inventory_object_exists(client: &Client, entry: &cso_api::common::R
         .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
 }
 
-/// Writes the Secret `<cluster>-kubeconfig` (key `value`) as Cluster API does.
-pub async fn kubeconfig_secret(client: &Client, namespace: &str, cluster: &str, kubeconfig: &str) {
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": {"name": format!("{cluster}-kubeconfig"), "namespace": namespace},
-        "stringData": {"value": kubeconfig},
-    }))
-    .unwrap();
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
-    secrets
-        .patch(
-            &format!("{cluster}-kubeconfig"),
-            &kube::api::PatchParams::apply("test").force(),
-            &kube::api::Patch::Apply(&secret),
-        )
-        .await
-        .unwrap();
-}
-
 /// A gzipped tar of the files `(path, content)`.
 pub fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(

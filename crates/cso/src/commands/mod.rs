@@ -3,6 +3,7 @@
 mod crds;
 mod demo;
 mod dev;
+mod render;
 mod run;
 
 use crate::cli::{Command, DevCommand};
@@ -12,7 +13,24 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Run(args) => run::run(*args).await,
         Command::Demo { dir, releases } => demo::demo(&dir, releases.as_deref()).await,
         Command::Crds => crds::print(),
+        Command::Render(args) => render::render(args).await,
         Command::Dev(DevCommand::Up { dir }) => dev::up(&dir).await,
         Command::Dev(DevCommand::Status { dir }) => dev::status(&dir).await,
     }
+}
+
+/// The management cluster's client: `kubeconfig` if given, else `KUBECONFIG`, else in-cluster.
+pub(crate) async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("failed to read the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig: pass --kubeconfig, set KUBECONFIG or run in a cluster")?,
+    };
+    kube::Client::try_from(config).context("failed to build the Kubernetes client")
 }

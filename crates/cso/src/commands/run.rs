@@ -25,7 +25,7 @@ use crate::{
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting manager");
-    let client = client(&args).await?;
+    let client = super::kube_client(args.kubeconfig.as_deref()).await?;
 
     let kind: SourceKind = args.source.parse()?;
     let settings = SourceSettings {
@@ -192,18 +192,4 @@ async fn stop_tls_servers(servers: [TlsTask; 2]) {
 
 fn non_empty(value: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
-}
-
-async fn client(args: &RunArgs) -> anyhow::Result<kube::Client> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("failed to read the kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig: pass --kubeconfig, set KUBECONFIG or run in a cluster")?,
-    };
-    kube::Client::try_from(config).context("failed to build the Kubernetes client")
 }

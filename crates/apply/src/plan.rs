@@ -1,0 +1,140 @@
+//! What an apply would do, without doing it: each rendered object prepared exactly as the engine prepares
+//! it (namespace, labels), sent to the server as a server-side-apply dry run, and compared with the live
+//! object; plus the objects the previous inventory has and the render does not (what would be pruned).
+//! This is what `cso render --diff` shows.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cso_api::common::Resource;
+use cso_render::Manifest;
+use kube::api::{Patch, PatchParams};
+use serde_json::Value;
+
+use crate::{
+    ApplyEngine,
+    engine::api_error,
+    inventory::{ObjectKey, to_prune},
+};
+
+/// What would happen to one object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// Does not exist: would be created as `after`.
+    Create { after: Value },
+    /// Exists and would change from `before` to `after` (both without server-managed fields).
+    Update { before: Value, after: Value },
+    /// Exists and would not change.
+    Unchanged,
+    /// In the previous inventory, not in the render: would be deleted (if it carries the operator's label).
+    Prune,
+    /// The server refused the dry run, or the kind is not served (yet).
+    Refused(String),
+}
+
+/// One object of a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedChange {
+    pub key: ObjectKey,
+    pub change: Change,
+}
+
+impl ApplyEngine {
+    /// Plans applying `manifests` (as [`ApplyEngine::apply`] would, with the same arguments) by server-side
+    /// dry run. Reads only; changes nothing.
+    pub async fn plan(
+        &self,
+        manifests: &[Manifest],
+        default_namespace: &str,
+        labels: &BTreeMap<String, String>,
+        previous: &[Resource],
+    ) -> Vec<PlannedChange> {
+        let mut planned = Vec::new();
+        let mut current = BTreeSet::new();
+        for manifest in manifests {
+            let item = self.prepare(manifest, default_namespace, labels).await;
+            current.insert(item.key.clone());
+            let change = match (&item.kind, &item.error) {
+                (Some(kind), None) => {
+                    let api = self.api(kind, &item.key.namespace);
+                    let params = PatchParams::apply(&self.field_manager).force().dry_run();
+                    match api.get_opt(&item.key.name).await {
+                        Err(e) => Change::Refused(api_error(&e)),
+                        Ok(live) => match api
+                            .patch(&item.key.name, &params, &Patch::Apply(&item.object))
+                            .await
+                        {
+                            Err(e) => Change::Refused(api_error(&e)),
+                            Ok(after) => compare(live.map(to_value), to_value(after)),
+                        },
+                    }
+                }
+                (_, error) => Change::Refused(error.clone().unwrap_or_default()),
+            };
+            planned.push(PlannedChange {
+                key: item.key,
+                change,
+            });
+        }
+        for stale in to_prune(previous, &current) {
+            planned.push(PlannedChange {
+                key: ObjectKey::of(stale),
+                change: Change::Prune,
+            });
+        }
+        planned
+    }
+}
+
+fn to_value(object: kube::api::DynamicObject) -> Value {
+    serde_json::to_value(object).unwrap_or_default()
+}
+
+fn compare(live: Option<Value>, after: Value) -> Change {
+    let after = without_server_fields(after);
+    match live.map(without_server_fields) {
+        None => Change::Create { after },
+        Some(before) if before == after => Change::Unchanged,
+        Some(before) => Change::Update { before, after },
+    }
+}
+
+/// The object without what the server maintains: status, managed fields, versions, timestamps, uid.
+pub fn without_server_fields(mut object: Value) -> Value {
+    if let Some(map) = object.as_object_mut() {
+        map.remove("status");
+    }
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in [
+            "managedFields",
+            "resourceVersion",
+            "generation",
+            "creationTimestamp",
+            "uid",
+            "selfLink",
+        ] {
+            metadata.remove(field);
+        }
+    }
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_fields_do_not_count_as_changes() {
+        let live = json!({"metadata": {"name": "a", "resourceVersion": "7", "generation": 2, "uid": "u",
+                          "managedFields": [{}]}, "spec": {"x": 1}, "status": {"ready": true}});
+        let after =
+            json!({"metadata": {"name": "a", "resourceVersion": "7", "generation": 3}, "spec": {"x": 1}});
+        assert_eq!(compare(Some(live.clone()), after), Change::Unchanged);
+        let changed = json!({"metadata": {"name": "a"}, "spec": {"x": 2}});
+        assert!(matches!(compare(Some(live), changed), Change::Update { .. }));
+        assert!(matches!(
+            compare(None, json!({"metadata": {"name": "a"}})),
+            Change::Create { .. }
+        ));
+    }
+}

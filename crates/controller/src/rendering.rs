@@ -1,0 +1,73 @@
+//! How a release's charts are rendered, in one place for the controllers and for `cso render`: the
+//! cluster-class chart for the management cluster, and the addon charts (values templated over the Cluster)
+//! for a workload cluster, with the labels their objects are applied with.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use cso_api::names::RELEASE_LABEL;
+use cso_release::{Release, addon_config::Stage};
+use cso_render::{RenderRequest, ValuesTemplater};
+use serde_json::Value;
+
+/// The namespace of addon objects that have none (as the Go operator renders them).
+pub const ADDON_NAMESPACE: &str = "kube-system";
+/// The Helm release name of addon charts.
+const ADDON_RELEASE_NAME: &str = "cluster-addon";
+
+/// The cluster-class chart of `release`, for the ClusterStackRelease's namespace.
+pub fn cluster_class_request(release: &Release, namespace: &str) -> RenderRequest {
+    RenderRequest {
+        chart: release.cluster_class_chart.clone(),
+        release_name: release.id.stack_prefix(),
+        namespace: namespace.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// An addon chart (the whole addon archive, or one stage's chart directory) with its templated values,
+/// rendered against the workload cluster of `target_kubeconfig` when given.
+pub fn addon_request(
+    release: &Release,
+    chart: &Path,
+    values: Option<String>,
+    target_kubeconfig: Option<PathBuf>,
+) -> RenderRequest {
+    RenderRequest {
+        chart: chart.to_path_buf(),
+        release_name: ADDON_RELEASE_NAME.into(),
+        namespace: ADDON_NAMESPACE.into(),
+        values,
+        kube_version: Some(release.metadata.kubernetes.clone()),
+        include_crds: true,
+        target_kubeconfig,
+        ..Default::default()
+    }
+}
+
+/// Reads a values file and templates it over `data` (`{Cluster, ControlPlane, InfraCluster}`).
+pub async fn addon_values(templater: &ValuesTemplater, file: &Path, data: &Value) -> Result<String, String> {
+    let text = tokio::fs::read_to_string(file)
+        .await
+        .map_err(|e| format!("failed to read {}: {e}", file.display()))?;
+    templater
+        .render(file, &text, data)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A stage's chart directory in the unpacked addon archive, and its `overwrite.yaml` if it has one.
+pub fn stage_chart(charts: &Path, stage: &Stage) -> (PathBuf, Option<PathBuf>) {
+    let chart = charts.join(&stage.name);
+    let overwrite = chart.join("overwrite.yaml");
+    let values = overwrite.is_file().then_some(overwrite);
+    (chart, values)
+}
+
+/// The labels objects are applied with: the operator's release label naming `owner` (the
+/// ClusterStackRelease for cluster-class objects, the release tag for addons).
+pub fn release_labels(owner: String) -> BTreeMap<String, String> {
+    BTreeMap::from([(RELEASE_LABEL.to_owned(), owner)])
+}

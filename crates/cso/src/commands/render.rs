@@ -1,0 +1,344 @@
+//! `cso render`: what a release would do, without doing it. Prints the objects of the cluster class and of
+//! each addon chart or stage as YAML; with `--diff`, compares them with the live clusters by server-side dry
+//! run and prints what would be created, changed (with a line diff) and pruned.
+
+use std::{fmt::Write as _, path::Path, sync::Arc, time::Duration};
+
+use anyhow::{Context, bail};
+use cso_api::{
+    ClusterAddon, ClusterStackRelease, ReleaseId, capi::Cluster, cluster_addon::StageAction, common::Resource,
+};
+use cso_apply::{
+    ApplyEngine, Change, ClusterDiscovery, DEFAULT_FIELD_MANAGER, ObjectKey, PlannedChange, WorkloadClients,
+    plan::without_server_fields, template_data::template_data,
+};
+use cso_controller::preview::{self, ForCluster, Part, Target};
+use cso_release::{
+    Release, ReleaseCache,
+    archive::UnpackLimits,
+    source::{self, SourceSettings},
+};
+use cso_render::{Helm, ValuesTemplater};
+use kube::{Api, Client};
+
+use crate::cli::RenderArgs;
+
+const HELM_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
+    let release = load_release(&args).await?;
+    let live_cluster = args.cluster.as_deref().and_then(live_cluster_name);
+    let needs_client = args.diff || live_cluster.is_some();
+    let client = match needs_client {
+        true => Some(super::kube_client(args.kubeconfig.as_deref()).await?),
+        false => None,
+    };
+
+    let (cluster, workload) = match (&args.cluster, &live_cluster, &client) {
+        (_, Some((namespace, name)), Some(client)) => {
+            let cluster = Api::<Cluster>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| format!("failed to read Cluster {namespace}/{name}"))?;
+            let discovery = ClusterDiscovery::new(client.clone());
+            let data = template_data(&discovery, &cluster).await?;
+            let workload = if args.diff {
+                let clients =
+                    WorkloadClients::new(client.clone(), Duration::from_secs(10), Duration::from_secs(30))?;
+                let workload = clients
+                    .get(namespace, name)
+                    .await
+                    .with_context(|| format!("cannot reach the workload cluster of {namespace}/{name}"))?;
+                Some((clients, workload))
+            } else {
+                None
+            };
+            let target = ForCluster {
+                cluster,
+                template_data: data,
+                workload_kubeconfig: workload.as_ref().map(|(_, w)| w.kubeconfig_path.clone()),
+            };
+            (target, workload)
+        }
+        (Some(file), None, _) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("failed to read the Cluster {file}"))?;
+            let cluster: Cluster =
+                serde_saphyr::from_str(&text).with_context(|| format!("{file} is not a Cluster"))?;
+            (ForCluster::offline(cluster), None)
+        }
+        _ => {
+            let namespace = args.namespace.as_deref().unwrap_or("default");
+            (ForCluster::example(&release, namespace), None)
+        }
+    };
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| cluster.cluster.metadata.namespace.clone())
+        .unwrap_or_else(|| "default".to_owned());
+
+    let helm = || Helm::new(&args.helm, HELM_TIMEOUT).context("failed to prepare helm");
+    let templater = ValuesTemplater::new(helm()?).context("failed to prepare the values templater")?;
+    let parts = preview::render(&helm()?, &templater, &release, &namespace, &cluster)
+        .await
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("failed to render {}", release.id))?;
+
+    let cluster_name = format!(
+        "{}/{}",
+        cluster.cluster.metadata.namespace.as_deref().unwrap_or_default(),
+        cluster.cluster.metadata.name.as_deref().unwrap_or_default()
+    );
+    let mut out = format!(
+        "# {} (cluster addon {}, Kubernetes {}) for Cluster {cluster_name}\n",
+        release.id, release.metadata.cluster_addon, release.metadata.kubernetes
+    );
+    match (args.diff, client) {
+        (false, _) => print_objects(&mut out, &parts, &cluster_name)?,
+        (true, Some(client)) => {
+            let workload = workload.as_ref().map(|(_, w)| w);
+            let diff = Diff {
+                client,
+                workload,
+                release: &release,
+                cluster_name: &cluster_name,
+                live_cluster: live_cluster.as_ref(),
+            };
+            diff.print(&mut out, &parts).await?;
+        }
+        (true, None) => bail!("--diff needs the management cluster"),
+    }
+    print!("{out}");
+    Ok(())
+}
+
+/// `NAMESPACE/NAME` when `cluster` is not an existing file.
+fn live_cluster_name(cluster: &str) -> Option<(String, String)> {
+    if Path::new(cluster).is_file() {
+        return None;
+    }
+    let (namespace, name) = cluster.split_once('/')?;
+    (!namespace.is_empty() && !name.is_empty() && !name.contains('/'))
+        .then(|| (namespace.to_owned(), name.to_owned()))
+}
+
+async fn load_release(args: &RenderArgs) -> anyhow::Result<Release> {
+    let dir = Path::new(&args.release);
+    if dir.is_dir() {
+        // Absolute: helm reads a relative chart path with a slash as `repository/chart`.
+        let dir = dir.canonicalize()?;
+        let tag = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let id = ReleaseId::parse_tag(&tag)
+            .with_context(|| format!("the release directory must be named by its tag, not {tag:?}"))?;
+        let release = Release::load(&dir, &id)?;
+        release.verify_archives(UnpackLimits::default())?;
+        return Ok(release);
+    }
+    let id = ReleaseId::parse_tag(&args.release).with_context(|| {
+        format!(
+            "{:?} is neither a release directory nor a release tag",
+            args.release
+        )
+    })?;
+    let settings = SourceSettings {
+        kind: args.source.parse()?,
+        local: false,
+        release_dir: args.release_dir.clone(),
+        github_api_url: args.github_api_url.clone(),
+    };
+    let cache = ReleaseCache::new(
+        &args.release_dir,
+        source::from_settings(&settings)?,
+        UnpackLimits::default(),
+    )?;
+    Ok(cache.get(&id).await?.as_ref().clone())
+}
+
+fn heading(part: &Part, cluster_name: &str) -> String {
+    match &part.target {
+        Target::Management { namespace } => {
+            format!("{} -> management cluster, namespace {namespace}", part.title)
+        }
+        Target::Workload => format!("{} -> workload cluster of {cluster_name}", part.title),
+    }
+}
+
+fn print_objects(out: &mut String, parts: &[Part], cluster_name: &str) -> anyhow::Result<()> {
+    for part in parts {
+        writeln!(
+            out,
+            "# == {}: {} objects",
+            heading(part, cluster_name),
+            part.manifests.len()
+        )?;
+        for manifest in &part.manifests {
+            writeln!(
+                out,
+                "---\n{}",
+                serde_saphyr::to_string(&manifest.object)?.trim_end()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+struct Diff<'a> {
+    client: Client,
+    workload: Option<&'a cso_apply::WorkloadCluster>,
+    release: &'a Release,
+    cluster_name: &'a str,
+    live_cluster: Option<&'a (String, String)>,
+}
+
+#[derive(Default)]
+struct Tally {
+    create: usize,
+    change: usize,
+    prune: usize,
+    delete: usize,
+    unchanged: usize,
+    refused: usize,
+}
+
+impl Diff<'_> {
+    async fn print(&self, out: &mut String, parts: &[Part]) -> anyhow::Result<()> {
+        let mut tally = Tally::default();
+        let management = ApplyEngine::new(
+            Arc::new(ClusterDiscovery::new(self.client.clone())),
+            DEFAULT_FIELD_MANAGER,
+        );
+        let mut workload_keys = Vec::new();
+        for part in parts {
+            writeln!(out, "== {}", heading(part, self.cluster_name))?;
+            if part.action == StageAction::Delete {
+                for manifest in &part.manifests {
+                    tally.delete += 1;
+                    writeln!(out, "   delete     {} {}", manifest.kind(), manifest.name())?;
+                }
+                continue;
+            }
+            let planned = match (&part.target, self.workload) {
+                (Target::Management { namespace }, _) => {
+                    let previous = self.release_inventory(namespace).await?;
+                    management
+                        .plan(&part.manifests, namespace, &part.labels, &previous)
+                        .await
+                }
+                (Target::Workload, Some(workload)) => {
+                    let planned = workload
+                        .engine
+                        .plan(
+                            &part.manifests,
+                            part.target.default_namespace(),
+                            &part.labels,
+                            &[],
+                        )
+                        .await;
+                    workload_keys.extend(planned.iter().map(|p| p.key.clone()));
+                    planned
+                }
+                (Target::Workload, None) => {
+                    writeln!(
+                        out,
+                        "   (not compared: pass --cluster NAMESPACE/NAME of a live Cluster)"
+                    )?;
+                    continue;
+                }
+            };
+            print_planned(out, &planned, &self.release.id.tag(), &mut tally)?;
+        }
+        if let (Some(workload), Some((namespace, name))) = (self.workload, self.live_cluster) {
+            let previous = self.addon_inventory(namespace, name).await?;
+            let stale: Vec<Resource> = previous
+                .into_iter()
+                .filter(|r| !workload_keys.contains(&ObjectKey::of(r)))
+                .collect();
+            if !stale.is_empty() {
+                writeln!(
+                    out,
+                    "== no longer in the release -> workload cluster of {}",
+                    self.cluster_name
+                )?;
+                let planned = workload
+                    .engine
+                    .plan(&[], "kube-system", &Default::default(), &stale)
+                    .await;
+                print_planned(out, &planned, &self.release.id.tag(), &mut tally)?;
+            }
+        }
+        writeln!(
+            out,
+            "== {} to create, {} to change, {} to prune, {} to delete, {} unchanged, {} refused",
+            tally.create, tally.change, tally.prune, tally.delete, tally.unchanged, tally.refused
+        )?;
+        Ok(())
+    }
+
+    /// What the ClusterStackRelease of this release applied (if it exists): its objects are pruned when gone.
+    async fn release_inventory(&self, namespace: &str) -> anyhow::Result<Vec<Resource>> {
+        let releases: Api<ClusterStackRelease> = Api::namespaced(self.client.clone(), namespace);
+        let release = releases.get_opt(&self.release.id.tag()).await?;
+        Ok(release
+            .and_then(|r| r.status)
+            .map(|s| s.resources)
+            .unwrap_or_default())
+    }
+
+    /// What the Cluster's ClusterAddon applied to the workload cluster.
+    async fn addon_inventory(&self, namespace: &str, cluster: &str) -> anyhow::Result<Vec<Resource>> {
+        let addons: Api<ClusterAddon> = Api::namespaced(self.client.clone(), namespace);
+        let addon = addons.get_opt(&format!("cluster-addon-{cluster}")).await?;
+        Ok(addon
+            .and_then(|a| a.status)
+            .map(|s| s.resources)
+            .unwrap_or_default())
+    }
+}
+
+fn print_planned(
+    out: &mut String,
+    planned: &[PlannedChange],
+    tag: &str,
+    tally: &mut Tally,
+) -> anyhow::Result<()> {
+    for item in planned {
+        match &item.change {
+            Change::Create { .. } => {
+                tally.create += 1;
+                writeln!(out, "   create     {}", item.key)?;
+            }
+            Change::Unchanged => {
+                tally.unchanged += 1;
+                writeln!(out, "   unchanged  {}", item.key)?;
+            }
+            Change::Prune => {
+                tally.prune += 1;
+                writeln!(out, "   prune      {}", item.key)?;
+            }
+            Change::Refused(reason) => {
+                tally.refused += 1;
+                writeln!(out, "   refused    {}: {reason}", item.key)?;
+            }
+            Change::Update { before, after } => {
+                tally.change += 1;
+                writeln!(out, "   change     {}", item.key)?;
+                let before = serde_saphyr::to_string(&without_server_fields(before.clone()))?;
+                let after = serde_saphyr::to_string(&without_server_fields(after.clone()))?;
+                let diff = similar::TextDiff::from_lines(&before, &after);
+                let unified = diff
+                    .unified_diff()
+                    .context_radius(2)
+                    .header("live", tag)
+                    .to_string();
+                for line in unified.lines() {
+                    writeln!(out, "      {line}")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! `cso render` on the bundled releases: offline (the objects of the cluster class, of the addons and of each
+//! addon stage, values templated over a Cluster file), and with `--diff` against live clusters, where a
+//! Cluster running ferrol v1 previews its upgrade to v2: the addon objects that change (with the changed
+//! label in the diff), `web` pruned, the v2 cluster class unchanged, and nothing touched.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+mod support;
+
+use std::{process::Command, time::Duration};
+
+use cso_api::{ClusterAddon, capi::Cluster};
+use cso_testenv::github::FakeGithub;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::{Api, api::PostParams};
+use serde_json::json;
+use support::*;
+
+/// Runs `cso render ARGS`; returns stdout, failing the test (with stderr) when it fails.
+fn cso_render(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+        .arg("render")
+        .args(args)
+        .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "cso render {args:?} failed: {stderr}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn release(tag: &str) -> String {
+    fixtures().join(tag).display().to_string()
+}
+
+/// The section of `output` whose heading starts with `== title`, up to the next heading.
+fn section<'a>(output: &'a str, title: &str) -> &'a str {
+    let start = output
+        .find(&format!("== {title}"))
+        .unwrap_or_else(|| panic!("no section {title:?} in:\n{output}"));
+    let rest = &output[start + 3..];
+    let end = rest.find("\n== ").map_or(rest.len(), |e| e + 1);
+    &rest[..end]
+}
+
+#[test]
+fn offline_it_prints_the_cluster_class_and_addons_templated_over_the_cluster() {
+    let scratch = tempfile::tempdir().unwrap();
+    let cluster_file = scratch.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster_file,
+        "apiVersion: cluster.x-k8s.io/v1beta1\nkind: Cluster\nmetadata: {name: c1, namespace: team-a}\n\
+         spec:\n  topology: {class: docker-ferrol-1-27-v1, version: v1.27.3}\n  \
+         controlPlaneEndpoint: {host: c1.example.test, port: 6443}\n",
+    )
+    .unwrap();
+    let output = cso_render(&[
+        &release("docker-ferrol-1-27-v1"),
+        "--cluster",
+        cluster_file.to_str().unwrap(),
+    ]);
+    let class = section(&output, "cluster class -> management cluster, namespace team-a");
+    assert!(
+        class.contains("kind: ClusterClass") && class.contains("name: docker-ferrol-1-27-v1"),
+        "{class}"
+    );
+    assert!(class.contains(": 5 objects"), "{class}");
+    let addons = section(&output, "addons -> workload cluster of team-a/c1");
+    assert!(
+        addons.contains("domain: c1.example.test"),
+        "values templated over the Cluster: {addons}"
+    );
+    assert!(addons.contains("clusterAddonVersion: v1") || addons.contains("clusterAddonVersion: \"v1\""));
+    assert!(addons.contains("name: web"), "v1 still has the web Deployment");
+
+    // A multi-stage release: every stage of every hook, with its action.
+    let output = cso_render(&[&release("docker-ferrol-1-27-v0-sha-hipstsw")]);
+    assert!(
+        output.contains("== AfterControlPlaneInitialized: metrics-server (apply)"),
+        "{output}"
+    );
+    assert!(output.contains("== BeforeClusterUpgrade: "), "{output}");
+    assert!(
+        output.contains("for Cluster default/example"),
+        "an example Cluster stands in: {output}"
+    );
+}
+
+#[test]
+fn a_broken_release_is_a_clear_error() {
+    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+        .args(["render", "not-a-release-tag"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("neither a release directory nor a release tag"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let workload = cso_testenv::shared_workload();
+    let ns = cso_testenv::namespace(&client, "render").await.unwrap();
+    let fake = FakeGithub::start(30).await.unwrap();
+    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let instance = Instance::new(scratch.path(), false);
+    let mut operator = start_operator(
+        plane.kubeconfig_path(),
+        scratch.path(),
+        &ns,
+        fake.api_url(),
+        &scratch.path().join("operator.log"),
+        &instance,
+    );
+
+    // A Cluster on ferrol v1 with its addons applied; v2 released beside it.
+    Api::<cso_api::ClusterStack>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1", "v2"]))
+        .await
+        .unwrap();
+    let cluster: Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": ns},
+        "spec": {"topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3"},
+                 "controlPlaneEndpoint": {"host": "c1.example.test", "port": 6443}},
+    }))
+    .unwrap();
+    Api::<Cluster>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", workload.kubeconfig_yaml())
+        .await
+        .unwrap();
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    wait_for("v1 addons applied", Duration::from_secs(120), || async {
+        let addon = addons.get_opt("cluster-addon-c1").await.unwrap()?;
+        (addon.status?.ready && addon.spec.cluster_stack == "docker-ferrol-1-27-v1").then_some(())
+    })
+    .await;
+    wait_for("both releases ready", Duration::from_secs(60), || async {
+        (ready(&client, &ns).await.len() == 2).then_some(())
+    })
+    .await;
+    assert!(terminate(&mut operator).success());
+    let deployments: Api<Deployment> = Api::namespaced(workload.client().await.unwrap(), "kube-system");
+    let before = deployments.get("metrics-server").await.unwrap();
+
+    let output = cso_render(&[
+        &release("docker-ferrol-1-27-v2"),
+        "--cluster",
+        &format!("{ns}/c1"),
+        "--kubeconfig",
+        plane.kubeconfig_path().to_str().unwrap(),
+        "--diff",
+    ]);
+    let class = section(
+        &output,
+        &format!("cluster class -> management cluster, namespace {ns}"),
+    );
+    assert!(
+        class.contains(&format!(
+            "unchanged  ClusterClass.cluster.x-k8s.io {ns}/docker-ferrol-1-27-v2"
+        )),
+        "the v2 class is applied already: {class}"
+    );
+    assert!(!class.contains("create") && !class.contains("change "), "{class}");
+    let addons = section(&output, &format!("addons -> workload cluster of {ns}/c1"));
+    let metrics_server = addons
+        .split("   change     Deployment.apps kube-system/metrics-server\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("metrics-server changes: {addons}"));
+    let metrics_server_diff: Vec<&str> = metrics_server
+        .lines()
+        .take_while(|l| l.starts_with("      "))
+        .map(str::trim_start)
+        .collect();
+    let changed = |sign: &str, version: &str| {
+        metrics_server_diff
+            .iter()
+            .any(|l| l.starts_with(sign) && l.contains("clusterAddonVersion") && l.contains(version))
+    };
+    assert!(
+        changed("-", "v1") && changed("+", "v2"),
+        "{metrics_server_diff:#?}"
+    );
+    assert!(
+        !addons.contains("create "),
+        "every v2 addon object exists already: {addons}"
+    );
+    let pruned = section(
+        &output,
+        &format!("no longer in the release -> workload cluster of {ns}/c1"),
+    );
+    assert!(
+        pruned.contains("prune      Deployment.apps kube-system/web"),
+        "{pruned}"
+    );
+    assert!(
+        output.contains(" 0 to create, ")
+            && output.contains(" 1 to prune, ")
+            && output.contains(" 0 refused"),
+        "{output}"
+    );
+
+    // A preview touches nothing.
+    let after = deployments.get("metrics-server").await.unwrap();
+    assert_eq!(before.metadata.resource_version, after.metadata.resource_version);
+    assert!(deployments.get_opt("web").await.unwrap().is_some());
+}

@@ -1,0 +1,175 @@
+//! What the process tests share: starting `cso run` as a process with Go-style flags, waiting, stopping.
+#![allow(dead_code, reason = "each test binary uses a part")]
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use cso_api::{ClusterStack, ClusterStackRelease};
+use kube::{Api, Client};
+use serde_json::json;
+
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn fixtures() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases")
+}
+
+/// One `cso run` replica: where it serves, with which certificates, and whether it elects a leader.
+pub struct Instance<'a> {
+    pub cert_dir: &'a Path,
+    pub hook_port: u16,
+    pub webhook_port: u16,
+    pub metrics_port: u16,
+    pub health_port: u16,
+    pub leader_elect: bool,
+}
+
+impl<'a> Instance<'a> {
+    pub fn new(cert_dir: &'a Path, leader_elect: bool) -> Self {
+        Instance {
+            cert_dir,
+            hook_port: free_port(),
+            webhook_port: free_port(),
+            metrics_port: free_port(),
+            health_port: free_port(),
+            leader_elect,
+        }
+    }
+}
+
+/// The lease duration the replicas of these tests use (production default: 15 s).
+pub const LEASE_SECONDS: u64 = 6;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn start_operator(
+    kubeconfig: &Path,
+    release_dir: &Path,
+    namespace: &str,
+    github: &str,
+    log: &Path,
+    instance: &Instance<'_>,
+) -> KillOnDrop {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_cso"))
+            .arg("run")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--leader-elect={}", instance.leader_elect))
+            .arg(format!("--leader-elect-namespace={namespace}"))
+            .arg(format!("--leader-elect-lease-duration={}s", LEASE_SECONDS))
+            .arg("-namespace")
+            .arg(namespace)
+            .arg(format!("--release-dir={}", release_dir.display()))
+            .arg("--source=github")
+            .arg(format!("--github-api-url={github}"))
+            .arg("--clusterstackrelease-concurrency=2")
+            .arg(format!("--hook-port={}", instance.hook_port))
+            .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
+            .arg(format!("--webhook-port={}", instance.webhook_port))
+            .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
+            .arg(format!(
+                "--metrics-bind-address=127.0.0.1:{}",
+                instance.metrics_port
+            ))
+            .arg(format!(
+                "--health-probe-bind-address=127.0.0.1:{}",
+                instance.health_port
+            ))
+            .args(["--log-level=debug", "--log-format=json"])
+            .env("GIT_PROVIDER", "github")
+            .env("GIT_ORG_NAME", "SovereignCloudStack")
+            .env("GIT_REPOSITORY_NAME", "cluster-stacks\n")
+            .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends SIGTERM and waits (at most 30 s) for the process to exit.
+pub fn terminate(operator: &mut KillOnDrop) -> std::process::ExitStatus {
+    let pid = operator.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = Instant::now();
+    loop {
+        if let Some(status) = operator.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "cso run did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn ferrol_stack(namespace: &str, versions: &[&str]) -> ClusterStack {
+    serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+        "metadata": {"name": "ferrol", "namespace": namespace},
+        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
+                 "autoSubscribe": false, "noProvider": true, "versions": versions},
+    }))
+    .unwrap()
+}
+
+pub async fn ready(client: &Client, namespace: &str) -> Vec<String> {
+    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), namespace);
+    let mut names: Vec<String> = releases
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.ready))
+        .filter_map(|r| r.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
