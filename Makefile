@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CRD_FILE := config/crd/clusterstack.x-k8s.io.yaml
+CHART_CRD_FILE := charts/cluster-stack-operator/crds/clusterstack.x-k8s.io.yaml
 DEMO_DIR ?= $(CURDIR)/target/demo
 
 .PHONY: tools build test fmt-check clippy crds crds-check unit demo
@@ -19,14 +20,17 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## crds: regenerate the committed CRD YAML from the Rust types
+## crds: regenerate the committed CRD YAML (config/ and the Helm chart) from the Rust types
 crds:
 	$(CARGO) run --quiet -p cso -- crds > $(CRD_FILE)
+	cp $(CRD_FILE) $(CHART_CRD_FILE)
 
 ## crds-check: fail when the committed CRD YAML differs from what the types produce
 crds-check:
-	@$(CARGO) run --quiet -p cso -- crds | diff -u $(CRD_FILE) - \
-	  || { echo "$(CRD_FILE) is stale: run 'make crds' and commit it" >&2; exit 1; }
+	@for file in $(CRD_FILE) $(CHART_CRD_FILE); do \
+	  $(CARGO) run --quiet -p cso -- crds | diff -u $$file - \
+	    || { echo "$$file is stale: run 'make crds' and commit it" >&2; exit 1; }; \
+	done
 
 ## test: everything CI checks: formatting, clippy, the CRD check and all tests (real API servers)
 test: tools fmt-check clippy crds-check

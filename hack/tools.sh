@@ -4,6 +4,7 @@
 #   kube-apiserver  built from the k8s.io/kubernetes Go module (wrapper module in hack/testenv/kube-apiserver)
 #   helm            built from helm.sh/helm/v3 on the Go module proxy
 #   CAPI CRDs       the sigs.k8s.io/cluster-api modules, downloaded into the Go module cache
+#   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
 #   docker-registry Debian's CNCF distribution registry, for the OCI tests
 #
@@ -15,6 +16,7 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 HELM_VERSION="${HELM_VERSION:-v3.20.2}"
 CAPI_VERSION="${CAPI_VERSION:-v1.10.4}"
+CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.16.2}"
 CACHE="${CSO_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cso}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -27,7 +29,10 @@ print_env() {
   local capi_dir capi_test_dir
   capi_dir="$(go mod download -json "sigs.k8s.io/cluster-api@$CAPI_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
   capi_test_dir="$(GONOSUMDB=sigs.k8s.io/cluster-api/test go mod download -json "sigs.k8s.io/cluster-api/test@$CAPI_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  local cert_manager_dir
+  cert_manager_dir="$(go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
   echo "CSO_KUBE_APISERVER=$KUBE_APISERVER"
+  echo "CSO_CERT_MANAGER_CRD_DIR=$cert_manager_dir/deploy/crds"
   echo "CSO_HELM=$HELM"
   echo "CSO_CAPI_CRD_DIRS=$capi_dir/config/crd/bases:$capi_dir/bootstrap/kubeadm/config/crd/bases:$capi_dir/controlplane/kubeadm/config/crd/bases:$capi_test_dir/infrastructure/docker/config/crd/bases"
   if command -v docker-registry >/dev/null 2>&1; then echo "CSO_REGISTRY=$(command -v docker-registry)"; fi
@@ -66,6 +71,8 @@ fetch_capi() {
   say "cluster-api $CAPI_VERSION CRDs: downloading into the Go module cache (if missing)"
   # The checksum database has no entry for the test module of some releases: skip the lookup for it alone.
   GONOSUMDB=sigs.k8s.io/cluster-api/test go mod download "sigs.k8s.io/cluster-api@$CAPI_VERSION" "sigs.k8s.io/cluster-api/test@$CAPI_VERSION"
+  say "cert-manager $CERT_MANAGER_VERSION CRDs: downloading into the Go module cache (if missing)"
+  go mod download "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION"
 }
 
 install_registry() {

@@ -49,6 +49,17 @@ pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<CustomResourceDefinition>, Erro
     Ok(crds)
 }
 
+/// Reads the CRDs of a chart's `crds` files that carry Helm template markers (cert-manager's): the
+/// markers sit in comments and in label and annotation values, so those are dropped; the schema is kept.
+pub fn read_helm_templated(dir: &Path) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let mut crds = read_dirs(&[dir.to_path_buf()])?;
+    for crd in &mut crds {
+        crd.metadata.labels = None;
+        crd.metadata.annotations = None;
+    }
+    Ok(crds)
+}
+
 fn read_file(path: &Path) -> Result<Vec<CustomResourceDefinition>, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let docs: Vec<Option<CustomResourceDefinition>> = serde_saphyr::from_multiple(&text)

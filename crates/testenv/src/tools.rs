@@ -1,4 +1,5 @@
-//! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API CRDs and the OCI registry.
+//! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API and cert-manager CRDs and the
+//! OCI registry.
 //!
 //! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
 //! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
@@ -19,6 +20,8 @@ pub struct Tools {
     pub registry: Option<PathBuf>,
     /// Directories with the Cluster API `v1beta1` CRDs (core, kubeadm bootstrap and control plane, Docker).
     pub capi_crd_dirs: Vec<PathBuf>,
+    /// cert-manager's CRD files (Helm-templated in places; see [`crate::crds::read_helm_templated`]).
+    pub cert_manager_crd_dir: Option<PathBuf>,
 }
 
 impl Tools {
@@ -65,6 +68,7 @@ impl Tools {
             helm: lookup("CSO_HELM").map(PathBuf::from),
             registry: lookup("CSO_REGISTRY").map(PathBuf::from),
             capi_crd_dirs,
+            cert_manager_crd_dir: lookup("CSO_CERT_MANAGER_CRD_DIR").map(PathBuf::from),
         })
     }
 }

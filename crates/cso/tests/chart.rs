@@ -1,0 +1,237 @@
+//! The Helm chart `charts/cluster-stack-operator` against a real API server (with the Cluster API and
+//! cert-manager CRDs): both certificate modes render and every object is accepted by a server-side dry run;
+//! the chart installs and upgrades with the real `helm`, keeping its self-signed certificates; its webhooks
+//! are the operator's; its Deployment's arguments are ones `cso run` accepts; its CRDs are the generated ones.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+use std::{path::PathBuf, process::Command};
+
+use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration, apps::v1::Deployment, core::v1::Secret,
+};
+use kube::{
+    Api, Client,
+    api::{DynamicObject, Patch, PatchParams},
+    core::GroupVersionKind,
+};
+
+fn chart() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../charts/cluster-stack-operator")
+}
+
+fn helm(args: &[&str]) -> String {
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let output = Command::new(tools.helm.expect("helm: run `make tools`"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "helm {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn render(namespace: &str, extra: &[&str]) -> Vec<DynamicObject> {
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "cso",
+        chart.to_str().unwrap(),
+        "--namespace",
+        namespace,
+        "--include-crds",
+    ];
+    args.extend_from_slice(extra);
+    let text = helm(&args);
+    serde_saphyr::from_multiple::<Option<DynamicObject>>(&text)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Server-side dry run of every object; returns the refusals.
+async fn dry_run(client: &Client, objects: &[DynamicObject]) -> Vec<String> {
+    let mut refused = Vec::new();
+    for object in objects {
+        let types = object.types.clone().unwrap();
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", &types.api_version));
+        let gvk = GroupVersionKind::gvk(group, version, &types.kind);
+        let name = object.metadata.name.clone().unwrap();
+        let (resource, capabilities) = match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => found,
+            Err(e) => {
+                refused.push(format!("{} {name}: {e}", types.kind));
+                continue;
+            }
+        };
+        let api: Api<DynamicObject> = match (capabilities.scope, &object.metadata.namespace) {
+            (kube::discovery::Scope::Namespaced, Some(ns)) => {
+                Api::namespaced_with(client.clone(), ns, &resource)
+            }
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        let params = PatchParams::apply("chart-test").force().dry_run();
+        if let Err(e) = api.patch(&name, &params, &Patch::Apply(object)).await {
+            refused.push(format!("{} {name}: {e}", types.kind));
+        }
+    }
+    refused
+}
+
+fn of_kind<'a>(objects: &'a [DynamicObject], kind: &str) -> Vec<&'a DynamicObject> {
+    objects
+        .iter()
+        .filter(|o| o.types.as_ref().is_some_and(|t| t.kind == kind))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_is_accepted_by_the_api_server_and_installs() {
+    // A control plane of its own: the installed webhook configuration would hold up other tests' objects.
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let plane = cso_testenv::start_management(&tools, None).await.unwrap();
+    let client = plane.client().await.unwrap();
+    let cert_manager = tools
+        .cert_manager_crd_dir
+        .as_ref()
+        .expect("cert-manager CRDs: run `make tools`");
+    cso_testenv::crds::install(
+        &client,
+        &cso_testenv::crds::read_helm_templated(cert_manager).unwrap(),
+    )
+    .await
+    .unwrap();
+
+    for (mode, extra) in [
+        ("self-signed", vec![]),
+        ("cert-manager", vec!["--set", "certManager.enabled=true"]),
+    ] {
+        let ns = cso_testenv::namespace(&client, "chart").await.unwrap();
+        let objects = render(&ns, &extra);
+        let refused = dry_run(&client, &objects).await;
+        assert!(
+            refused.is_empty(),
+            "{mode}: refused by the API server: {refused:#?}"
+        );
+        assert_eq!(of_kind(&objects, "ExtensionConfig").len(), 1, "{mode}");
+        assert_eq!(
+            of_kind(&objects, "Certificate").len(),
+            if mode == "cert-manager" { 2 } else { 0 }
+        );
+    }
+
+    // What the chart deploys is what the operator serves and accepts.
+    let objects = render("cso-system", &[]);
+    let configuration: ValidatingWebhookConfiguration = serde_json::from_value(
+        serde_json::to_value(of_kind(&objects, "ValidatingWebhookConfiguration")[0]).unwrap(),
+    )
+    .unwrap();
+    let mut paths: Vec<String> = configuration
+        .webhooks
+        .unwrap()
+        .into_iter()
+        .map(|w| w.client_config.service.unwrap().path.unwrap())
+        .collect();
+    paths.sort();
+    let mut served = vec![
+        cso_webhook::admission::CLUSTER_PATH,
+        cso_webhook::admission::CLUSTER_ADDON_PATH,
+        cso_webhook::admission::CLUSTER_STACK_PATH,
+        cso_webhook::admission::CLUSTER_STACK_RELEASE_PATH,
+    ];
+    served.sort();
+    assert_eq!(paths, served);
+    let deployment: Deployment =
+        serde_json::from_value(serde_json::to_value(of_kind(&objects, "Deployment")[0]).unwrap()).unwrap();
+    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+        .args(&args)
+        .arg("--kubeconfig=/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("failed to read the kubeconfig /nonexistent/kubeconfig"),
+        "`cso {}` should parse and get as far as the kubeconfig: {stderr}",
+        args.join(" ")
+    );
+    let crds: Vec<&DynamicObject> = of_kind(&objects, "CustomResourceDefinition");
+    let generated = cso_api::crd::all();
+    assert_eq!(
+        crds.len(),
+        generated.len(),
+        "the chart's CRDs are the generated ones"
+    );
+    for crd in generated {
+        let in_chart = crds
+            .iter()
+            .find(|c| c.metadata.name == crd.metadata.name)
+            .unwrap_or_else(|| panic!("{:?} missing from the chart", crd.metadata.name));
+        assert_eq!(in_chart.data["spec"], serde_json::to_value(&crd).unwrap()["spec"]);
+    }
+
+    // A real install and upgrade: the self-signed certificates are kept across upgrades.
+    let kubeconfig = plane.kubeconfig_path().to_str().unwrap().to_owned();
+    let chart = chart();
+    let install = |verb: &'static str| {
+        helm(&[
+            verb,
+            "cso",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "cso-system",
+            "--create-namespace",
+            "--kubeconfig",
+            &kubeconfig,
+        ])
+    };
+    install("install");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "cso-system");
+    let first = secrets
+        .get("cso-webhook-server-cert")
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    install("upgrade");
+    let second = secrets
+        .get("cso-webhook-server-cert")
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    assert_eq!(
+        first.get("tls.crt"),
+        second.get("tls.crt"),
+        "the certificate survives an upgrade"
+    );
+    let installed: Api<Deployment> = Api::namespaced(client.clone(), "cso-system");
+    assert!(
+        installed
+            .get_opt("cso-controller-manager")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let live = configurations
+        .get("cso-validating-webhook-configuration")
+        .await
+        .unwrap();
+    let ca_bundle = live.webhooks.unwrap()[0].client_config.ca_bundle.clone().unwrap();
+    assert_eq!(
+        Some(&ca_bundle),
+        second.get("ca.crt"),
+        "the webhooks trust the serving certificate's CA"
+    );
+    plane.stop();
+}
