@@ -59,6 +59,8 @@ pub struct ApplyReport {
     /// Objects this engine had applied before and found recreated (another uid) or with a spec someone else
     /// changed (another generation): drift this apply corrected.
     pub drift_corrected: Vec<ObjectKey>,
+    /// How long the apply (with pruning) took.
+    pub duration: Duration,
 }
 
 impl ApplyReport {
@@ -123,6 +125,7 @@ impl ApplyEngine {
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
     ) -> ApplyReport {
+        let started = Instant::now();
         let mut report = ApplyReport::default();
         let (crds, rest): (Vec<&Manifest>, Vec<&Manifest>) = manifests.iter().partition(|m| {
             m.kind() == "CustomResourceDefinition" && m.group_version().0 == "apiextensions.k8s.io"
@@ -195,6 +198,7 @@ impl ApplyEngine {
                 }
             }
         }
+        report.duration = started.elapsed();
         report
     }
 

@@ -19,7 +19,7 @@ pub mod rendering;
 mod run;
 
 pub use context::{Context, EVENT_REPORTER, Settings};
-pub use metrics::Metrics;
+pub use metrics::{MeteredRenderer, MeteredSource, Metrics};
 pub use run::{Operator, run};
 
 /// Why a reconcile did not finish. What the user can act on is also in the object's conditions.

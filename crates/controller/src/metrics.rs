@@ -1,13 +1,23 @@
 //! Prometheus metrics: controller-runtime's reconcile metrics (same names and labels, so dashboards made for
-//! the Go operator work) and the operator's own: objects applied, pruned and put back, per target cluster.
+//! the Go operator work) and the operator's own: objects applied, pruned and put back, render and apply
+//! durations per target cluster; requests to the release source and its rate-limit budget; releases cached.
+//! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
-use std::{future::Future, sync::Mutex, time::Instant};
+use std::{
+    future::Future,
+    path::Path,
+    sync::{Arc, Mutex, OnceLock},
+    time::Instant,
+};
 
 use cso_apply::ApplyReport;
+use cso_release::{ReleaseCache, ReleaseSource, SourceError};
+use cso_render::{ChartRenderer, RenderError, RenderRequest};
+use futures::{FutureExt, future::BoxFuture};
 use kube::runtime::controller::Action;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
@@ -30,6 +40,21 @@ struct TargetLabels {
     target: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    /// `github`, `oci` or `local`.
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceRequestLabels {
+    source: String,
+    /// `list` or `download`.
+    operation: String,
+    /// `success`, `rate_limited` or `error`.
+    result: String,
+}
+
 /// The operator's metrics, shared by all controllers.
 #[derive(Debug)]
 pub struct Metrics {
@@ -40,6 +65,13 @@ pub struct Metrics {
     applied: Family<TargetLabels, Counter>,
     pruned: Family<TargetLabels, Counter>,
     drift_corrected: Family<TargetLabels, Counter>,
+    render_durations: Family<TargetLabels, Histogram>,
+    apply_durations: Family<TargetLabels, Histogram>,
+    source_requests: Family<SourceRequestLabels, Counter>,
+    rate_limit_remaining: Family<SourceLabels, Gauge>,
+    releases_cached: Gauge,
+    /// The release cache whose size `releases_cached` shows, read at scrape time.
+    cache: OnceLock<Arc<ReleaseCache>>,
 }
 
 fn reconcile_buckets() -> Histogram {
@@ -62,6 +94,12 @@ impl Default for Metrics {
             applied: Family::default(),
             pruned: Family::default(),
             drift_corrected: Family::default(),
+            render_durations: Family::new_with_constructor(reconcile_buckets),
+            apply_durations: Family::new_with_constructor(reconcile_buckets),
+            source_requests: Family::default(),
+            rate_limit_remaining: Family::default(),
+            releases_cached: Gauge::default(),
+            cache: OnceLock::new(),
         };
         registry.register(
             "controller_runtime_reconcile",
@@ -93,6 +131,31 @@ impl Default for Metrics {
             "Objects put back after someone deleted or changed them, per target cluster",
             metrics.drift_corrected.clone(),
         );
+        registry.register(
+            "cso_render_duration_seconds",
+            "Length of time per chart render (helm template, or a cache hit), per target cluster",
+            metrics.render_durations.clone(),
+        );
+        registry.register(
+            "cso_apply_duration_seconds",
+            "Length of time per apply of a render (with pruning), per target cluster",
+            metrics.apply_durations.clone(),
+        );
+        registry.register(
+            "cso_source_requests",
+            "Requests to the release source, per operation and result",
+            metrics.source_requests.clone(),
+        );
+        registry.register(
+            "cso_source_rate_limit_remaining",
+            "Requests left in the release source's rate-limit window, as it last said",
+            metrics.rate_limit_remaining.clone(),
+        );
+        registry.register(
+            "cso_releases_cached",
+            "Releases in the local release cache",
+            metrics.releases_cached.clone(),
+        );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics
     }
@@ -101,6 +164,9 @@ impl Default for Metrics {
 impl Metrics {
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
+        if let Some(cache) = self.cache.get() {
+            self.releases_cached.set(cache.cached_tags().len() as i64);
+        }
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
@@ -147,6 +213,118 @@ impl Metrics {
         self.drift_corrected
             .get_or_create(&labels)
             .inc_by(report.drift_corrected.len() as u64);
+        self.apply_durations
+            .get_or_create(&labels)
+            .observe(report.duration.as_secs_f64());
+    }
+
+    /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).
+    pub fn watch_cache(&self, cache: Arc<ReleaseCache>) {
+        let _ = self.cache.set(cache);
+    }
+
+    fn source_request(&self, source: &dyn ReleaseSource, operation: &str, result: &Result<(), &SourceError>) {
+        let result = match result {
+            Ok(()) => "success",
+            Err(SourceError::RateLimited { .. }) => "rate_limited",
+            Err(_) => "error",
+        };
+        self.source_requests
+            .get_or_create(&SourceRequestLabels {
+                source: source.kind().to_owned(),
+                operation: operation.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+        if let Some(remaining) = source.rate_limit_remaining() {
+            self.rate_limit_remaining
+                .get_or_create(&SourceLabels {
+                    source: source.kind().to_owned(),
+                })
+                .set(remaining);
+        }
+    }
+}
+
+/// A release source whose requests are counted in [`Metrics`].
+#[derive(Debug)]
+pub struct MeteredSource {
+    inner: Arc<dyn ReleaseSource>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredSource {
+    pub fn new(inner: Arc<dyn ReleaseSource>, metrics: Arc<Metrics>) -> Self {
+        MeteredSource { inner, metrics }
+    }
+}
+
+impl ReleaseSource for MeteredSource {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        self.inner
+            .list_tags()
+            .map(|result| {
+                let outcome = result.as_ref().map(|_| ());
+                self.metrics.source_request(self.inner.as_ref(), "list", &outcome);
+                result
+            })
+            .boxed()
+    }
+
+    fn download<'a>(&'a self, tag: &'a str, dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+        self.inner
+            .download(tag, dest)
+            .map(|result| {
+                self.metrics
+                    .source_request(self.inner.as_ref(), "download", &result.as_ref().map(|_| ()));
+                result
+            })
+            .boxed()
+    }
+
+    fn rate_limit_remaining(&self) -> Option<i64> {
+        self.inner.rate_limit_remaining()
+    }
+}
+
+/// A chart renderer whose renders are timed in [`Metrics`], by target: `workload` when the request renders
+/// against a workload cluster, else `management`.
+#[derive(Debug)]
+pub struct MeteredRenderer {
+    inner: Arc<dyn ChartRenderer>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredRenderer {
+    pub fn new(inner: Arc<dyn ChartRenderer>, metrics: Arc<Metrics>) -> Self {
+        MeteredRenderer { inner, metrics }
+    }
+}
+
+impl ChartRenderer for MeteredRenderer {
+    fn render(&self, request: RenderRequest) -> BoxFuture<'_, Result<String, RenderError>> {
+        let target = if request.target_kubeconfig.is_some() {
+            "workload"
+        } else {
+            "management"
+        };
+        let started = Instant::now();
+        self.inner
+            .render(request)
+            .map(move |result| {
+                self.metrics
+                    .render_durations
+                    .get_or_create(&TargetLabels {
+                        target: target.to_owned(),
+                    })
+                    .observe(started.elapsed().as_secs_f64());
+                result
+            })
+            .boxed()
     }
 }
 

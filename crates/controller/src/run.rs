@@ -89,6 +89,9 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         };
     let (provider_watches, provider_triggers) =
         ProviderWatches::new(client.clone(), settings.namespace.clone());
+    metrics.watch_cache(releases.clone());
+    let renderer: Arc<dyn cso_render::ChartRenderer> =
+        Arc::new(crate::metrics::MeteredRenderer::new(renderer, metrics.clone()));
     let ctx = Arc::new(Context::new(
         client.clone(),
         releases,

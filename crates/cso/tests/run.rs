@@ -171,6 +171,24 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         metrics.contains(r#"cso_objects_applied_total{target="management"}"#),
         "{metrics}"
     );
+    for expected in [
+        r#"cso_source_requests_total{source="github",operation="download",result="success"}"#,
+        r#"cso_render_duration_seconds_count{target="management"}"#,
+        r#"cso_apply_duration_seconds_count{target="management"}"#,
+        "cso_releases_cached 2",
+    ] {
+        assert!(metrics.contains(expected), "{expected} in {metrics}");
+    }
+    let remaining: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"cso_source_rate_limit_remaining{source="github"} "#))
+        .expect("the rate-limit budget GitHub reports")
+        .parse()
+        .unwrap();
+    assert!(
+        (4900..5000).contains(&remaining),
+        "GitHub's budget of 5000, less this test's requests: {remaining}"
+    );
     for probe in ["healthz", "readyz"] {
         let answer = plain
             .get(format!("http://127.0.0.1:{}/{probe}", endpoints.health_port))

@@ -238,7 +238,7 @@ async fn rate_limits_and_server_errors_are_typed() {
         (Duration::from_secs(100)..=Duration::from_secs(121)).contains(&retry),
         "{retry:?}"
     );
-    assert_eq!(source.rate_limit_remaining(), 0);
+    assert_eq!(source.rate_limit_remaining(), Some(0));
 
     fake.fail_next(Failure::Status(500));
     let err = source.list_tags().await.unwrap_err();

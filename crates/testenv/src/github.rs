@@ -200,6 +200,23 @@ fn record(state: &Shared, host: &'static str, path: String, headers: &HeaderMap,
     });
 }
 
+/// GitHub's rate-limit budget for authenticated API calls.
+const RATE_LIMIT: usize = 5000;
+
+/// Adds the rate-limit headers GitHub sends with every API answer (an injected rate-limit failure has its
+/// own): the budget shrinks with each API request served.
+fn with_rate_limit(state: &Shared, mut response: Response) -> Response {
+    if response.headers().contains_key("x-ratelimit-remaining") {
+        return response;
+    }
+    let used = state.lock().requests.iter().filter(|r| r.host == "api").count() + 1;
+    let remaining = RATE_LIMIT.saturating_sub(used);
+    let headers = response.headers_mut();
+    headers.insert("x-ratelimit-limit", HeaderValue::from(RATE_LIMIT));
+    headers.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
+    response
+}
+
 /// The injected failure for this request, if any.
 fn injected_failure(state: &Shared) -> Option<Response> {
     let failure = state.lock().failures.pop_front()?;
@@ -286,6 +303,7 @@ async fn list_releases(
             }
         }
     };
+    let response = with_rate_limit(&state, response);
     record(&state, "api", path, &headers, response.status());
     response
 }
@@ -312,6 +330,7 @@ async fn release_by_tag(
             }
         }
     });
+    let response = with_rate_limit(&state, response);
     record(
         &state,
         "api",

@@ -34,12 +34,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         release_dir: args.release_dir.clone(),
         github_api_url: args.github_api_url.clone(),
     };
+    let metrics = Arc::new(cso_controller::Metrics::default());
     let release_source = source::from_settings(&settings).unwrap_or_else(|error| {
         // Reported on the objects (AssetsClientAPIAvailable) as the Go operator does; cached releases keep
         // working. A corrected configuration takes effect at the next start.
         tracing::error!(%error, "the release source is not usable; releases that are not cached cannot be fetched");
         Arc::new(UnavailableSource::new(kind, &error))
     });
+    let release_source = Arc::new(cso_controller::MeteredSource::new(
+        release_source,
+        metrics.clone(),
+    ));
     let releases = Arc::new(
         ReleaseCache::new(&args.release_dir, release_source, UnpackLimits::default()).with_context(|| {
             format!(
@@ -51,7 +56,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let helm = Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?;
     let renderer = Arc::new(CachingRenderer::new(helm, DEFAULT_CAPACITY_BYTES));
 
-    let metrics = Arc::new(cso_controller::Metrics::default());
     for (flag, router) in [
         (
             &args.metrics_bind_address,

@@ -125,11 +125,6 @@ impl GithubSource {
         })
     }
 
-    /// `X-RateLimit-Remaining` of the last answer, or -1 before the first.
-    pub fn rate_limit_remaining(&self) -> i64 {
-        self.rate_limit_remaining.load(Ordering::Relaxed)
-    }
-
     fn repo_url(&self, rest: &str) -> Result<Url, SourceError> {
         let base = self.config.api_url.as_str().trim_end_matches('/');
         let url = format!("{base}/repos/{}/{}/{rest}", self.config.org, self.config.repo);
@@ -280,6 +275,11 @@ impl GithubSource {
 }
 
 impl ReleaseSource for GithubSource {
+    fn rate_limit_remaining(&self) -> Option<i64> {
+        let remaining = self.rate_limit_remaining.load(Ordering::Relaxed);
+        (remaining >= 0).then_some(remaining)
+    }
+
     fn kind(&self) -> &'static str {
         "github"
     }

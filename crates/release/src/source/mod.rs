@@ -24,6 +24,11 @@ pub trait ReleaseSource: Send + Sync + std::fmt::Debug {
         tag: &'a str,
         dest: &'a std::path::Path,
     ) -> BoxFuture<'a, Result<(), SourceError>>;
+
+    /// Requests left in the current rate-limit window, where the source has one and said so.
+    fn rate_limit_remaining(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// The remote kind of source (`--source`).
