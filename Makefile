@@ -36,6 +36,6 @@ crds-check:
 test: tools fmt-check clippy crds-check
 	$(CARGO) test --workspace --no-fail-fast
 
-## demo: the quick start (for now: start the local control planes, show what they serve, stop)
+## demo: the quick start: install what is missing, then the operator on the bundled stack with a management and a workload control plane; a summary; clean-up
 demo: tools
 	@bash hack/demo.sh "$(DEMO_DIR)"

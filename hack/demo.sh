@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The quick start: `cso demo` starts a local management control plane, runs the operator with the bundled
-# ferrol stack, creates a ClusterStack, waits for its ClusterClasses, prints what was created and how long
-# each step took, and stops everything. Exits non-zero with a message when a step fails.
+# The quick start (after `make tools` installed what was missing): `cso demo` starts a local management and
+# a workload control plane, runs the operator with the bundled ferrol stack, creates a ClusterStack and a
+# Cluster, waits for the ClusterClasses and for the addons in the workload cluster, prints what was created
+# where and how long each step took, and stops everything; the state directory is removed afterwards.
+# Exits non-zero with a message when a step fails (the state is then kept for a look).
 set -euo pipefail
 dir="${1:?usage: demo.sh DIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,5 +11,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fail() { printf '\ndemo failed: %s\n' "$*" >&2; exit 1; }
 
 printf '==> building cso\n'
-cargo build --quiet -p cso --manifest-path "$root/Cargo.toml" || fail "cargo build failed"
-RUST_LOG="${RUST_LOG:-warn}" "$root/target/debug/cso" demo --dir "$dir" || fail "cso demo failed (see above)"
+cargo build -p cso --manifest-path "$root/Cargo.toml" || fail "cargo build failed"
+start=$SECONDS
+RUST_LOG="${RUST_LOG:-warn}" "$root/target/debug/cso" demo --dir "$dir" \
+  || fail "cso demo failed (see above; its state is in $dir)"
+rm -rf "$dir"
+printf '==> cleaned up %s (the demo itself took %ss)\n' "$dir" "$((SECONDS - start))"

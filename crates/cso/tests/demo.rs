@@ -1,5 +1,6 @@
-//! `cso demo` end to end: a local control plane, the bundled stack, a ClusterStack, both ClusterClasses
-//! with their templates, a summary, and nothing left running.
+//! `cso demo` end to end: local management and workload control planes, the bundled stack, a ClusterStack,
+//! both ClusterClasses with their templates, a Cluster whose addons land in the workload cluster, a summary,
+//! and nothing left running.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::process::Command;
@@ -28,10 +29,14 @@ fn demo_applies_the_bundled_stack_and_reports_it() {
         "ClusterClass docker-ferrol-1-27-v2",
         "KubeadmControlPlaneTemplate docker-ferrol-1-27-v1-control-plane",
         "ClusterStack to ready ClusterClasses",
+        "Cluster to addons running",
+        "ClusterAddon cluster-addon-c1 (ready)",
+        "Deployment kube-system/metrics-server",
+        "DaemonSet kube-system/kindnet",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
-    // The control plane is stopped: no etcd or kube-apiserver names the demo's directory any more.
+    // The control planes are stopped: no etcd or kube-apiserver names the demo's directory any more.
     std::thread::sleep(std::time::Duration::from_secs(1));
     let marker = dir.path().to_string_lossy().to_string();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {

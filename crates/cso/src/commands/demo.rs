@@ -1,7 +1,8 @@
-//! `cso demo`: the operator's main job on an embedded default. Starts a local management control plane,
-//! runs the controllers with the bundled example stack (ferrol v1 and v2, local source), creates a
-//! ClusterStack, waits until both ClusterClasses and their templates are applied, prints what was created
-//! and how long each step took, and stops everything.
+//! `cso demo`: the operator's main job on an embedded default. Starts a local management control plane and a
+//! workload control plane, runs the controllers with the bundled example stack (ferrol v1 and v2, local
+//! source), creates a ClusterStack and waits until both ClusterClasses and their templates are applied,
+//! creates a Cluster with its kubeconfig Secret and waits until its addons run in the workload cluster,
+//! prints what was created where and how long each step took, and stops everything.
 
 use std::{
     path::{Path, PathBuf},
@@ -10,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use cso_api::{ClusterStack, ClusterStackRelease};
+use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
 use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
@@ -21,6 +22,8 @@ use kube::{Api, api::PostParams};
 pub const BUNDLED_RELEASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/releases");
 const STACK_RELEASES: [&str; 2] = ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"];
 const NAMESPACE: &str = "demo";
+const CLUSTER: &str = "c1";
+const CLUSTER_CLASS: &str = "docker-ferrol-1-27-v1";
 
 struct Steps {
     started: Instant,
@@ -62,9 +65,20 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let dir = dir.canonicalize()?;
     let plane = cso_testenv::start_management(&tools, Some(&dir.join("management"))).await?;
     let client = plane.client().await?;
-    let kubeconfig = dir.join("management.kubeconfig");
-    std::fs::write(&kubeconfig, plane.kubeconfig_yaml())?;
-    steps.end("control plane");
+    std::fs::write(dir.join("management.kubeconfig"), plane.kubeconfig_yaml())?;
+    steps.end("management control plane");
+
+    steps.begin("starting a workload control plane (stands in for the Cluster's API server)");
+    let workload =
+        match cso_testenv::ControlPlane::start(&tools, "workload", Some(&dir.join("workload"))).await {
+            Ok(workload) => workload,
+            Err(e) => {
+                plane.stop();
+                return Err(e).context("failed to start the workload control plane");
+            }
+        };
+    std::fs::write(dir.join("workload.kubeconfig"), workload.kubeconfig_yaml())?;
+    steps.end("workload control plane");
 
     steps.begin("starting the operator with the bundled ferrol stack (local source)");
     let release_dir = dir.join("releases");
@@ -91,13 +105,30 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     steps.end("operator start");
 
     steps.begin("creating ClusterStack demo/ferrol (versions v1, v2) and waiting for its ClusterClasses");
-    let outcome = converge(&client).await;
+    let classes = converge(&client).await;
     steps.end("ClusterStack to ready ClusterClasses");
 
+    let addons = match &classes {
+        Ok(_) => {
+            steps.begin(&format!(
+                "creating Cluster {NAMESPACE}/{CLUSTER} on class {CLUSTER_CLASS} with its kubeconfig Secret, \
+                 waiting for its addons in the workload cluster"
+            ));
+            let addons = install_addons(&client, &workload).await;
+            steps.end("Cluster to addons running");
+            Some(addons)
+        }
+        Err(_) => None,
+    };
+
+    steps.begin("cleaning up: stopping the operator and both control planes");
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(30), controllers).await;
+    workload.stop();
     plane.stop();
-    let (releases_ready, inventory) = outcome?;
+    steps.end("clean-up");
+    let (releases_ready, inventory) = classes?;
+    let addon_objects = addons.context("the addons were not installed")??;
 
     println!();
     println!("cso demo: done in {:.1}s", steps.started.elapsed().as_secs_f64());
@@ -112,8 +143,65 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
             println!("    {object}");
         }
     }
-    println!("state and kubeconfig were in {}", dir.display());
+    println!("  Cluster {CLUSTER} (class {CLUSTER_CLASS}) and ClusterAddon cluster-addon-{CLUSTER} (ready)");
+    println!("applied into the workload cluster by the ClusterAddon:");
+    for object in addon_objects {
+        println!("  {object}");
+    }
+    println!("state and kubeconfigs were in {}", dir.display());
     Ok(())
+}
+
+/// Creates the Cluster (with its kubeconfig Secret pointing at `workload`) and waits until its ClusterAddon
+/// is ready; returns what was applied into the workload cluster.
+async fn install_addons(
+    client: &kube::Client,
+    workload: &cso_testenv::ControlPlane,
+) -> anyhow::Result<Vec<String>> {
+    let cluster: Cluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
+        "spec": {"topology": {"class": CLUSTER_CLASS, "version": "v1.27.3"},
+                 "controlPlaneEndpoint": {"host": format!("{CLUSTER}.demo.test"), "port": 6443}},
+    }))?;
+    Api::<Cluster>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .context("failed to create the Cluster")?;
+    cso_testenv::kubeconfig_secret(client, NAMESPACE, CLUSTER, workload.kubeconfig_yaml()).await?;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), NAMESPACE);
+    let name = format!("cluster-addon-{CLUSTER}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let addon = addons.get_opt(&name).await?;
+        let status = addon.as_ref().and_then(|a| a.status.as_ref());
+        if status.is_some_and(|s| s.ready) {
+            let mut objects: Vec<String> = status
+                .iter()
+                .flat_map(|s| &s.resources)
+                .map(|o| match o.namespace.as_str() {
+                    "" => format!("{} {}", o.kind, o.name),
+                    ns => format!("{} {ns}/{}", o.kind, o.name),
+                })
+                .collect();
+            objects.sort();
+            return Ok(objects);
+        }
+        if Instant::now() > deadline {
+            let why = status
+                .map(|s| {
+                    s.conditions
+                        .iter()
+                        .filter(|c| c.status != cso_api::conditions::ConditionStatus::True)
+                        .map(|c| format!("{}: {}", c.type_, c.message.clone().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_else(|| format!("{name} was not created"));
+            bail!("the addons were not applied within 120s: {why}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Creates the ClusterStack and waits until both releases are ready; returns them with their objects.
