@@ -9,7 +9,6 @@ mod support;
 use std::{process::Command, time::Duration};
 
 use cso_api::{ClusterAddon, capi::Cluster};
-use cso_testenv::github::FakeGithub;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, api::PostParams};
 use serde_json::json;
@@ -105,10 +104,7 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
     let client = plane.client().await.unwrap();
     let workload = cso_testenv::shared_workload();
     let ns = cso_testenv::namespace(&client, "render").await.unwrap();
-    let fake = FakeGithub::start(30).await.unwrap();
-    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
-        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
-    }
+    let fake = github_with_ferrol().await;
     let scratch = tempfile::tempdir().unwrap();
     let instance = Instance::new(scratch.path(), false);
     let mut operator = start_operator(

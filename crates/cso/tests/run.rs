@@ -9,7 +9,6 @@ use std::{
 };
 
 use cso_api::{ClusterStack, ClusterStackRelease};
-use cso_testenv::github::FakeGithub;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Client,
@@ -28,10 +27,7 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "restart").await.unwrap();
-    let fake = FakeGithub::start(30).await.unwrap();
-    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
-        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
-    }
+    let fake = github_with_ferrol().await;
     fake.slow_down("docker-ferrol-1-27-v2", Duration::from_secs(30));
     let release_dir = tempfile::tempdir().unwrap();
     let log = release_dir.path().join("operator.log");
@@ -262,10 +258,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "leader").await.unwrap();
-    let fake = FakeGithub::start(30).await.unwrap();
-    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
-        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
-    }
+    let fake = github_with_ferrol().await;
     let scratch = tempfile::tempdir().unwrap();
     let certs = scratch.path().join("certs");
     cso_testenv::pki::write_serving_certificate(&certs).unwrap();

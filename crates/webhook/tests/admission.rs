@@ -39,6 +39,14 @@ fn webhook(name: &str, path: &str, port: u16, ca: &str, ns: &str, rule: Value) -
     })
 }
 
+/// A namespace named from `prefix` with the webhooks active for it: (client, namespace, webhooks).
+async fn namespace_with_webhooks(prefix: &str) -> (Client, String, Webhooks) {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, prefix).await.unwrap();
+    let webhooks = start_webhooks(&client, &ns).await;
+    (client, ns, webhooks)
+}
+
 async fn start_webhooks(client: &Client, ns: &str) -> Webhooks {
     let certs = tempfile::tempdir().unwrap();
     let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
@@ -153,9 +161,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_stacks_are_validated_on_create_update_and_delete() {
-    let client = cso_testenv::shared_management().client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, "adm-stack").await.unwrap();
-    let webhooks = start_webhooks(&client, &ns).await;
+    let (client, ns, webhooks) = namespace_with_webhooks("adm-stack").await;
     let stacks: Api<ClusterStack> = Api::namespaced(client.clone(), &ns);
     let create = |s: ClusterStack| {
         let stacks = stacks.clone();
@@ -224,9 +230,7 @@ async fn cluster_stacks_are_validated_on_create_update_and_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_in_use_are_protected_even_beside_non_conforming_clusters() {
-    let client = cso_testenv::shared_management().client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, "adm-release").await.unwrap();
-    let webhooks = start_webhooks(&client, &ns).await;
+    let (client, ns, webhooks) = namespace_with_webhooks("adm-release").await;
     let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
     for name in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
         let release: ClusterStackRelease = parse(json!({
@@ -266,9 +270,7 @@ async fn releases_in_use_are_protected_even_beside_non_conforming_clusters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_addons_must_reference_their_own_cluster() {
-    let client = cso_testenv::shared_management().client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, "adm-addon").await.unwrap();
-    let webhooks = start_webhooks(&client, &ns).await;
+    let (client, ns, webhooks) = namespace_with_webhooks("adm-addon").await;
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
     let addon = |name: &str, reference: Value| -> ClusterAddon {
         parse(
@@ -328,9 +330,7 @@ async fn cluster_addons_must_reference_their_own_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_of_cluster_stacks_get_the_releases_kubernetes_version_and_one_minor_upgrades() {
-    let client = cso_testenv::shared_management().client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, "adm-cluster").await.unwrap();
-    let webhooks = start_webhooks(&client, &ns).await;
+    let (client, ns, webhooks) = namespace_with_webhooks("adm-cluster").await;
     let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
     let release: ClusterStackRelease = parse(json!({
         "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRelease",

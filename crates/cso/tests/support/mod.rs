@@ -173,3 +173,12 @@ pub async fn ready(client: &Client, namespace: &str) -> Vec<String> {
     names.sort();
     names
 }
+
+/// A GitHub stand-in that has ferrol v1 and v2 of the bundled releases.
+pub async fn github_with_ferrol() -> cso_testenv::github::FakeGithub {
+    let fake = cso_testenv::github::FakeGithub::start(30).await.unwrap();
+    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
+    }
+    fake
+}
