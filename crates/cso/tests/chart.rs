@@ -1,19 +1,27 @@
 //! The Helm chart `charts/cluster-stack-operator` against a real API server (with the Cluster API and
 //! cert-manager CRDs): both certificate modes render and every object is accepted by a server-side dry run;
 //! the chart installs and upgrades with the real `helm`, keeping its self-signed certificates; its webhooks
-//! are the operator's; its Deployment's arguments are ones `cso run` accepts; its CRDs are the generated ones.
+//! are the operator's; its Deployment's arguments are ones `cso run` accepts; its CRDs are the generated ones;
+//! and its RBAC is enough: `cso run` with the chart's ServiceAccount token elects itself, applies a stack's
+//! ClusterClass and installs a Cluster's addons, with no request forbidden.
+
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
-use std::{path::PathBuf, process::Command};
+mod support;
+
+use std::{path::PathBuf, process::Command, time::Duration};
 
 use k8s_openapi::api::{
-    admissionregistration::v1::ValidatingWebhookConfiguration, apps::v1::Deployment, core::v1::Secret,
+    admissionregistration::v1::ValidatingWebhookConfiguration,
+    apps::v1::Deployment,
+    core::v1::{Secret, ServiceAccount},
 };
 use kube::{
     Api, Client,
-    api::{DynamicObject, Patch, PatchParams},
+    api::{DynamicObject, Patch, PatchParams, PostParams},
     core::GroupVersionKind,
 };
+use serde_json::json;
 
 fn chart() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../charts/cluster-stack-operator")
@@ -232,6 +240,86 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         Some(&ca_bundle),
         second.get("ca.crt"),
         "the webhooks trust the serving certificate's CA"
+    );
+
+    // The operator, as the chart's ServiceAccount. The webhook Service has no endpoints here (no pods run),
+    // so its configuration goes first.
+    configurations
+        .delete("cso-validating-webhook-configuration", &Default::default())
+        .await
+        .unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "cso-system");
+    let token = accounts
+        .create_token_request(
+            "cso-controller-manager",
+            &PostParams::default(),
+            &serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).unwrap(),
+        )
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(plane.kubeconfig_yaml()).unwrap();
+    kubeconfig["users"][0]["user"] = json!({ "token": token });
+    let scratch = tempfile::tempdir().unwrap();
+    let service_account_kubeconfig = scratch.path().join("sa.kubeconfig");
+    std::fs::write(&service_account_kubeconfig, kubeconfig.to_string()).unwrap();
+    let fake = support::github_with_ferrol().await;
+    let log = scratch.path().join("operator.log");
+    let mut operator = support::start_operator(
+        &service_account_kubeconfig,
+        scratch.path(),
+        "cso-system",
+        fake.api_url(),
+        &log,
+        &support::Instance::new(scratch.path(), true),
+    );
+    Api::<cso_api::ClusterStack>::namespaced(client.clone(), "cso-system")
+        .create(
+            &PostParams::default(),
+            &support::ferrol_stack("cso-system", &["v1"]),
+        )
+        .await
+        .unwrap();
+    let workload = cso_testenv::shared_workload();
+    let cluster: cso_api::capi::Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": "cso-system"},
+        "spec": {"topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3"},
+                 "controlPlaneEndpoint": {"host": "c1.example.test", "port": 6443}},
+    }))
+    .unwrap();
+    Api::<cso_api::capi::Cluster>::namespaced(client.clone(), "cso-system")
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    cso_testenv::kubeconfig_secret(&client, "cso-system", "c1", workload.kubeconfig_yaml())
+        .await
+        .unwrap();
+    let addons: Api<cso_api::ClusterAddon> = Api::namespaced(client.clone(), "cso-system");
+    support::wait_for(
+        "the addons installed by the chart's ServiceAccount",
+        Duration::from_secs(120),
+        || async {
+            let addon = addons.get_opt("cluster-addon-c1").await.unwrap()?;
+            addon.status?.ready.then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        support::ready(&client, "cso-system").await,
+        ["docker-ferrol-1-27-v1"]
+    );
+    assert!(support::terminate(&mut operator).success());
+    let log = std::fs::read_to_string(&log).unwrap();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "requests the chart's RBAC does not allow: {forbidden:#?}"
     );
     plane.stop();
 }
