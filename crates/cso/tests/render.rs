@@ -1,4 +1,4 @@
-//! `cso render` on the bundled releases: offline (the objects of the cluster class, of the addons and of each
+//! `cso render` on the bundled releases: offline from a directory or fetched by tag (the objects of the cluster class, of the addons and of each
 //! addon stage, values templated over a Cluster file), and with `--diff` against live clusters, where a
 //! Cluster running ferrol v1 previews its upgrade to v2: the addon objects that change (with the changed
 //! label in the diff), `web` pruned, the v2 cluster class unchanged, and nothing touched.
@@ -81,6 +81,38 @@ fn offline_it_prints_the_cluster_class_and_addons_templated_over_the_cluster() {
     assert!(
         output.contains("for Cluster default/example"),
         "an example Cluster stands in: {output}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_tag_is_fetched_from_its_source() {
+    let fake = github_with_ferrol().await;
+    let cache = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+        .args(["render", "docker-ferrol-1-27-v2", "--source=github"])
+        .arg(format!("--github-api-url={}", fake.api_url()))
+        .arg(format!("--release-dir={}", cache.path().display()))
+        .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+        .env("GIT_PROVIDER", "github")
+        .env("GIT_ORG_NAME", "SovereignCloudStack")
+        .env("GIT_REPOSITORY_NAME", "cluster-stacks")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("name: docker-ferrol-1-27-v2") && stdout.contains("clusterAddonVersion"),
+        "{stdout}"
+    );
+    assert!(
+        cache
+            .path()
+            .join("cluster-stacks/docker-ferrol-1-27-v2/metadata.yaml")
+            .is_file()
     );
 }
 
