@@ -59,10 +59,18 @@ pub struct Helm {
 }
 
 impl Helm {
+    /// `binary` is a name looked up on `PATH` or a path; a relative path is taken from the current directory
+    /// (helm runs in a directory of its own).
     pub fn new(binary: impl Into<PathBuf>, timeout: Duration) -> std::io::Result<Self> {
         let home = tempfile::Builder::new().prefix("cso-helm-").tempdir()?;
+        let binary = binary.into();
+        let binary = if binary.is_relative() && binary.components().count() > 1 {
+            std::env::current_dir()?.join(binary)
+        } else {
+            binary
+        };
         Ok(Helm {
-            binary: binary.into(),
+            binary,
             timeout,
             home,
         })
