@@ -135,13 +135,26 @@ impl ApplyEngine {
             .partition(|m| m.kind() == "Namespace" && m.group_version().0.is_empty());
 
         let mut prepared = Vec::new();
+        // Kinds the CRDs of this render define: discovery may lag behind Established, so they are waited for.
+        let mut new_kinds = BTreeSet::new();
         for phase in [crds, namespaces, rest] {
             let mut applied_crds = Vec::new();
             for manifest in phase {
+                let (group, version) = manifest.group_version();
+                if new_kinds.contains(&(group.to_owned(), manifest.kind().to_owned())) {
+                    self.await_served(&GroupVersionKind::gvk(group, version, manifest.kind()))
+                        .await;
+                }
                 let item = self.prepare(manifest, default_namespace, labels).await;
                 let item = self.apply_one(item).await;
                 if item.error.is_none() && item.key.kind == "CustomResourceDefinition" {
                     applied_crds.push(item.key.name.clone());
+                    let spec = &item.object["spec"];
+                    if let (Some(group), Some(kind)) =
+                        (spec["group"].as_str(), spec["names"]["kind"].as_str())
+                    {
+                        new_kinds.insert((group.to_owned(), kind.to_owned()));
+                    }
                 }
                 prepared.push(item);
             }
@@ -369,6 +382,18 @@ impl ApplyEngine {
             Api::namespaced_with(client, namespace, &kind.resource)
         } else {
             Api::all_with(client, &kind.resource)
+        }
+    }
+
+    /// Waits (up to the CRD timeout) until discovery serves `gvk`, which a CRD of this render defines; if it
+    /// never does, preparing the object reports it.
+    async fn await_served(&self, gvk: &GroupVersionKind) {
+        let deadline = Instant::now() + CRD_ESTABLISHED_TIMEOUT;
+        while let Err(DiscoveryError::UnknownKind(_)) = self.discovery.resolve(gvk).await {
+            if Instant::now() > deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

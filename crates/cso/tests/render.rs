@@ -71,8 +71,24 @@ fn offline_it_prints_the_cluster_class_and_addons_templated_over_the_cluster() {
     assert!(addons.contains("clusterAddonVersion: v1") || addons.contains("clusterAddonVersion: \"v1\""));
     assert!(addons.contains("name: web"), "v1 still has the web Deployment");
 
-    // A multi-stage release: every stage of every hook, with its action.
+    // A multi-stage release: every stage of every hook, with its action; its directory is left as it was
+    // (charts are unpacked into a private copy).
+    let hash = fixtures().join("docker-ferrol-1-27-v0-sha-hipstsw");
+    let entries = || {
+        let mut names: Vec<_> = std::fs::read_dir(&hash)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = entries();
     let output = cso_render(&[&release("docker-ferrol-1-27-v0-sha-hipstsw")]);
+    assert_eq!(
+        entries(),
+        before,
+        "a preview writes nothing into the release directory"
+    );
     assert!(
         output.contains("== AfterControlPlaneInitialized: metrics-server (apply)"),
         "{output}"

@@ -26,7 +26,8 @@ use crate::cli::RenderArgs;
 const HELM_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
-    let release = load_release(&args).await?;
+    let scratch = tempfile::Builder::new().prefix("cso-render-").tempdir()?;
+    let release = load_release(&args, scratch.path()).await?;
     let live_cluster = args.cluster.as_deref().and_then(live_cluster_name);
     let needs_client = args.diff || live_cluster.is_some();
     let client = match needs_client {
@@ -123,18 +124,21 @@ fn live_cluster_name(cluster: &str) -> Option<(String, String)> {
         .then(|| (namespace.to_owned(), name.to_owned()))
 }
 
-async fn load_release(args: &RenderArgs) -> anyhow::Result<Release> {
+/// The release named by `args.release`: a directory (copied into `scratch`, since unpacking writes beside the
+/// archives and a preview must not change the user's files) or a tag fetched through the release cache.
+async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Release> {
     let dir = Path::new(&args.release);
     if dir.is_dir() {
-        // Absolute: helm reads a relative chart path with a slash as `repository/chart`.
-        let dir = dir.canonicalize()?;
         let tag = dir
+            .canonicalize()?
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let id = ReleaseId::parse_tag(&tag)
             .with_context(|| format!("the release directory must be named by its tag, not {tag:?}"))?;
-        let release = Release::load(&dir, &id)?;
+        let copy = scratch.join(&tag);
+        super::copy_dir(dir, &copy)?;
+        let release = Release::load(&copy, &id)?;
         release.verify_archives(UnpackLimits::default())?;
         return Ok(release);
     }
