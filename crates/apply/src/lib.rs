@@ -1,7 +1,7 @@
 //! Applying rendered objects to a cluster (management or workload): a discovery cache per cluster
 //! ([`discovery`]), an inventory of what was applied keyed by group, kind, namespace and name
 //! ([`inventory`]), the engine that applies in order and prunes ([`engine`]) and its dry run ([`plan`]), CEL wait conditions
-//! ([`cel`]), clients for workload clusters ([`workload`]) and the data values templates see
+//! ([`cel`]), client-side rate limits ([`rate_limit`]), clients for workload clusters ([`workload`]) and the data values templates see
 //! ([`template_data`]).
 
 pub mod cel;
@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod engine;
 pub mod inventory;
 pub mod plan;
+pub mod rate_limit;
 pub mod template_data;
 pub mod workload;
 
@@ -16,4 +17,5 @@ pub use discovery::{ClusterDiscovery, DiscoveryError};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure};
 pub use inventory::ObjectKey;
 pub use plan::{Change, PlannedChange};
+pub use rate_limit::{ClientLimits, limited_client};
 pub use workload::{WorkloadClients, WorkloadCluster, WorkloadError};

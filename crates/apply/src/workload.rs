@@ -71,6 +71,7 @@ pub struct WorkloadClients {
     connect_timeout: Duration,
     request_timeout: Duration,
     take_over_from: Vec<String>,
+    limits: crate::ClientLimits,
     kubeconfigs: tempfile::TempDir,
     cache: Mutex<HashMap<(String, String), Cached>>,
 }
@@ -95,6 +96,7 @@ impl WorkloadClients {
             connect_timeout,
             request_timeout,
             take_over_from: Vec::new(),
+            limits: crate::ClientLimits::UNLIMITED,
             kubeconfigs: tempfile::Builder::new().prefix("cso-workload-").tempdir()?,
             cache: Mutex::default(),
         })
@@ -103,6 +105,12 @@ impl WorkloadClients {
     /// Field managers whose applied fields the engines take over (see [`ApplyEngine::taking_over_from`]).
     pub fn taking_over_from(mut self, managers: impl IntoIterator<Item = String>) -> Self {
         self.take_over_from = managers.into_iter().collect();
+        self
+    }
+
+    /// `--qps` and `--burst` for each workload cluster's client.
+    pub fn with_limits(mut self, limits: crate::ClientLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -152,7 +160,7 @@ impl WorkloadClients {
         config.connect_timeout = Some(self.connect_timeout);
         config.read_timeout = Some(self.request_timeout);
         config.write_timeout = Some(self.request_timeout);
-        let client = Client::try_from(config).map_err(|e| invalid(e.to_string()))?;
+        let client = crate::limited_client(config, self.limits).map_err(|e| invalid(e.to_string()))?;
         let kubeconfig_path = self
             .kubeconfigs
             .path()

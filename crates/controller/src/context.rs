@@ -39,6 +39,8 @@ pub struct Settings {
     /// How often applied objects are re-applied even when nothing announced a change (drift correction for
     /// objects without a watch; a deleted ClusterClass is noticed at once).
     pub resync_interval: Duration,
+    /// `--qps` and `--burst` for the clients of workload clusters.
+    pub client_limits: cso_apply::ClientLimits,
 }
 
 impl Default for Settings {
@@ -51,6 +53,7 @@ impl Default for Settings {
             cluster_addon_concurrency: 1,
             poll_interval: Duration::from_secs(300),
             resync_interval: Duration::from_secs(300),
+            client_limits: cso_apply::ClientLimits::UNLIMITED,
         }
     }
 }

@@ -81,7 +81,9 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER).taking_over_from(take_over_from.clone());
     let workloads =
         match WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT) {
-            Ok(workloads) => workloads.taking_over_from(take_over_from),
+            Ok(workloads) => workloads
+                .taking_over_from(take_over_from)
+                .with_limits(settings.client_limits),
             Err(e) => {
                 tracing::error!(error = %e, "cannot create a private directory for workload kubeconfigs");
                 return;

@@ -141,10 +141,11 @@ pub struct RunArgs {
     /// Where releases come from: `github` or `oci` (configured by the `GIT_*` / `OCI_*` variables).
     #[arg(long, default_value = "github")]
     pub source: String,
-    /// Accepted for compatibility; the kube-rs client does not throttle on the client side.
+    /// Requests per second to each API server (management and every workload cluster), client-side;
+    /// 0 for no limit.
     #[arg(long, default_value_t = 50.0)]
     pub qps: f64,
-    /// Accepted for compatibility; see `--qps`.
+    /// Requests allowed at once above `--qps` before it applies.
     #[arg(long, default_value_t = 100)]
     pub burst: u32,
     /// Port of the validating admission webhooks (hard-coded 9443 in the Go operator).

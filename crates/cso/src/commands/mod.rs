@@ -19,8 +19,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// The management cluster's client: `kubeconfig` if given, else `KUBECONFIG`, else in-cluster.
-pub(crate) async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+/// The management cluster's client: `kubeconfig` if given, else `KUBECONFIG`, else in-cluster; its requests
+/// limited by `limits`.
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+    limits: cso_apply::ClientLimits,
+) -> anyhow::Result<kube::Client> {
     use anyhow::Context;
     let config = match kubeconfig {
         Some(path) => {
@@ -32,7 +36,7 @@ pub(crate) async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow:
             .await
             .context("no kubeconfig: pass --kubeconfig, set KUBECONFIG or run in a cluster")?,
     };
-    kube::Client::try_from(config).context("failed to build the Kubernetes client")
+    cso_apply::limited_client(config, limits).context("failed to build the Kubernetes client")
 }
 
 /// Copies the files (not subdirectories: a release is flat) of `from` into `to`, creating it.

@@ -31,7 +31,9 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
     let live_cluster = args.cluster.as_deref().and_then(live_cluster_name);
     let needs_client = args.diff || live_cluster.is_some();
     let client = match needs_client {
-        true => Some(super::kube_client(args.kubeconfig.as_deref()).await?),
+        true => {
+            Some(super::kube_client(args.kubeconfig.as_deref(), cso_apply::ClientLimits::UNLIMITED).await?)
+        }
         false => None,
     };
 

@@ -25,7 +25,11 @@ use crate::{
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting manager");
-    let client = super::kube_client(args.kubeconfig.as_deref()).await?;
+    let limits = cso_apply::ClientLimits {
+        qps: args.qps,
+        burst: args.burst,
+    };
+    let client = super::kube_client(args.kubeconfig.as_deref(), limits).await?;
 
     let kind: SourceKind = args.source.parse()?;
     let settings = SourceSettings {
@@ -93,6 +97,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             cluster_addon_concurrency: args.clusteraddon_concurrency,
             poll_interval: args.poll_interval,
             resync_interval: args.resync_interval,
+            client_limits: limits,
         },
     };
     let stop = stop_signal()?;

@@ -1,0 +1,181 @@
+//! Client-side request rate limiting, as client-go's `--qps` and `--burst`: a token bucket that refills at
+//! `qps` tokens a second up to `burst`; each request takes one token, waiting when none is left. Applied to
+//! the management client and to every workload-cluster client (the Go operator sets the flags too late for
+//! its own manager; here they take effect).
+
+use std::{
+    pin::Pin,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use kube::client::ClientBuilder;
+use tokio::time::{Instant, Sleep};
+use tower::{Layer, Service};
+
+/// `--qps` and `--burst`. A `qps` of zero or less means no limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClientLimits {
+    pub qps: f64,
+    pub burst: u32,
+}
+
+impl ClientLimits {
+    pub const UNLIMITED: ClientLimits = ClientLimits { qps: 0.0, burst: 0 };
+
+    fn enabled(&self) -> bool {
+        self.qps > 0.0 && self.qps.is_finite()
+    }
+}
+
+/// Builds a client for `config` whose requests are limited by `limits`.
+pub fn limited_client(config: kube::Config, limits: ClientLimits) -> Result<kube::Client, kube::Error> {
+    let builder = ClientBuilder::try_from(config)?;
+    Ok(if limits.enabled() {
+        builder.with_layer(&RateLimitLayer(limits)).build()
+    } else {
+        builder.build()
+    })
+}
+
+/// The bucket itself, pure: how many tokens there are at a given instant.
+#[derive(Clone, Debug)]
+struct TokenBucket {
+    per_second: f64,
+    capacity: f64,
+    tokens: f64,
+    updated: Instant,
+}
+
+impl TokenBucket {
+    /// Starts full, as client-go's limiter does.
+    fn new(limits: ClientLimits, now: Instant) -> Self {
+        let capacity = f64::from(limits.burst.max(1));
+        TokenBucket {
+            per_second: limits.qps,
+            capacity,
+            tokens: capacity,
+            updated: now,
+        }
+    }
+
+    /// Takes a token at `now`, or says how long until one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.capacity);
+        self.updated = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.per_second))
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RateLimitLayer(ClientLimits);
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            bucket: TokenBucket::new(self.0, Instant::now()),
+            sleep: None,
+            has_token: false,
+        }
+    }
+}
+
+/// Waits for a token in `poll_ready`; kube's client serialises readiness and calls through its buffer, so
+/// every request of the client passes here one at a time.
+struct RateLimit<S> {
+    inner: S,
+    bucket: TokenBucket,
+    sleep: Option<Pin<Box<Sleep>>>,
+    has_token: bool,
+}
+
+impl<S, R> Service<R> for RateLimit<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        while !self.has_token {
+            if let Some(sleep) = self.sleep.as_mut() {
+                ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            match self.bucket.take(Instant::now()) {
+                Ok(()) => self.has_token = true,
+                Err(wait) => self.sleep = Some(Box::pin(tokio::time::sleep(wait))),
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.has_token = false;
+        self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(qps: f64, burst: u32) -> ClientLimits {
+        ClientLimits { qps, burst }
+    }
+
+    #[test]
+    fn a_full_bucket_allows_a_burst_then_refills_at_qps() {
+        let start = Instant::now();
+        let mut bucket = TokenBucket::new(limits(10.0, 3), start);
+        for _ in 0..3 {
+            assert_eq!(bucket.take(start), Ok(()));
+        }
+        let wait = bucket.take(start).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-9, "{wait:?}");
+        assert_eq!(bucket.take(start + Duration::from_millis(100)), Ok(()));
+        // Refilling never goes beyond the burst.
+        let later = start + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(bucket.take(later), Ok(()));
+        }
+        assert!(bucket.take(later).is_err());
+    }
+
+    #[test]
+    fn zero_qps_is_no_limit_and_zero_burst_still_lets_one_through() {
+        assert!(!limits(0.0, 100).enabled());
+        assert!(!limits(-1.0, 100).enabled());
+        let start = Instant::now();
+        let mut bucket = TokenBucket::new(limits(5.0, 0), start);
+        assert_eq!(bucket.take(start), Ok(()));
+        assert!(bucket.take(start).is_err());
+    }
+
+    /// The service waits for tokens: with paused time, 1 + 4 calls at 2 qps and burst 1 take 2 virtual
+    /// seconds, and none is let through early.
+    #[tokio::test(start_paused = true)]
+    async fn the_service_waits_for_tokens() {
+        use tower::ServiceExt;
+        let started = Instant::now();
+        let mut service = RateLimitLayer(limits(2.0, 1)).layer(tower::service_fn(|_: ()| async {
+            Ok::<_, std::convert::Infallible>(Instant::now())
+        }));
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            times.push(service.ready().await.unwrap().call(()).await.unwrap() - started);
+        }
+        let expected: Vec<Duration> = (0..5).map(|i| Duration::from_millis(500 * i)).collect();
+        assert_eq!(times, expected);
+    }
+}
