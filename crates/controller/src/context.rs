@@ -39,6 +39,9 @@ pub struct Settings {
     /// How often applied objects are re-applied even when nothing announced a change (drift correction for
     /// objects without a watch; a deleted ClusterClass is noticed at once).
     pub resync_interval: Duration,
+    /// How often a ClusterAddon asks again whether its workload cluster answers (`/readyz`). A new or
+    /// changed kubeconfig Secret is noticed at once (watched).
+    pub workload_retry_interval: Duration,
     /// `--qps` and `--burst` for the clients of workload clusters.
     pub client_limits: cso_apply::ClientLimits,
 }
@@ -53,6 +56,7 @@ impl Default for Settings {
             cluster_addon_concurrency: 1,
             poll_interval: Duration::from_secs(300),
             resync_interval: Duration::from_secs(300),
+            workload_retry_interval: Duration::from_secs(10),
             client_limits: cso_apply::ClientLimits::UNLIMITED,
         }
     }

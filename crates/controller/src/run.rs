@@ -11,10 +11,12 @@ use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadCl
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::DynamicObject,
     core::GroupVersionKind,
+    core::PartialObjectMeta,
     discovery::ApiResource,
     runtime::{Controller, WatchStreamExt, controller::Config, reflector::ObjectRef, watcher},
 };
@@ -49,6 +51,10 @@ impl std::fmt::Debug for Operator {
             .finish_non_exhaustive()
     }
 }
+
+/// Cluster API's Secrets (kubeconfig, CA, ...) have this type; Secrets support it as a field selector.
+const CAPI_SECRET_SELECTOR: &str = "type=cluster.x-k8s.io/secret";
+const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 
 /// Connecting to a workload cluster may take this long; an unreachable one costs no more.
 const WORKLOAD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -271,6 +277,23 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                     .within(&cluster.namespace().unwrap_or_default()),
             )
         })
+        // A kubeconfig Secret appeared or changed: its Cluster's addons go ahead without waiting for the
+        // next poll. Only Cluster API's Secrets, and only their metadata, are watched.
+        .watches_stream(
+            watcher(
+                scoped::<PartialObjectMeta<Secret>>(&client, namespace),
+                watcher::Config::default().fields(CAPI_SECRET_SELECTOR),
+            )
+            .touched_objects(),
+            |secret| {
+                let name = secret.name_any();
+                let cluster = name.strip_suffix(KUBECONFIG_SECRET_SUFFIX)?;
+                Some(
+                    ObjectRef::new(&cluster_addon_name(cluster))
+                        .within(&secret.namespace().unwrap_or_default()),
+                )
+            },
+        )
         .with_config(Config::default().concurrency(settings.cluster_addon_concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster_addon::reconcile, cluster_addon::error_policy, ctx.clone())

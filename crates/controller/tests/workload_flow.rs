@@ -195,7 +195,12 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
     let ns = cso_testenv::namespace(&client, "addon-create").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
-    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    // Workload clusters are asked again only hourly: every step below that follows a kubeconfig Secret
+    // change happens because the Secret is watched.
+    let operator = RunningOperator::local_with(&client, &ns, dir.path(), |settings| {
+        settings.workload_retry_interval = Duration::from_secs(3600)
+    })
+    .await;
 
     // Created before its stack exists: the ClusterAddon follows once the release does.
     create_cluster(&client, &ns, "early", "docker-ferrol-1-27-v1").await;
@@ -296,8 +301,8 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
     )
     .await;
 
-    // Fixing the Secret recovers without anything else (a workload cluster of its own, so as not to meet the
-    // other test's addons).
+    // Fixing the Secret recovers without anything else, at once (a workload cluster of its own, so as not to
+    // meet the other test's addons).
     let own = workload_plane("workload-recovery").await;
     cso_testenv::kubeconfig_secret(&client, &ns, "early", own.kubeconfig_yaml())
         .await

@@ -36,7 +36,6 @@ use crate::{
 };
 
 /// How often an unreachable workload cluster is asked again.
-const WORKLOAD_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 /// What the reconcile decided to record in the spec (the Go operator's fields, written after the fact).
 #[derive(Default)]
 struct SpecUpdate {
@@ -149,7 +148,7 @@ async fn sync(
                 Severity::Warning,
                 format!("kubeconfig not there (yet): {e}"),
             );
-            return Ok(Action::requeue(WORKLOAD_RETRY));
+            return Ok(Action::requeue(ctx.settings.workload_retry_interval));
         }
     };
     if let Err(e) = ctx.workloads.ready(&workload).await {
@@ -159,7 +158,7 @@ async fn sync(
             Severity::Info,
             format!("control plane not ready yet: {e}"),
         );
-        return Ok(Action::requeue(WORKLOAD_RETRY));
+        return Ok(Action::requeue(ctx.settings.workload_retry_interval));
     }
     addon.mark_true(condition::CLUSTER_READY);
 

@@ -51,8 +51,18 @@ pub struct RunningOperator {
 
 impl RunningOperator {
     pub async fn local(client: &Client, namespace: &str, release_dir: &Path) -> Self {
+        Self::local_with(client, namespace, release_dir, |_| {}).await
+    }
+
+    /// [`RunningOperator::local`] with settings changed by `adjust`.
+    pub async fn local_with(
+        client: &Client,
+        namespace: &str,
+        release_dir: &Path,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> Self {
         let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
-        Self::start(client, namespace, release_dir, source, |_| {}).await
+        Self::start(client, namespace, release_dir, source, adjust).await
     }
 
     pub async fn start(
