@@ -29,40 +29,14 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
     let scratch = tempfile::Builder::new().prefix("cso-render-").tempdir()?;
     let release = load_release(&args, scratch.path()).await?;
     let live_cluster = args.cluster.as_deref().and_then(live_cluster_name);
-    let needs_client = args.diff || live_cluster.is_some();
-    let client = match needs_client {
-        true => {
-            Some(super::kube_client(args.kubeconfig.as_deref(), cso_apply::ClientLimits::UNLIMITED).await?)
-        }
-        false => None,
+    let client = if args.diff || live_cluster.is_some() {
+        Some(super::kube_client(args.kubeconfig.as_deref(), cso_apply::ClientLimits::UNLIMITED).await?)
+    } else {
+        None
     };
 
     let (cluster, workload) = match (&args.cluster, &live_cluster, &client) {
-        (_, Some((namespace, name)), Some(client)) => {
-            let cluster = Api::<Cluster>::namespaced(client.clone(), namespace)
-                .get(name)
-                .await
-                .with_context(|| format!("failed to read Cluster {namespace}/{name}"))?;
-            let discovery = ClusterDiscovery::new(client.clone());
-            let data = template_data(&discovery, &cluster).await?;
-            let workload = if args.diff {
-                let clients =
-                    WorkloadClients::new(client.clone(), Duration::from_secs(10), Duration::from_secs(30))?;
-                let workload = clients
-                    .get(namespace, name)
-                    .await
-                    .with_context(|| format!("cannot reach the workload cluster of {namespace}/{name}"))?;
-                Some((clients, workload))
-            } else {
-                None
-            };
-            let target = ForCluster {
-                cluster,
-                template_data: data,
-                workload_kubeconfig: workload.as_ref().map(|(_, w)| w.kubeconfig_path.clone()),
-            };
-            (target, workload)
-        }
+        (_, Some((namespace, name)), Some(client)) => live_target(client, namespace, name, args.diff).await?,
         (Some(file), None, _) => {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("failed to read the Cluster {file}"))?;
@@ -100,7 +74,7 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
     match (args.diff, client) {
         (false, _) => print_objects(&mut out, &parts, &cluster_name)?,
         (true, Some(client)) => {
-            let workload = workload.as_ref().map(|(_, w)| w);
+            let workload = workload.as_ref().map(|w| &w.cluster);
             let diff = Diff {
                 client,
                 workload,
@@ -114,6 +88,47 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
     }
     print!("{out}");
     Ok(())
+}
+
+/// A live Cluster's workload cluster, for `--diff`.
+struct LiveWorkload {
+    /// Owns the private kubeconfig file helm renders against.
+    _clients: WorkloadClients,
+    cluster: cso_apply::WorkloadCluster,
+}
+
+/// The live Cluster `namespace/name` with its template data from the management cluster and, for a diff,
+/// its workload cluster (addons are then rendered against it, as the controller renders them).
+async fn live_target(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    diff: bool,
+) -> anyhow::Result<(ForCluster, Option<LiveWorkload>)> {
+    let cluster = Api::<Cluster>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .with_context(|| format!("failed to read Cluster {namespace}/{name}"))?;
+    let template_data = template_data(&ClusterDiscovery::new(client.clone()), &cluster).await?;
+    let workload = if diff {
+        let clients = WorkloadClients::new(client.clone(), Duration::from_secs(10), Duration::from_secs(30))?;
+        let cluster = clients
+            .get(namespace, name)
+            .await
+            .with_context(|| format!("cannot reach the workload cluster of {namespace}/{name}"))?;
+        Some(LiveWorkload {
+            _clients: clients,
+            cluster,
+        })
+    } else {
+        None
+    };
+    let target = ForCluster {
+        cluster,
+        template_data,
+        workload_kubeconfig: workload.as_ref().map(|w| w.cluster.kubeconfig_path.clone()),
+    };
+    Ok((target, workload))
 }
 
 /// `NAMESPACE/NAME` when `cluster` is not an existing file.
