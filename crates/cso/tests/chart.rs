@@ -134,6 +134,32 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         );
     }
 
+    // Optional settings: pod metadata, priority, and a ServiceMonitor (its CRD is the Prometheus Operator's, not
+    // installed here: the rest is dry-run).
+    let ns = cso_testenv::namespace(&client, "chart").await.unwrap();
+    let options = [
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "podAnnotations.prometheus\\.io/scrape=true",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+    ];
+    let objects = render(&ns, &options);
+    let (monitors, rest): (Vec<DynamicObject>, Vec<DynamicObject>) = objects
+        .into_iter()
+        .partition(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceMonitor"));
+    assert_eq!(monitors.len(), 1);
+    assert_eq!(
+        monitors[0].data["spec"]["endpoints"][0]["port"], "metrics",
+        "the ServiceMonitor scrapes the metrics port"
+    );
+    let refused = dry_run(&client, &rest).await;
+    assert!(
+        refused.is_empty(),
+        "options: refused by the API server: {refused:#?}"
+    );
+
     // What the chart deploys is what the operator serves and accepts.
     let objects = render("cso-system", &[]);
     let configuration: ValidatingWebhookConfiguration = serde_json::from_value(
