@@ -370,3 +370,35 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     assert!(!status.success(), "losing the lease is a failure exit: {status}");
     assert!(logged(&second_log, "leader election lost").is_some());
 }
+
+#[test]
+fn an_unreachable_api_server_is_a_clear_failure_not_a_hang() {
+    let scratch = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let plane = cso_testenv::shared_management();
+    let kubeconfig = scratch.path().join("unreachable.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        plane
+            .kubeconfig_yaml()
+            .replace(plane.server_url(), &format!("https://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cso"))
+        .arg("run")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args([
+            "--leader-elect=true",
+            "--leader-elect-namespace=default",
+            "--log-format=text",
+        ])
+        .args(["--metrics-bind-address=0", "--health-probe-bind-address=0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot use the leader-election Lease default/clusterstack.x-k8s.io"),
+        "{stderr}"
+    );
+}
