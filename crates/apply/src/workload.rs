@@ -21,6 +21,19 @@ use crate::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
 
 /// The data key of the kubeconfig in the Secret.
 pub const KUBECONFIG_KEY: &str = "value";
+/// Cluster API's Secrets (kubeconfig, CA, ...) have this type; Secrets support it as a field selector.
+pub const CAPI_SECRET_SELECTOR: &str = "type=cluster.x-k8s.io/secret";
+const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
+
+/// The name of the Secret with the kubeconfig of Cluster `cluster`.
+pub fn kubeconfig_secret_name(cluster: &str) -> String {
+    format!("{cluster}{KUBECONFIG_SECRET_SUFFIX}")
+}
+
+/// The Cluster whose kubeconfig Secret is named `secret`, if it is one.
+pub fn cluster_of_kubeconfig_secret(secret: &str) -> Option<&str> {
+    secret.strip_suffix(KUBECONFIG_SECRET_SUFFIX)
+}
 
 /// Why a workload cluster cannot be talked to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,7 +129,7 @@ impl WorkloadClients {
 
     /// The client of the Cluster `cluster` in `namespace`, rebuilt when its kubeconfig Secret changed.
     pub async fn get(&self, namespace: &str, cluster: &str) -> Result<WorkloadCluster, WorkloadError> {
-        let name = format!("{cluster}-kubeconfig");
+        let name = kubeconfig_secret_name(cluster);
         let secrets: Api<Secret> = Api::namespaced(self.management.clone(), namespace);
         let secret = match secrets.get_opt(&name).await {
             Ok(Some(secret)) => secret,

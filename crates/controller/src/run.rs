@@ -7,7 +7,10 @@ use cso_api::{
     ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster,
     names::RELEASE_LABEL,
 };
-use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
+use cso_apply::{
+    ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients,
+    workload::{CAPI_SECRET_SELECTOR, cluster_of_kubeconfig_secret},
+};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use futures::{FutureExt, StreamExt};
@@ -51,10 +54,6 @@ impl std::fmt::Debug for Operator {
             .finish_non_exhaustive()
     }
 }
-
-/// Cluster API's Secrets (kubeconfig, CA, ...) have this type; Secrets support it as a field selector.
-const CAPI_SECRET_SELECTOR: &str = "type=cluster.x-k8s.io/secret";
-const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 
 /// Connecting to a workload cluster may take this long; an unreachable one costs no more.
 const WORKLOAD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -287,7 +286,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             .touched_objects(),
             |secret| {
                 let name = secret.name_any();
-                let cluster = name.strip_suffix(KUBECONFIG_SECRET_SUFFIX)?;
+                let cluster = cluster_of_kubeconfig_secret(&name)?;
                 Some(
                     ObjectRef::new(&cluster_addon_name(cluster))
                         .within(&secret.namespace().unwrap_or_default()),
