@@ -8,7 +8,7 @@ use std::{
 };
 
 use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
-use cso_apply::{ApplyEngine, ClusterDiscovery, WorkloadClients};
+use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use kube::{
@@ -174,6 +174,32 @@ impl Context {
         if !repeated {
             self.event(object, event_type, event_reason, message).await;
         }
+    }
+
+    /// Publishes a `DriftCorrected` event on `object` when `report` put back objects someone had deleted or
+    /// changed in the `target` cluster (`management` or `workload`).
+    pub(crate) async fn report_drift<K>(&self, object: &K, target: &str, report: &ApplyReport)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        if report.drift_corrected.is_empty() {
+            return;
+        }
+        let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();
+        tracing::info!(object = %object.name_any(), target, objects = ?objects,
+            "re-applied objects that had been changed or deleted");
+        let place = if target == "workload" {
+            " in the workload cluster"
+        } else {
+            ""
+        };
+        self.event(
+            object,
+            EventType::Normal,
+            cso_api::names::event::DRIFT_CORRECTED,
+            format!("re-applied {}{place}", objects.join(", ")),
+        )
+        .await;
     }
 
     /// The delay before retrying `key` after its `n`-th failure in a row: 5 s doubling up to 5 minutes.

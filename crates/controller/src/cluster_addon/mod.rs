@@ -283,16 +283,7 @@ async fn apply(
         .await;
     ctx.metrics.applied("workload", &report);
     status_of(addon).resources = report.resources.clone();
-    if !report.drift_corrected.is_empty() {
-        let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();
-        ctx.event(
-            addon,
-            EventType::Normal,
-            event::DRIFT_CORRECTED,
-            format!("re-applied {} in the workload cluster", objects.join(", ")),
-        )
-        .await;
-    }
+    ctx.report_drift(addon, "workload", &report).await;
     if !report.is_complete() {
         let message = report.failure_summary();
         ctx.report_false(

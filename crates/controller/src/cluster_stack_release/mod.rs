@@ -195,17 +195,7 @@ async fn sync(
     let report = ctx.engine.apply(&manifests, &namespace, &labels, &previous).await;
     ctx.metrics.applied("management", &report);
     status_of(release).resources = report.resources.clone();
-    if !report.drift_corrected.is_empty() {
-        let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();
-        tracing::info!(release = %name, objects = ?objects, "re-applied objects that had been changed or deleted");
-        ctx.event(
-            release,
-            EventType::Normal,
-            event::DRIFT_CORRECTED,
-            format!("re-applied {}", objects.join(", ")),
-        )
-        .await;
-    }
+    ctx.report_drift(release, "management", &report).await;
     if !report.is_complete() {
         let message = report.failure_summary();
         ctx.report_false(
