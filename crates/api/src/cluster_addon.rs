@@ -22,6 +22,11 @@ pub const STAGE_ANNOTATION: &str = "ClusterAddonStage";
 /// that an upgrade prunes from this record instead of re-rendering the old release.
 pub const STAGE_INVENTORY_ANNOTATION: &str = "clusterstack.x-k8s.io/stage-inventory";
 
+/// The name of the ClusterAddon of Cluster `cluster` (the Go operator's convention).
+pub fn cluster_addon_name(cluster: &str) -> String {
+    format!("cluster-addon-{cluster}")
+}
+
 /// The addons of the Cluster `X`, named `cluster-addon-X`.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use cso_api::{ClusterAddon, ClusterAddonSpec, ClusterStackRelease, capi::Cluster, common::ObjectReference};
+use cso_api::{
+    ClusterAddon, ClusterAddonSpec, ClusterStackRelease, capi::Cluster, cluster_addon::cluster_addon_name,
+    common::ObjectReference,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
@@ -18,11 +21,6 @@ use crate::{
     context::object_key,
     filter::{is_paused, propagated_labels},
 };
-
-/// The name of the ClusterAddon of Cluster `cluster`.
-pub fn cluster_addon_name(cluster: &str) -> String {
-    format!("cluster-addon-{cluster}")
-}
 
 /// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {

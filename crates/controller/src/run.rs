@@ -5,7 +5,7 @@ use std::{future::Future, sync::Arc};
 
 use cso_api::{
     ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster,
-    names::RELEASE_LABEL,
+    cluster_addon::cluster_addon_name, names::RELEASE_LABEL,
 };
 use cso_apply::{
     ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients,
@@ -25,11 +25,8 @@ use kube::{
 };
 
 use crate::{
-    Context, Settings, cluster_addon,
-    cluster_addon_create::{self, cluster_addon_name},
-    cluster_stack, cluster_stack_release,
-    filter::watcher_config,
-    provider_watch::ProviderWatches,
+    Context, Settings, cluster_addon, cluster_addon_create, cluster_stack, cluster_stack_release,
+    filter::watcher_config, provider_watch::ProviderWatches,
 };
 
 /// What the operator is made of.

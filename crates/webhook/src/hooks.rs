@@ -193,7 +193,7 @@ async fn answer(client: &Client, hook: &str, request: HookRequest) -> Result<Out
         return Ok(Outcome::Done);
     };
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &namespace);
-    let name = format!("cluster-addon-{cluster_name}");
+    let name = cso_api::cluster_addon::cluster_addon_name(&cluster_name);
     let Some(addon) = addons
         .get_opt(&name)
         .await

@@ -170,7 +170,7 @@ async fn install_addons(
         .context("failed to create the Cluster")?;
     cso_testenv::kubeconfig_secret(client, NAMESPACE, CLUSTER, workload.kubeconfig_yaml()).await?;
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), NAMESPACE);
-    let name = format!("cluster-addon-{CLUSTER}");
+    let name = cso_api::cluster_addon::cluster_addon_name(CLUSTER);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let addon = addons.get_opt(&name).await?;

@@ -312,7 +312,9 @@ impl Diff<'_> {
     /// What the Cluster's ClusterAddon applied to the workload cluster.
     async fn addon_inventory(&self, namespace: &str, cluster: &str) -> anyhow::Result<Vec<Resource>> {
         let addons: Api<ClusterAddon> = Api::namespaced(self.client.clone(), namespace);
-        let addon = addons.get_opt(&format!("cluster-addon-{cluster}")).await?;
+        let addon = addons
+            .get_opt(&cso_api::cluster_addon::cluster_addon_name(cluster))
+            .await?;
         Ok(addon
             .and_then(|a| a.status)
             .map(|s| s.resources)
