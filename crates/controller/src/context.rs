@@ -16,6 +16,7 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 
+use crate::metrics::TargetCluster;
 use crate::provider_watch::ProviderWatches;
 
 /// The event reporter, named as the Go operator names its recorder.
@@ -177,8 +178,8 @@ impl Context {
     }
 
     /// Publishes a `DriftCorrected` event on `object` when `report` put back objects someone had deleted or
-    /// changed in the `target` cluster (`management` or `workload`).
-    pub(crate) async fn report_drift<K>(&self, object: &K, target: &str, report: &ApplyReport)
+    /// changed in the `target` cluster.
+    pub(crate) async fn report_drift<K>(&self, object: &K, target: TargetCluster, report: &ApplyReport)
     where
         K: Resource<DynamicType = ()>,
     {
@@ -186,9 +187,9 @@ impl Context {
             return;
         }
         let objects: Vec<String> = report.drift_corrected.iter().map(ToString::to_string).collect();
-        tracing::info!(object = %object.name_any(), target, objects = ?objects,
+        tracing::info!(object = %object.name_any(), target = target.as_str(), objects = ?objects,
             "re-applied objects that had been changed or deleted");
-        let place = if target == "workload" {
+        let place = if target == TargetCluster::Workload {
             " in the workload cluster"
         } else {
             ""

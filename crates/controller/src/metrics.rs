@@ -34,6 +34,22 @@ struct ControllerLabels {
     controller: String,
 }
 
+/// The cluster an apply or render is for; the `target` label of the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetCluster {
+    Management,
+    Workload,
+}
+
+impl TargetCluster {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetCluster::Management => "management",
+            TargetCluster::Workload => "workload",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TargetLabels {
     /// `management` or `workload`.
@@ -202,9 +218,9 @@ impl Metrics {
     }
 
     /// Records what an apply did on `target` (`management` or `workload`).
-    pub(crate) fn applied(&self, target: &str, report: &ApplyReport) {
+    pub(crate) fn applied(&self, target: TargetCluster, report: &ApplyReport) {
         let labels = TargetLabels {
-            target: target.to_owned(),
+            target: target.as_str().to_owned(),
         };
         self.applied.get_or_create(&labels).inc_by(report.applied as u64);
         self.pruned
@@ -308,9 +324,9 @@ impl MeteredRenderer {
 impl ChartRenderer for MeteredRenderer {
     fn render(&self, request: RenderRequest) -> BoxFuture<'_, Result<String, RenderError>> {
         let target = if request.target_kubeconfig.is_some() {
-            "workload"
+            TargetCluster::Workload
         } else {
-            "management"
+            TargetCluster::Management
         };
         let started = Instant::now();
         self.inner
@@ -319,7 +335,7 @@ impl ChartRenderer for MeteredRenderer {
                 self.metrics
                     .render_durations
                     .get_or_create(&TargetLabels {
-                        target: target.to_owned(),
+                        target: target.as_str().to_owned(),
                     })
                     .observe(started.elapsed().as_secs_f64());
                 result

@@ -30,6 +30,7 @@ use kube::{
 use serde_json::json;
 
 use self::decision::{Applied, Decision, decide};
+use crate::metrics::TargetCluster;
 use crate::rendering::{self, ADDON_NAMESPACE};
 use crate::{
     Context, Error, cluster_stack_release::FetchFailure, context::object_key, filter::is_paused, patch,
@@ -281,9 +282,9 @@ async fn apply(
         .engine
         .apply(&manifests, ADDON_NAMESPACE, &labels, &previous)
         .await;
-    ctx.metrics.applied("workload", &report);
+    ctx.metrics.applied(TargetCluster::Workload, &report);
     status_of(addon).resources = report.resources.clone();
-    ctx.report_drift(addon, "workload", &report).await;
+    ctx.report_drift(addon, TargetCluster::Workload, &report).await;
     if !report.is_complete() {
         let message = report.failure_summary();
         ctx.report_false(

@@ -33,6 +33,7 @@ use kube::{
 use serde_json::json;
 
 use super::{SpecUpdate, decision::Decision, render, status_of};
+use crate::metrics::TargetCluster;
 use crate::rendering::{self, ADDON_NAMESPACE};
 use crate::{Context, Error, context::object_key, patch};
 
@@ -123,7 +124,7 @@ impl StagedRun<'_> {
                 .engine
                 .apply(&[], ADDON_NAMESPACE, &self.labels(), &records)
                 .await;
-            self.ctx.metrics.applied("workload", &report);
+            self.ctx.metrics.applied(TargetCluster::Workload, &report);
             if !report.is_complete() {
                 let message = format!("stage {stage} of the old release: {}", report.failure_summary());
                 self.ctx
@@ -408,7 +409,7 @@ impl StagedRun<'_> {
                     .engine
                     .apply(&manifests, ADDON_NAMESPACE, &self.labels(), &previous)
                     .await;
-                self.ctx.metrics.applied("workload", &report);
+                self.ctx.metrics.applied(TargetCluster::Workload, &report);
                 inventory.insert(stage.name.clone(), report.resources.clone());
                 status_of(addon).resources = inventory.values().flatten().cloned().collect();
                 if !report.is_complete() {
@@ -446,7 +447,7 @@ impl StagedRun<'_> {
                     .engine
                     .apply(&[], ADDON_NAMESPACE, &self.labels(), &targets)
                     .await;
-                self.ctx.metrics.applied("workload", &report);
+                self.ctx.metrics.applied(TargetCluster::Workload, &report);
                 if !report.is_complete() {
                     let message = format!(
                         "failed to successfully delete helm chart: {:?}: {}",

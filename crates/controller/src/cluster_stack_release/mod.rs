@@ -15,6 +15,7 @@ use cso_api::{
 use cso_release::{CacheError, Release, SourceError};
 use cso_render::parse_manifests;
 
+use crate::metrics::TargetCluster;
 use crate::rendering;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
@@ -193,9 +194,10 @@ async fn sync(
     let labels = rendering::release_labels(name.clone());
     let previous = status_of(release).resources.clone();
     let report = ctx.engine.apply(&manifests, &namespace, &labels, &previous).await;
-    ctx.metrics.applied("management", &report);
+    ctx.metrics.applied(TargetCluster::Management, &report);
     status_of(release).resources = report.resources.clone();
-    ctx.report_drift(release, "management", &report).await;
+    ctx.report_drift(release, TargetCluster::Management, &report)
+        .await;
     if !report.is_complete() {
         let message = report.failure_summary();
         ctx.report_false(
@@ -424,7 +426,7 @@ async fn cleanup(release: &mut ClusterStackRelease, ctx: &Context) -> Result<Out
     let labels = rendering::release_labels(name.clone());
     let previous = status_of(release).resources.clone();
     let report = ctx.engine.apply(&[], &namespace, &labels, &previous).await;
-    ctx.metrics.applied("management", &report);
+    ctx.metrics.applied(TargetCluster::Management, &report);
     status_of(release).resources = report.resources.clone();
     if !report.is_complete() {
         let message = report.failure_summary();
