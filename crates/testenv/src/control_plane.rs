@@ -51,7 +51,9 @@ impl ControlPlane {
         let pki = Pki::generate(&dir)?;
 
         let (client_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
-        let mut etcd = start_etcd(tools, &dir, client_port, peer_port)?;
+        // etcd stops last, so its watchdog removes a temporary directory the owner never dropped.
+        let orphan_dir = tempdir.as_ref().map(tempfile::TempDir::path);
+        let mut etcd = start_etcd(tools, &dir, client_port, peer_port, orphan_dir)?;
         etcd.wait_ready(ETCD_READY_TIMEOUT, Duration::from_millis(100), || {
             etcd_healthy(client_port)
         })
@@ -147,7 +149,13 @@ fn free_port() -> Result<u16, Error> {
         .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))
 }
 
-fn start_etcd(tools: &Tools, dir: &Path, client_port: u16, peer_port: u16) -> Result<Supervised, Error> {
+fn start_etcd(
+    tools: &Tools,
+    dir: &Path,
+    client_port: u16,
+    peer_port: u16,
+    orphan_dir: Option<&Path>,
+) -> Result<Supervised, Error> {
     let client_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let mut command = Command::new(&tools.etcd);
@@ -168,7 +176,7 @@ fn start_etcd(tools: &Tools, dir: &Path, client_port: u16, peer_port: u16) -> Re
         ])
         .args(["--initial-cluster", &format!("default={peer_url}")])
         .args(["--unsafe-no-fsync", "--log-level", "warn"]);
-    Supervised::spawn("etcd", command, &dir.join("etcd.log"))
+    Supervised::spawn("etcd", command, &dir.join("etcd.log"), orphan_dir)
 }
 
 /// `GET /health` over plain HTTP.
@@ -216,7 +224,7 @@ fn start_apiserver(
         "--enable-priority-and-fairness=false".into(),
         "--profiling=false".into(),
     ]);
-    Supervised::spawn("kube-apiserver", command, &dir.join("kube-apiserver.log"))
+    Supervised::spawn("kube-apiserver", command, &dir.join("kube-apiserver.log"), None)
 }
 
 /// `GET /readyz` answers `ok`.

@@ -2,8 +2,8 @@
 //!
 //! Each child runs in its own process group. It is killed when its [`Supervised`] guard drops, and a small
 //! watchdog (`sh`, also in its own group) kills it when the parent process dies without dropping the guard:
-//! a panicking test or a `static` control plane leaves nothing behind. (A parent-death signal would need
-//! `unsafe` `pre_exec`, which this workspace forbids.)
+//! a panicking test or a `static` control plane leaves nothing behind, neither processes nor (when asked)
+//! their data directory. (A parent-death signal would need `unsafe` `pre_exec`, which this workspace forbids.)
 
 use std::{
     fs::File,
@@ -24,8 +24,15 @@ pub struct Supervised {
 }
 
 impl Supervised {
-    /// Starts `command`, with stdout and stderr going to `log`.
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Result<Self, Error> {
+    /// Starts `command`, with stdout and stderr going to `log`. When the parent dies without dropping the
+    /// guard, the watchdog kills the child and then removes `orphan_dir` (the child's temporary data
+    /// directory, which a `static` owner's destructor never gets to remove).
+    pub fn spawn(
+        name: &str,
+        mut command: Command,
+        log: &Path,
+        orphan_dir: Option<&Path>,
+    ) -> Result<Self, Error> {
         let out = File::create(log).map_err(|e| Error::io(log, e))?;
         let err = out.try_clone().map_err(|e| Error::io(log, e))?;
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
@@ -35,7 +42,7 @@ impl Supervised {
             .stderr(err)
             .spawn()
             .map_err(|e| Error::Process(format!("failed to start {name}: {e}")))?;
-        let watchdog = spawn_watchdog(child.id()).ok();
+        let watchdog = spawn_watchdog(std::process::id(), child.id(), orphan_dir).ok();
         Ok(Supervised {
             name: name.to_owned(),
             child,
@@ -133,20 +140,91 @@ fn signal_group(pgid: u32, signal: &str) {
         .status();
 }
 
-/// A shell loop that kills the child's process group once this process is gone. (POSIX `sh` syntax:
-/// dash's `kill` takes a negative pid for a group but no `--`.)
-fn spawn_watchdog(child_pgid: u32) -> std::io::Result<Child> {
-    let parent = std::process::id();
+/// A shell loop that kills the child's process group once `parent` is gone, then removes `orphan_dir`
+/// (passed as `$1`, so no quoting is involved). (POSIX `sh` syntax: dash's `kill` takes a negative pid for
+/// a group but no `--`.)
+fn spawn_watchdog(parent: u32, child_pgid: u32, orphan_dir: Option<&Path>) -> std::io::Result<Child> {
     let script = format!(
         "while kill -0 {parent} 2>/dev/null && kill -0 -{child_pgid} 2>/dev/null; do sleep 1; done; \
-         kill -TERM -{child_pgid} 2>/dev/null; sleep 3; kill -KILL -{child_pgid} 2>/dev/null; exit 0"
+         kill -TERM -{child_pgid} 2>/dev/null; sleep 3; kill -KILL -{child_pgid} 2>/dev/null; \
+         if [ -n \"$1\" ]; then rm -rf -- \"$1\"; fi; exit 0"
     );
     let mut command = Command::new("sh");
     command
-        .args(["-c", &script])
+        .args(["-c", &script, "cso-watchdog"])
+        .arg(orphan_dir.map(Path::as_os_str).unwrap_or_default())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     command.spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    fn sleeper(own_group: bool) -> Child {
+        let mut command = Command::new("sleep");
+        command.arg("600");
+        if own_group {
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        }
+        command.spawn().unwrap()
+    }
+
+    fn alive(pid: u32) -> bool {
+        Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Polls `done` for up to 20 s (the watchdog checks every second and gives a 3 s grace period).
+    fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    #[test]
+    fn watchdog_kills_the_child_and_removes_its_directory_when_the_parent_dies() {
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("data"), "x").unwrap();
+        let mut parent = sleeper(false);
+        let mut child = sleeper(true);
+        let mut watchdog = spawn_watchdog(parent.id(), child.id(), Some(&dir)).unwrap();
+
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(alive(child.id()), "the child must live while its parent does");
+        assert!(dir.exists(), "the directory must stay while its parent lives");
+
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        assert!(
+            eventually(|| matches!(child.try_wait(), Ok(Some(_)))),
+            "the child outlived its parent"
+        );
+        assert!(eventually(|| !dir.exists()), "{} was left behind", dir.display());
+        watchdog.wait().unwrap();
+    }
+
+    #[test]
+    fn watchdog_without_a_directory_still_kills_the_child() {
+        let mut parent = sleeper(false);
+        let mut child = sleeper(true);
+        let mut watchdog = spawn_watchdog(parent.id(), child.id(), None).unwrap();
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        assert!(eventually(|| matches!(child.try_wait(), Ok(Some(_)))));
+        watchdog.wait().unwrap();
+    }
 }

@@ -84,7 +84,12 @@ impl Registry {
         std::fs::write(&config, text).map_err(|e| Error::io(&config, e))?;
         let mut command = Command::new(binary);
         command.arg("serve").arg(&config);
-        let mut process = Supervised::spawn("docker-registry", command, &dir.path().join("registry.log"))?;
+        let mut process = Supervised::spawn(
+            "docker-registry",
+            command,
+            &dir.path().join("registry.log"),
+            Some(dir.path()),
+        )?;
         let host = format!("127.0.0.1:{port}");
         let listening = || async {
             matches!(
