@@ -1,20 +1,33 @@
 //! Leader election with a `coordination.k8s.io` Lease named `clusterstack.x-k8s.io`, as the Go operator's.
 //!
 //! Only the leader runs the controllers; webhooks, the hook server, metrics and probes run on every replica.
-//! Leadership is fail-stop: when the lease is taken over or cannot be renewed (renewal is due a third of the
-//! lease duration before it expires), [`Leadership::lost`] resolves and the caller stops at once, before
-//! another replica can acquire the lease. On a graceful stop the lease is released, so a successor need not
-//! wait for it to expire.
-
-use std::time::Duration;
+//! `kube-lease-manager` acquires and releases the lease. Holding it is done here, because that is where
+//! safety lies: the leader renews every third of the lease duration, each renewal re-reads the Lease and
+//! writes it with its `resourceVersion` as a precondition, and every attempt is bounded in time. A failed
+//! renewal is retried until shortly before the lease would expire, so a short API outage costs nothing;
+//! after that, or as soon as the Lease names another holder, [`Leadership::lost`] resolves and the caller
+//! stops at once (fail-stop), before another replica can acquire the lease. On a graceful stop the lease is
+//! released, so a successor need not wait for it to expire.
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 
 /// The Go operator's leader-election ID.
 pub const LEASE_NAME: &str = "clusterstack.x-k8s.io";
 /// How long to wait before asking again after the API could not be reached while waiting for the lease.
 const RETRY: Duration = Duration::from_secs(2);
+/// The field manager of the leader's renewals.
+const FIELD_MANAGER: &str = "cso-leader-election";
 
 /// Where and how long the lease is held.
 #[derive(Clone, Debug)]
@@ -48,13 +61,18 @@ impl LeaseSettings {
 /// The lease, held.
 pub struct Leadership {
     manager: LeaseManager,
+    leases: Api<Lease>,
     identity: String,
+    schedule: Schedule,
+    /// Until when the lease is ours, by the `renewTime` last written (by this process's clock).
+    valid_until: SystemTime,
 }
 
 impl std::fmt::Debug for Leadership {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leadership")
             .field("identity", &self.identity)
+            .field("schedule", &self.schedule)
             .finish_non_exhaustive()
     }
 }
@@ -65,7 +83,9 @@ pub async fn acquire(
     settings: &LeaseSettings,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<Option<Leadership>> {
-    let seconds = settings.duration.as_secs().max(3);
+    let schedule = Schedule::new(settings.duration);
+    let seconds = schedule.duration.as_secs();
+    let leases = Api::namespaced(client.clone(), &settings.namespace);
     let manager = LeaseManagerBuilder::new(client, LEASE_NAME)
         .with_namespace(&settings.namespace)
         .with_identity(&settings.identity)
@@ -94,23 +114,166 @@ pub async fn acquire(
         }
     };
     tokio::select! {
-        () = wait => {
-            tracing::info!(identity = %settings.identity, "became the leader");
-            Ok(Some(Leadership { manager, identity: settings.identity.clone() }))
+        () = wait => {}
+        () = stop => return Ok(None),
+    }
+    let mut leadership = Leadership {
+        manager,
+        leases,
+        identity: settings.identity.clone(),
+        schedule,
+        valid_until: SystemTime::UNIX_EPOCH,
+    };
+    // From now on the lease's expiry is what this process last wrote: renew once to know it.
+    leadership.valid_until = leadership
+        .renew(SystemTime::now() + schedule.attempt_timeout)
+        .await
+        .map_err(|failure| {
+            anyhow::anyhow!("acquired the leader-election lease but cannot renew it: {failure}")
+        })?;
+    tracing::info!(identity = %settings.identity, "became the leader");
+    Ok(Some(leadership))
+}
+
+/// The timing of holding a lease of a given duration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Schedule {
+    duration: Duration,
+    /// Time between renewals.
+    period: Duration,
+    /// The longest one renewal attempt (a read and a write) may take.
+    attempt_timeout: Duration,
+    /// Leadership is given up this long before the lease would expire.
+    margin: Duration,
+    /// Wait between failed attempts.
+    retry: Duration,
+}
+
+impl Schedule {
+    fn new(duration: Duration) -> Self {
+        let duration = Duration::from_secs(duration.as_secs().max(3));
+        let period = duration / 3;
+        Schedule {
+            duration,
+            period,
+            attempt_timeout: period / 2,
+            margin: period / 2,
+            retry: (period / 4).min(Duration::from_millis(500)),
         }
-        () = stop => Ok(None),
+    }
+
+    /// When to renew a lease valid until `valid_until`.
+    fn next_renewal(&self, valid_until: SystemTime) -> SystemTime {
+        valid_until - self.duration + self.period
+    }
+
+    /// The last moment this replica may consider itself the leader.
+    fn give_up_at(&self, valid_until: SystemTime) -> SystemTime {
+        valid_until - self.margin
     }
 }
 
+/// Why one renewal attempt did not renew.
+#[derive(Debug)]
+enum Failure {
+    /// The lease is not ours any more.
+    Lost(String),
+    /// The API could not be asked (or the Lease changed meanwhile): try again.
+    Transient(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Lost(reason) | Failure::Transient(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Whether `identity` holds the lease described by `spec`; the reason when not.
+fn held_by(spec: Option<&LeaseSpec>, identity: &str) -> Result<(), String> {
+    match spec.and_then(|s| s.holder_identity.as_deref()) {
+        Some(holder) if holder == identity => Ok(()),
+        Some(holder) if !holder.is_empty() => Err(format!("{holder} holds the lease")),
+        _ => Err("the lease was released by someone else".to_owned()),
+    }
+}
+
+/// Until when a lease is valid: its `renewTime` plus its duration.
+fn expiry(spec: Option<&LeaseSpec>) -> Option<SystemTime> {
+    let spec = spec?;
+    let renewed: SystemTime = spec.renew_time.as_ref()?.0.into();
+    let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
+    Some(renewed + Duration::from_secs(seconds))
+}
+
 impl Leadership {
-    /// Keeps the lease renewed; resolves (with the reason) only when leadership is lost.
-    pub async fn lost(&self) -> String {
+    /// Keeps the lease renewed; resolves (with the reason) only when leadership is lost: the Lease names
+    /// another holder, or it could not be renewed before it would expire.
+    pub async fn lost(&mut self) -> String {
         loop {
-            match self.manager.changed().await {
-                Ok(true) => continue,
-                Ok(false) => return "another replica holds the lease".to_owned(),
-                Err(e) => return format!("the lease could not be renewed: {e}"),
+            sleep_until(self.schedule.next_renewal(self.valid_until)).await;
+            let give_up_at = self.schedule.give_up_at(self.valid_until);
+            let mut last_failure = None;
+            loop {
+                match self.renew(give_up_at).await {
+                    Ok(valid_until) => {
+                        if let Some(failure) = last_failure.take() {
+                            tracing::info!(after = %failure, "renewed the leader-election lease again");
+                        }
+                        self.valid_until = valid_until;
+                        break;
+                    }
+                    Err(Failure::Lost(reason)) => return reason,
+                    Err(Failure::Transient(reason)) => {
+                        if SystemTime::now() + self.schedule.retry >= give_up_at {
+                            return format!("the lease could not be renewed before it expires: {reason}");
+                        }
+                        if last_failure.is_none() {
+                            tracing::warn!(error = %reason,
+                                "cannot renew the leader-election lease; retrying until shortly before it expires");
+                        }
+                        last_failure = Some(reason);
+                        tokio::time::sleep(self.schedule.retry).await;
+                    }
+                }
             }
+        }
+    }
+
+    /// One renewal: reads the Lease, checks it is still ours and writes a new `renewTime` on the version
+    /// read. Returns the new expiry. Never runs past `deadline` (nor longer than one attempt may take).
+    async fn renew(&self, deadline: SystemTime) -> Result<SystemTime, Failure> {
+        let limit = deadline
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+            .min(self.schedule.attempt_timeout);
+        let attempt = async {
+            let lease = self
+                .leases
+                .get_opt(LEASE_NAME)
+                .await
+                .map_err(|e| Failure::Transient(e.to_string()))?
+                .ok_or_else(|| Failure::Lost("the lease was deleted".to_owned()))?;
+            held_by(lease.spec.as_ref(), &self.identity).map_err(Failure::Lost)?;
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": lease.metadata.resource_version},
+                "spec": {
+                    "renewTime": MicroTime(Timestamp::now()),
+                    "leaseDurationSeconds": self.schedule.duration.as_secs(),
+                },
+            });
+            let renewed = self
+                .leases
+                .patch(LEASE_NAME, &renewal_params(), &Patch::Merge(patch))
+                .await
+                .map_err(|e| Failure::Transient(e.to_string()))?;
+            expiry(renewed.spec.as_ref())
+                .ok_or_else(|| Failure::Transient("the renewed Lease has no renewTime".to_owned()))
+        };
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(Failure::Transient(format!("no answer within {limit:?}"))),
         }
     }
 
@@ -122,5 +285,91 @@ impl Leadership {
                 tracing::warn!(error = %e, "cannot release the leader-election lease; it expires on its own")
             }
         }
+    }
+}
+
+fn renewal_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+async fn sleep_until(at: SystemTime) {
+    if let Ok(wait) = at.duration_since(SystemTime::now()) {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    fn spec(holder: Option<&str>, renewed_secs_after_epoch: Option<i64>, duration: Option<i32>) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            renew_time: renewed_secs_after_epoch.map(|s| MicroTime(Timestamp::from_second(s).unwrap())),
+            lease_duration_seconds: duration,
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn renewal_every_third_and_giving_up_half_a_period_before_expiry() {
+        let schedule = Schedule::new(Duration::from_secs(15));
+        assert_eq!(schedule.period, Duration::from_secs(5));
+        let valid_until = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(
+            schedule.next_renewal(valid_until),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(990)
+        );
+        assert_eq!(
+            schedule.give_up_at(valid_until),
+            SystemTime::UNIX_EPOCH + Duration::from_millis(997_500)
+        );
+        // A failed renewal is retried for the rest of the lease less the margin: 7.5 s of outage tolerated.
+        let tolerated = schedule
+            .give_up_at(valid_until)
+            .duration_since(schedule.next_renewal(valid_until))
+            .unwrap();
+        assert_eq!(tolerated, Duration::from_millis(7_500));
+        assert!(
+            schedule.attempt_timeout <= schedule.margin,
+            "an attempt cannot outlive the lease"
+        );
+    }
+
+    #[test]
+    fn leases_shorter_than_three_seconds_are_raised_to_three() {
+        let schedule = Schedule::new(Duration::from_millis(500));
+        assert_eq!(schedule.duration, Duration::from_secs(3));
+        assert_eq!(schedule.period, Duration::from_secs(1));
+        assert!(schedule.retry > Duration::ZERO);
+    }
+
+    #[test]
+    fn only_our_own_identity_holds_the_lease() {
+        assert!(held_by(Some(&spec(Some("me"), Some(1), Some(15))), "me").is_ok());
+        let other = held_by(Some(&spec(Some("you"), Some(1), Some(15))), "me").unwrap_err();
+        assert!(other.contains("you holds the lease"), "{other}");
+        for released in [spec(None, None, None), spec(Some(""), None, None)] {
+            let reason = held_by(Some(&released), "me").unwrap_err();
+            assert!(reason.contains("released"), "{reason}");
+        }
+        assert!(held_by(None, "me").is_err());
+    }
+
+    #[test]
+    fn expiry_is_the_renew_time_plus_the_duration() {
+        assert_eq!(
+            expiry(Some(&spec(Some("me"), Some(100), Some(15)))),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(115))
+        );
+        assert_eq!(expiry(Some(&spec(Some("me"), None, Some(15)))), None);
+        assert_eq!(expiry(Some(&spec(Some("me"), Some(100), None))), None);
+        assert_eq!(expiry(Some(&spec(Some("me"), Some(100), Some(-1)))), None);
+        assert_eq!(expiry(None), None);
     }
 }

@@ -371,6 +371,116 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     assert!(logged(&second_log, "leader election lost").is_some());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_rides_out_a_short_api_outage_and_stops_before_its_lease_expires_in_a_long_one() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "outage").await.unwrap();
+    let fake = github_with_ferrol().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let certs = scratch.path().join("certs");
+    cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let mut proxy = ApiProxy::start(plane.server_url()).await;
+    let kubeconfig = scratch.path().join("proxied.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        plane.kubeconfig_yaml().replace(plane.server_url(), &proxy.url()),
+    )
+    .unwrap();
+    // A 12 s lease is renewed every 4 s and given up 2 s before it expires: a renewal that fails is retried
+    // for 5.5 s.
+    let lease = Duration::from_secs(12);
+    let mut instance = Instance::new(&certs, true);
+    instance.lease_seconds = lease.as_secs();
+    let log = scratch.path().join("operator.log");
+    let release_dir = scratch.path().join("releases");
+    std::fs::create_dir_all(&release_dir).unwrap();
+    let mut operator = start_operator(&kubeconfig, &release_dir, &ns, fake.api_url(), &log, &instance);
+    let became = wait_for("the replica leads", Duration::from_secs(30), || async {
+        logged(&log, "became the leader")
+    })
+    .await;
+    let identity = became["identity"].as_str().unwrap().to_owned();
+    let stacks: Api<ClusterStack> = Api::namespaced(client.clone(), &ns);
+    stacks
+        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1"]))
+        .await
+        .unwrap();
+    wait_for("v1 ready", Duration::from_secs(60), || async {
+        (ready(&client, &ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
+    })
+    .await;
+
+    // A 4.5 s outage (longer than a renewal period, so at least one renewal fails) is ridden out.
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    proxy.restore().await;
+    wait_for(
+        "the lease renewed after the outage",
+        Duration::from_secs(10),
+        || async { logged(&log, "renewed the leader-election lease again") },
+    )
+    .await;
+    assert!(
+        logged(
+            &log,
+            "cannot renew the leader-election lease; retrying until shortly before it expires"
+        )
+        .is_some()
+    );
+    assert!(
+        operator.0.try_wait().unwrap().is_none(),
+        "the leader stopped over a short outage"
+    );
+    assert_eq!(
+        lease_holder(&client, &ns).await.as_deref(),
+        Some(identity.as_str())
+    );
+    // Its controllers carry on.
+    stacks
+        .patch(
+            "ferrol",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
+        )
+        .await
+        .unwrap();
+    wait_for("v2 ready after the outage", Duration::from_secs(60), || async {
+        (ready(&client, &ns).await.len() == 2).then_some(())
+    })
+    .await;
+
+    // A long outage: it stops, and says why, before the lease it last renewed expires.
+    proxy.cut();
+    let stored = Api::<Lease>::namespaced(client.clone(), &ns)
+        .get("clusterstack.x-k8s.io")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    let renewed: std::time::SystemTime = stored.renew_time.unwrap().0.into();
+    let expires =
+        renewed + Duration::from_secs(u64::try_from(stored.lease_duration_seconds.unwrap()).unwrap());
+    let status = loop {
+        if let Some(status) = operator.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::SystemTime::now() < expires,
+            "the leader was still running when its lease expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "losing the lease is a failure exit: {status}");
+    let lost = logged(&log, "leader election lost").unwrap();
+    assert!(
+        lost["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("could not be renewed before it expires")),
+        "{lost}"
+    );
+}
+
 #[test]
 fn an_unreachable_api_server_is_a_clear_failure_not_a_hang() {
     let scratch = tempfile::tempdir().unwrap();

@@ -139,7 +139,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     tracing::info!("starting controllers");
     let controllers = cso_controller::run(operator, stopped(stop));
-    if let Some(leadership) = leadership {
+    if let Some(mut leadership) = leadership {
         tokio::select! {
             () = controllers => leadership.release().await,
             reason = leadership.lost() => {

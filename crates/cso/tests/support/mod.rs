@@ -32,6 +32,7 @@ pub struct Instance<'a> {
     pub metrics_port: u16,
     pub health_port: u16,
     pub leader_elect: bool,
+    pub lease_seconds: u64,
 }
 
 impl<'a> Instance<'a> {
@@ -43,11 +44,12 @@ impl<'a> Instance<'a> {
             metrics_port: free_port(),
             health_port: free_port(),
             leader_elect,
+            lease_seconds: LEASE_SECONDS,
         }
     }
 }
 
-/// The lease duration the replicas of these tests use (production default: 15 s).
+/// The lease duration the replicas of these tests use unless they say otherwise (production default: 15 s).
 pub const LEASE_SECONDS: u64 = 6;
 
 pub fn free_port() -> u16 {
@@ -77,7 +79,10 @@ pub fn start_operator(
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--leader-elect={}", instance.leader_elect))
             .arg(format!("--leader-elect-namespace={namespace}"))
-            .arg(format!("--leader-elect-lease-duration={}s", LEASE_SECONDS))
+            .arg(format!(
+                "--leader-elect-lease-duration={}s",
+                instance.lease_seconds
+            ))
             .arg("-namespace")
             .arg(namespace)
             .arg(format!("--release-dir={}", release_dir.display()))
@@ -181,4 +186,77 @@ pub async fn github_with_ferrol() -> cso_testenv::github::FakeGithub {
         fake.publish_dir(tag, &fixtures().join(tag)).unwrap();
     }
     fake
+}
+
+/// A TCP proxy on loopback in front of an API server that a test can cut off (open connections dropped, new
+/// ones refused) and restore on the same port: an API outage as the operator sees it.
+pub struct ApiProxy {
+    port: u16,
+    upstream: String,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ApiProxy {
+    /// Proxies to the server of `server_url` (`https://127.0.0.1:<port>`).
+    pub async fn start(server_url: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = server_url.trim_start_matches("https://").to_owned();
+        ApiProxy {
+            port: listener.local_addr().unwrap().port(),
+            serving: Some(Self::serve(listener, upstream.clone())),
+            upstream,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Drops every open connection and stops listening: connections are refused until [`Self::restore`].
+    pub fn cut(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    /// Listens again on the same port.
+    pub async fn restore(&mut self) {
+        let mut attempts = 0;
+        let listener = loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(listener) => break listener,
+                Err(e) => {
+                    attempts += 1;
+                    assert!(attempts < 50, "cannot listen on {} again: {e}", self.port);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        self.serving = Some(Self::serve(listener, self.upstream.clone()));
+    }
+
+    fn serve(listener: tokio::net::TcpListener, upstream: String) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            // Dropped with the task when it is aborted: that closes every connection.
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let upstream = upstream.clone();
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        })
+    }
+}
+
+impl Drop for ApiProxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
 }
