@@ -117,22 +117,16 @@ pub async fn acquire(
         () = wait => {}
         () = stop => return Ok(None),
     }
-    let mut leadership = Leadership {
+    tracing::info!(identity = %settings.identity, "became the leader");
+    Ok(Some(Leadership {
         manager,
         leases,
         identity: settings.identity.clone(),
+        // The lease was written just now (the request that wrote it is the only thing since); until the first
+        // renewal tells exactly, count it from now less the longest such a request may take.
+        valid_until: SystemTime::now() + schedule.duration - schedule.attempt_timeout,
         schedule,
-        valid_until: SystemTime::UNIX_EPOCH,
-    };
-    // From now on the lease's expiry is what this process last wrote: renew once to know it.
-    leadership.valid_until = leadership
-        .renew(SystemTime::now() + schedule.attempt_timeout)
-        .await
-        .map_err(|failure| {
-            anyhow::anyhow!("acquired the leader-election lease but cannot renew it: {failure}")
-        })?;
-    tracing::info!(identity = %settings.identity, "became the leader");
-    Ok(Some(leadership))
+    }))
 }
 
 /// The timing of holding a lease of a given duration.

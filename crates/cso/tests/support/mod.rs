@@ -106,6 +106,8 @@ pub fn start_operator(
             .env("GIT_ORG_NAME", "SovereignCloudStack")
             .env("GIT_REPOSITORY_NAME", "cluster-stacks\n")
             .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+            // Its scratch directories (helm's home, kubeconfigs) go with the test's, even after a SIGKILL.
+            .env("TMPDIR", release_dir)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
