@@ -243,6 +243,77 @@ fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
     log_lines(log).into_iter().find(|l| l["message"] == message)
 }
 
+/// What the leader-election tests start from: a namespace, GitHub with ferrol, serving certificates.
+struct LeaderScene {
+    client: Client,
+    ns: String,
+    fake: cso_testenv::github::FakeGithub,
+    scratch: tempfile::TempDir,
+    certs: std::path::PathBuf,
+}
+
+impl LeaderScene {
+    async fn new(prefix: &str) -> Self {
+        let client = cso_testenv::shared_management().client().await.unwrap();
+        let ns = cso_testenv::namespace(&client, prefix).await.unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let certs = scratch.path().join("certs");
+        cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+        LeaderScene {
+            client,
+            ns,
+            fake: github_with_ferrol().await,
+            scratch,
+            certs,
+        }
+    }
+
+    /// Creates the ferrol ClusterStack with v1 and waits until v1 is ready.
+    async fn subscribe_to_v1(&self) {
+        Api::<ClusterStack>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &ferrol_stack(&self.ns, &["v1"]))
+            .await
+            .unwrap();
+        wait_for("v1 ready", Duration::from_secs(60), || async {
+            (ready(&self.client, &self.ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
+        })
+        .await;
+    }
+
+    /// Adds v2 to the ferrol ClusterStack (without waiting).
+    async fn add_v2(&self) {
+        Api::<ClusterStack>::namespaced(self.client.clone(), &self.ns)
+            .patch(
+                "ferrol",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Starts replica `name` (its own release directory; log `<name>.log`) with `kubeconfig`.
+    fn start(
+        &self,
+        name: &str,
+        kubeconfig: &Path,
+        instance: &Instance<'_>,
+    ) -> (KillOnDrop, std::path::PathBuf) {
+        let release_dir = self.scratch.path().join(name);
+        std::fs::create_dir_all(&release_dir).unwrap();
+        let log = self.scratch.path().join(format!("{name}.log"));
+        let process = start_operator(
+            kubeconfig,
+            &release_dir,
+            &self.ns,
+            self.fake.api_url(),
+            &log,
+            instance,
+        );
+        (process, log)
+    }
+}
+
 async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
     Api::<Lease>::namespaced(client.clone(), namespace)
         .get_opt("clusterstack.x-k8s.io")
@@ -255,26 +326,12 @@ async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
-    let plane = cso_testenv::shared_management();
-    let client = plane.client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, "leader").await.unwrap();
-    let fake = github_with_ferrol().await;
-    let scratch = tempfile::tempdir().unwrap();
-    let certs = scratch.path().join("certs");
-    cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let scene = LeaderScene::new("leader").await;
+    let (client, ns) = (&scene.client, scene.ns.as_str());
+    let kubeconfig = cso_testenv::shared_management().kubeconfig_path();
     let replica = |name: &str| {
-        let instance = Instance::new(&certs, true);
-        let release_dir = scratch.path().join(name);
-        std::fs::create_dir_all(&release_dir).unwrap();
-        let log = scratch.path().join(format!("{name}.log"));
-        let process = start_operator(
-            plane.kubeconfig_path(),
-            &release_dir,
-            &ns,
-            fake.api_url(),
-            &log,
-            &instance,
-        );
+        let instance = Instance::new(&scene.certs, true);
+        let (process, log) = scene.start(name, kubeconfig, &instance);
         (process, log, instance.health_port)
     };
 
@@ -286,7 +343,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     .await;
     let first_identity = became["identity"].as_str().unwrap().to_owned();
     assert_eq!(
-        lease_holder(&client, &ns).await.as_deref(),
+        lease_holder(client, ns).await.as_deref(),
         Some(first_identity.as_str())
     );
     let (mut second, second_log, second_health) = replica("second");
@@ -296,15 +353,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
         || async { logged(&second_log, "waiting for the leader-election lease") },
     )
     .await;
-    let stacks: Api<ClusterStack> = Api::namespaced(client.clone(), &ns);
-    stacks
-        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1"]))
-        .await
-        .unwrap();
-    wait_for("v1 ready", Duration::from_secs(60), || async {
-        (ready(&client, &ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
-    })
-    .await;
+    scene.subscribe_to_v1().await;
     let probe = reqwest::get(format!("http://127.0.0.1:{second_health}/readyz"))
         .await
         .unwrap();
@@ -312,7 +361,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     let reconciled_by = |log: &Path| {
         log_lines(log)
             .iter()
-            .any(|l| l["context"].as_str().is_some_and(|c| c.contains(&ns)))
+            .any(|l| l["context"].as_str().is_some_and(|c| c.contains(ns)))
     };
     assert!(reconciled_by(&first_log), "the leader reconciles");
     assert!(
@@ -323,14 +372,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     // The leader dies without releasing the lease: the follower takes over once it expires and converges.
     first.0.kill().unwrap();
     first.0.wait().unwrap();
-    stacks
-        .patch(
-            "ferrol",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
-        )
-        .await
-        .unwrap();
+    scene.add_v2().await;
     let takeover_limit = Duration::from_secs(LEASE_SECONDS * 2 + 5);
     let became = wait_for("the second replica takes over", takeover_limit, || async {
         logged(&second_log, "became the leader")
@@ -341,14 +383,14 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     wait_for(
         "v2 ready under the new leader",
         Duration::from_secs(60),
-        || async { (ready(&client, &ns).await.len() == 2).then_some(()) },
+        || async { (ready(client, ns).await.len() == 2).then_some(()) },
     )
     .await;
 
     // Fail-stop: when another holder takes the lease, the leader stops at once and exits non-zero.
     let stolen = json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 600,
         "renewTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}});
-    Api::<Lease>::namespaced(client.clone(), &ns)
+    Api::<Lease>::namespaced(client.clone(), ns)
         .patch(
             "clusterstack.x-k8s.io",
             &kube::api::PatchParams::default(),
@@ -374,14 +416,10 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_rides_out_a_short_api_outage_and_stops_before_its_lease_expires_in_a_long_one() {
     let plane = cso_testenv::shared_management();
-    let client = plane.client().await.unwrap();
-    let ns = cso_testenv::namespace(&client, "outage").await.unwrap();
-    let fake = github_with_ferrol().await;
-    let scratch = tempfile::tempdir().unwrap();
-    let certs = scratch.path().join("certs");
-    cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let scene = LeaderScene::new("outage").await;
+    let (client, ns) = (&scene.client, scene.ns.as_str());
     let mut proxy = ApiProxy::start(plane.server_url()).await;
-    let kubeconfig = scratch.path().join("proxied.kubeconfig");
+    let kubeconfig = scene.scratch.path().join("proxied.kubeconfig");
     std::fs::write(
         &kubeconfig,
         plane.kubeconfig_yaml().replace(plane.server_url(), &proxy.url()),
@@ -389,27 +427,15 @@ async fn the_leader_rides_out_a_short_api_outage_and_stops_before_its_lease_expi
     .unwrap();
     // A 12 s lease is renewed every 4 s and given up 2 s before it expires: a renewal that fails is retried
     // for 5.5 s.
-    let lease = Duration::from_secs(12);
-    let mut instance = Instance::new(&certs, true);
-    instance.lease_seconds = lease.as_secs();
-    let log = scratch.path().join("operator.log");
-    let release_dir = scratch.path().join("releases");
-    std::fs::create_dir_all(&release_dir).unwrap();
-    let mut operator = start_operator(&kubeconfig, &release_dir, &ns, fake.api_url(), &log, &instance);
+    let mut instance = Instance::new(&scene.certs, true);
+    instance.lease_seconds = 12;
+    let (mut operator, log) = scene.start("operator", &kubeconfig, &instance);
     let became = wait_for("the replica leads", Duration::from_secs(30), || async {
         logged(&log, "became the leader")
     })
     .await;
     let identity = became["identity"].as_str().unwrap().to_owned();
-    let stacks: Api<ClusterStack> = Api::namespaced(client.clone(), &ns);
-    stacks
-        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1"]))
-        .await
-        .unwrap();
-    wait_for("v1 ready", Duration::from_secs(60), || async {
-        (ready(&client, &ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
-    })
-    .await;
+    scene.subscribe_to_v1().await;
 
     // A 4.5 s outage (longer than a renewal period, so at least one renewal fails) is ridden out.
     proxy.cut();
@@ -432,27 +458,17 @@ async fn the_leader_rides_out_a_short_api_outage_and_stops_before_its_lease_expi
         operator.0.try_wait().unwrap().is_none(),
         "the leader stopped over a short outage"
     );
-    assert_eq!(
-        lease_holder(&client, &ns).await.as_deref(),
-        Some(identity.as_str())
-    );
+    assert_eq!(lease_holder(client, ns).await.as_deref(), Some(identity.as_str()));
     // Its controllers carry on.
-    stacks
-        .patch(
-            "ferrol",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
-        )
-        .await
-        .unwrap();
+    scene.add_v2().await;
     wait_for("v2 ready after the outage", Duration::from_secs(60), || async {
-        (ready(&client, &ns).await.len() == 2).then_some(())
+        (ready(client, ns).await.len() == 2).then_some(())
     })
     .await;
 
     // A long outage: it stops, and says why, before the lease it last renewed expires.
     proxy.cut();
-    let stored = Api::<Lease>::namespaced(client.clone(), &ns)
+    let stored = Api::<Lease>::namespaced(client.clone(), ns)
         .get("clusterstack.x-k8s.io")
         .await
         .unwrap()
