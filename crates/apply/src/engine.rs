@@ -419,11 +419,36 @@ impl ApplyEngine {
     }
 
     async fn prune(&self, stale: &Resource, default_namespace: &str) -> Result<Pruned, String> {
+        let api = match self.prune_target(stale, default_namespace).await? {
+            PruneTarget::Delete(api) => api,
+            PruneTarget::Absent => return Ok(Pruned::Released),
+            PruneTarget::NotOurs => {
+                tracing::warn!(object = %ObjectKey::of(stale), "not pruning an object without the operator's label");
+                return Ok(Pruned::Released);
+            }
+        };
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        match api.delete(&stale.name, &params).await {
+            Ok(_) => Ok(Pruned::Deleted),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Pruned::Released),
+            Err(e) => Err(api_error(&e)),
+        }
+    }
+
+    /// What pruning `stale` comes to: only a live object carrying the operator's label is deleted.
+    pub(crate) async fn prune_target(
+        &self,
+        stale: &Resource,
+        default_namespace: &str,
+    ) -> Result<PruneTarget, String> {
         let gvk = GroupVersionKind::gvk(&stale.group, &stale.version, &stale.kind);
         let kind = match self.discovery.resolve(&gvk).await {
             Ok(kind) => kind,
             // The kind is gone from the cluster, so is the object.
-            Err(DiscoveryError::UnknownKind(_)) => return Ok(Pruned::Released),
+            Err(DiscoveryError::UnknownKind(_)) => return Ok(PruneTarget::Absent),
             Err(e) => return Err(e.to_string()),
         };
         // Inventories written by the Go operator may hold "" for namespaced objects of the release namespace.
@@ -435,7 +460,7 @@ impl ApplyEngine {
         let api = self.api(&kind, namespace);
         let live = match api.get_opt(&stale.name).await {
             Ok(Some(live)) => live,
-            Ok(None) => return Ok(Pruned::Released),
+            Ok(None) => return Ok(PruneTarget::Absent),
             Err(e) => return Err(api_error(&e)),
         };
         let ours = live
@@ -444,20 +469,22 @@ impl ApplyEngine {
             .as_ref()
             .and_then(|l| l.get(OWNED_LABEL.0))
             .is_some_and(|v| v == OWNED_LABEL.1);
-        if !ours {
-            tracing::warn!(object = %ObjectKey::of(stale), "not pruning an object without the operator's label");
-            return Ok(Pruned::Released);
-        }
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            ..Default::default()
-        };
-        match api.delete(&stale.name, &params).await {
-            Ok(_) => Ok(Pruned::Deleted),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Pruned::Released),
-            Err(e) => Err(api_error(&e)),
-        }
+        Ok(if ours {
+            PruneTarget::Delete(Box::new(api))
+        } else {
+            PruneTarget::NotOurs
+        })
     }
+}
+
+/// What pruning one inventory entry comes to.
+pub(crate) enum PruneTarget {
+    /// It exists and is the operator's: deleted through this API.
+    Delete(Box<Api<DynamicObject>>),
+    /// Not there (nor its kind): dropped from the inventory.
+    Absent,
+    /// It exists without the operator's label: left alone, dropped from the inventory.
+    NotOurs,
 }
 
 enum Pruned {

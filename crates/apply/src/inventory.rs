@@ -40,6 +40,20 @@ impl std::fmt::Display for ObjectKey {
     }
 }
 
+/// The inventory entry naming a rendered object (as it was written: an empty namespace means the release's).
+/// A delete stage removes the objects so named as the prune removes stale entries.
+pub fn resource_of(manifest: &cso_render::Manifest) -> Resource {
+    let (group, version) = manifest.group_version();
+    Resource {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        kind: manifest.kind().to_owned(),
+        namespace: manifest.namespace().unwrap_or_default().to_owned(),
+        name: manifest.name().to_owned(),
+        ..Default::default()
+    }
+}
+
 /// What the previous inventory has and the new one does not: the objects to prune.
 pub fn to_prune<'a>(previous: &'a [Resource], current: &BTreeSet<ObjectKey>) -> Vec<&'a Resource> {
     let mut seen = BTreeSet::new();

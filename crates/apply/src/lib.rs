@@ -15,7 +15,7 @@ pub mod workload;
 
 pub use discovery::{ClusterDiscovery, DiscoveryError};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure};
-pub use inventory::ObjectKey;
+pub use inventory::{ObjectKey, resource_of};
 pub use plan::{Change, PlannedChange};
 pub use rate_limit::{ClientLimits, limited_client};
 pub use workload::{WorkloadClients, WorkloadCluster, WorkloadError};

@@ -1,6 +1,7 @@
 //! What an apply would do, without doing it: each rendered object prepared exactly as the engine prepares
 //! it (namespace, labels), sent to the server as a server-side-apply dry run, and compared with the live
-//! object; plus the objects the previous inventory has and the render does not (what would be pruned).
+//! object; plus the objects the previous inventory has and the render does not, each checked as the prune
+//! would check it (deleted only when it exists and carries the operator's label).
 //! This is what `cso render --diff` shows.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,7 +13,7 @@ use serde_json::Value;
 
 use crate::{
     ApplyEngine,
-    engine::api_error,
+    engine::{PruneTarget, api_error},
     inventory::{ObjectKey, to_prune},
 };
 
@@ -25,8 +26,12 @@ pub enum Change {
     Update { before: Value, after: Value },
     /// Exists and would not change.
     Unchanged,
-    /// In the previous inventory, not in the render: would be deleted (if it carries the operator's label).
+    /// In the previous inventory, not in the render, and carrying the operator's label: would be deleted.
     Prune,
+    /// In the previous inventory, not in the render, but without the operator's label: would be left alone.
+    Keep,
+    /// In the previous inventory, not in the render, and already gone: nothing to do.
+    Absent,
     /// The server refused the dry run, or the kind is not served (yet).
     Refused(String),
 }
@@ -76,9 +81,15 @@ impl ApplyEngine {
             });
         }
         for stale in to_prune(previous, &current) {
+            let change = match self.prune_target(stale, default_namespace).await {
+                Ok(PruneTarget::Delete(_)) => Change::Prune,
+                Ok(PruneTarget::NotOurs) => Change::Keep,
+                Ok(PruneTarget::Absent) => Change::Absent,
+                Err(error) => Change::Refused(error),
+            };
             planned.push(PlannedChange {
                 key: ObjectKey::of(stale),
-                change: Change::Prune,
+                change,
             });
         }
         planned

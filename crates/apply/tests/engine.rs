@@ -286,8 +286,38 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
         name: "foreign".into(),
         ..Default::default()
     });
+    inventory.push(cso_api::common::Resource {
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+        namespace: ns.clone(),
+        name: "never-there".into(),
+        ..Default::default()
+    });
+    // The plan checks each entry as the prune will: the operator's objects would go, the foreign one stays,
+    // the missing one needs nothing.
+    let planned = engine.plan(&[], &ns, &BTreeMap::new(), &inventory).await;
+    let planned_as = |change: cso_apply::Change| -> Vec<String> {
+        let mut names: Vec<String> = planned
+            .iter()
+            .filter(|p| p.change == change)
+            .map(|p| p.key.name.clone())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(planned_as(cso_apply::Change::Prune), ["elsewhere", "here"]);
+    assert_eq!(planned_as(cso_apply::Change::Keep), ["foreign"]);
+    assert_eq!(planned_as(cso_apply::Change::Absent), ["never-there"]);
+    assert_eq!(planned.len(), 4);
     let empty = engine.apply(&[], &ns, &BTreeMap::new(), &inventory).await;
     assert!(empty.is_complete(), "{}", empty.failure_summary());
+    let mut pruned: Vec<String> = empty.pruned.iter().map(|k| k.name.clone()).collect();
+    pruned.sort();
+    assert_eq!(
+        pruned,
+        planned_as(cso_apply::Change::Prune),
+        "the plan predicted the prune"
+    );
     assert_eq!(
         empty.pruned.len(),
         2,

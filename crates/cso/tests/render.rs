@@ -1,7 +1,8 @@
 //! `cso render` on the bundled releases: offline from a directory or fetched by tag (the objects of the cluster class, of the addons and of each
 //! addon stage, values templated over a Cluster file), and with `--diff` against live clusters, where a
 //! Cluster running ferrol v1 previews its upgrade to v2: the addon objects that change (with the changed
-//! label in the diff), `web` pruned, the v2 cluster class unchanged, and nothing touched.
+//! label in the diff), `web` pruned, the v2 cluster class unchanged, and nothing touched; a delete stage is
+//! checked object by object (deleted, left alone when not the operator's, or already absent).
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 mod support;
@@ -258,4 +259,67 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
     let after = deployments.get("metrics-server").await.unwrap();
     assert_eq!(before.metadata.resource_version, after.metadata.resource_version);
     assert!(deployments.get_opt("web").await.unwrap().is_some());
+
+    // A delete stage is checked against the live cluster as the delete would be.
+    let staged = scratch
+        .path()
+        .join("staged")
+        .join("docker-ferrol-1-27-v0-sha-hipstsw");
+    std::fs::create_dir_all(&staged).unwrap();
+    for entry in std::fs::read_dir(fixtures().join("docker-ferrol-1-27-v0-sha-hipstsw")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), staged.join(entry.file_name())).unwrap();
+    }
+    let config = staged.join("clusteraddon.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text + "  AfterClusterUpgrade:\n    - name: metrics-server\n      action: delete\n",
+    )
+    .unwrap();
+    // One object of the stage is not the operator's any more, one is gone already.
+    let workload_client = workload.client().await.unwrap();
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(workload_client.clone(), "kube-system")
+        .patch(
+            "metrics-server",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"labels": {"clusterstack.x-k8s.io/instance": null}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(workload_client, "kube-system")
+        .delete("metrics-server", &Default::default())
+        .await
+        .unwrap();
+    let output = cso_render(&[
+        staged.to_str().unwrap(),
+        "--cluster",
+        &format!("{ns}/c1"),
+        "--kubeconfig",
+        plane.kubeconfig_path().to_str().unwrap(),
+        "--diff",
+    ]);
+    let deleted = section(
+        &output,
+        &format!("AfterClusterUpgrade: metrics-server (delete) -> workload cluster of {ns}/c1"),
+    );
+    assert!(
+        deleted.contains("   delete     Deployment.apps kube-system/metrics-server\n")
+            && deleted.contains(
+                "   keep       ServiceAccount kube-system/metrics-server (not labelled by the operator)\n"
+            )
+            && deleted.contains("   absent     PodDisruptionBudget.policy kube-system/metrics-server\n"),
+        "{deleted}"
+    );
+    assert_eq!(deleted.matches("   delete     ").count(), 8, "{deleted}");
+    assert!(
+        output.contains(" 8 to delete, ") && output.contains(" 1 left alone, "),
+        "{output}"
+    );
+    assert!(
+        deployments.get_opt("metrics-server").await.unwrap().is_some(),
+        "a preview deletes nothing"
+    );
 }

@@ -428,20 +428,7 @@ impl StagedRun<'_> {
                 }
             }
             StageAction::Delete => {
-                let targets: Vec<Resource> = manifests
-                    .iter()
-                    .map(|m| {
-                        let (group, version) = m.group_version();
-                        Resource {
-                            group: group.to_owned(),
-                            version: version.to_owned(),
-                            kind: m.kind().to_owned(),
-                            namespace: m.namespace().unwrap_or_default().to_owned(),
-                            name: m.name().to_owned(),
-                            ..Default::default()
-                        }
-                    })
-                    .collect();
+                let targets: Vec<Resource> = manifests.iter().map(cso_apply::resource_of).collect();
                 let report = self
                     .workload
                     .engine

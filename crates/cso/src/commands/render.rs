@@ -10,7 +10,7 @@ use cso_api::{
 };
 use cso_apply::{
     ApplyEngine, Change, ClusterDiscovery, DEFAULT_FIELD_MANAGER, ObjectKey, PlannedChange, WorkloadClients,
-    plan::without_server_fields, template_data::template_data,
+    plan::without_server_fields, resource_of, template_data::template_data,
 };
 use cso_controller::preview::{self, ForCluster, Part, Target};
 use cso_release::{
@@ -222,7 +222,15 @@ struct Tally {
     prune: usize,
     delete: usize,
     unchanged: usize,
+    kept: usize,
     refused: usize,
+}
+
+/// Whether the objects planned for removal are pruned (gone from the release) or deleted by a delete stage.
+#[derive(Clone, Copy)]
+enum Removal {
+    Prune,
+    Delete,
 }
 
 impl Diff<'_> {
@@ -236,10 +244,23 @@ impl Diff<'_> {
         for part in parts {
             writeln!(out, "== {}", heading(part, self.cluster_name))?;
             if part.action == StageAction::Delete {
-                for manifest in &part.manifests {
-                    tally.delete += 1;
-                    writeln!(out, "   delete     {} {}", manifest.kind(), manifest.name())?;
-                }
+                let Some(workload) = self.workload else {
+                    for manifest in &part.manifests {
+                        tally.delete += 1;
+                        writeln!(out, "   delete     {} {}", manifest.kind(), manifest.name())?;
+                    }
+                    writeln!(
+                        out,
+                        "   (not checked: pass --cluster NAMESPACE/NAME of a live Cluster)"
+                    )?;
+                    continue;
+                };
+                let targets: Vec<Resource> = part.manifests.iter().map(resource_of).collect();
+                let planned = workload
+                    .engine
+                    .plan(&[], part.target.default_namespace(), &part.labels, &targets)
+                    .await;
+                print_planned(out, &planned, &self.release.id.tag(), Removal::Delete, &mut tally)?;
                 continue;
             }
             let planned = match (&part.target, self.workload) {
@@ -270,7 +291,7 @@ impl Diff<'_> {
                     continue;
                 }
             };
-            print_planned(out, &planned, &self.release.id.tag(), &mut tally)?;
+            print_planned(out, &planned, &self.release.id.tag(), Removal::Prune, &mut tally)?;
         }
         if let (Some(workload), Some((namespace, name))) = (self.workload, self.live_cluster) {
             let previous = self.addon_inventory(namespace, name).await?;
@@ -288,13 +309,13 @@ impl Diff<'_> {
                     .engine
                     .plan(&[], "kube-system", &Default::default(), &stale)
                     .await;
-                print_planned(out, &planned, &self.release.id.tag(), &mut tally)?;
+                print_planned(out, &planned, &self.release.id.tag(), Removal::Prune, &mut tally)?;
             }
         }
         writeln!(
             out,
-            "== {} to create, {} to change, {} to prune, {} to delete, {} unchanged, {} refused",
-            tally.create, tally.change, tally.prune, tally.delete, tally.unchanged, tally.refused
+            "== {} to create, {} to change, {} to prune, {} to delete, {} unchanged, {} left alone, {} refused",
+            tally.create, tally.change, tally.prune, tally.delete, tally.unchanged, tally.kept, tally.refused
         )?;
         Ok(())
     }
@@ -326,6 +347,7 @@ fn print_planned(
     out: &mut String,
     planned: &[PlannedChange],
     tag: &str,
+    removal: Removal,
     tally: &mut Tally,
 ) -> anyhow::Result<()> {
     for item in planned {
@@ -338,10 +360,21 @@ fn print_planned(
                 tally.unchanged += 1;
                 writeln!(out, "   unchanged  {}", item.key)?;
             }
-            Change::Prune => {
-                tally.prune += 1;
-                writeln!(out, "   prune      {}", item.key)?;
+            Change::Prune => match removal {
+                Removal::Prune => {
+                    tally.prune += 1;
+                    writeln!(out, "   prune      {}", item.key)?;
+                }
+                Removal::Delete => {
+                    tally.delete += 1;
+                    writeln!(out, "   delete     {}", item.key)?;
+                }
+            },
+            Change::Keep => {
+                tally.kept += 1;
+                writeln!(out, "   keep       {} (not labelled by the operator)", item.key)?;
             }
+            Change::Absent => writeln!(out, "   absent     {}", item.key)?,
             Change::Refused(reason) => {
                 tally.refused += 1;
                 writeln!(out, "   refused    {}: {reason}", item.key)?;
