@@ -1,6 +1,7 @@
 //! Prometheus metrics: controller-runtime's reconcile metrics (same names and labels, so dashboards made for
 //! the Go operator work) and the operator's own: objects applied, pruned and put back, render and apply
-//! durations per target cluster; requests to the release source and its rate-limit budget; releases cached.
+//! durations per target cluster; requests to the release source and its rate-limit budget; releases cached;
+//! and leader election (client-go's `leader_election_master_status`, plus failed renewals).
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
 use std::{
@@ -63,6 +64,12 @@ struct SourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    /// The lease's name.
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceRequestLabels {
     source: String,
     /// `list` or `download`.
@@ -86,6 +93,8 @@ pub struct Metrics {
     source_requests: Family<SourceRequestLabels, Counter>,
     rate_limit_remaining: Family<SourceLabels, Gauge>,
     releases_cached: Gauge,
+    leader: Family<LeaseLabels, Gauge>,
+    renewal_failures: Family<LeaseLabels, Counter>,
     /// The release cache whose size `releases_cached` shows, read at scrape time.
     cache: OnceLock<Arc<ReleaseCache>>,
 }
@@ -115,6 +124,8 @@ impl Default for Metrics {
             source_requests: Family::default(),
             rate_limit_remaining: Family::default(),
             releases_cached: Gauge::default(),
+            leader: Family::default(),
+            renewal_failures: Family::default(),
             cache: OnceLock::new(),
         };
         registry.register(
@@ -171,6 +182,16 @@ impl Default for Metrics {
             "cso_releases_cached",
             "Releases in the local release cache",
             metrics.releases_cached.clone(),
+        );
+        registry.register(
+            "leader_election_master_status",
+            "Whether this replica holds the lease: 1 leads, 0 stands by",
+            metrics.leader.clone(),
+        );
+        registry.register(
+            "cso_leader_election_renewal_failures",
+            "Failed attempts to renew the held lease (retried until shortly before it expires)",
+            metrics.renewal_failures.clone(),
         );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics
@@ -232,6 +253,24 @@ impl Metrics {
         self.apply_durations
             .get_or_create(&labels)
             .observe(report.duration.as_secs_f64());
+    }
+
+    /// Records whether this replica holds the lease `lease`.
+    pub fn set_leading(&self, lease: &str, leading: bool) {
+        self.leader
+            .get_or_create(&LeaseLabels {
+                name: lease.to_owned(),
+            })
+            .set(i64::from(leading));
+    }
+
+    /// Counts one failed renewal of the lease `lease`.
+    pub fn renewal_failed(&self, lease: &str) {
+        self.renewal_failures
+            .get_or_create(&LeaseLabels {
+                name: lease.to_owned(),
+            })
+            .inc();
     }
 
     /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).

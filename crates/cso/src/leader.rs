@@ -8,9 +8,13 @@
 //! after that, or as soon as the Lease names another holder, [`Leadership::lost`] resolves and the caller
 //! stops at once (fail-stop), before another replica can acquire the lease. On a graceful stop the lease is
 //! released, so a successor need not wait for it to expire.
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::Context;
+use cso_controller::Metrics;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
@@ -61,6 +65,7 @@ impl LeaseSettings {
 /// The lease, held.
 pub struct Leadership {
     manager: LeaseManager,
+    metrics: Arc<Metrics>,
     leases: Api<Lease>,
     identity: String,
     schedule: Schedule,
@@ -77,12 +82,15 @@ impl std::fmt::Debug for Leadership {
     }
 }
 
-/// Waits until this replica holds the lease; `None` when `stop` resolves first.
+/// Waits until this replica holds the lease; `None` when `stop` resolves first. `metrics` shows whether this
+/// replica leads and counts failed renewals.
 pub async fn acquire(
     client: kube::Client,
     settings: &LeaseSettings,
+    metrics: Arc<Metrics>,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<Option<Leadership>> {
+    metrics.set_leading(LEASE_NAME, false);
     let schedule = Schedule::new(settings.duration);
     let seconds = schedule.duration.as_secs();
     let leases = Api::namespaced(client.clone(), &settings.namespace);
@@ -118,8 +126,10 @@ pub async fn acquire(
         () = stop => return Ok(None),
     }
     tracing::info!(identity = %settings.identity, "became the leader");
+    metrics.set_leading(LEASE_NAME, true);
     Ok(Some(Leadership {
         manager,
+        metrics,
         leases,
         identity: settings.identity.clone(),
         // The lease was written just now (the request that wrote it is the only thing since); until the first
@@ -205,6 +215,12 @@ impl Leadership {
     /// Keeps the lease renewed; resolves (with the reason) only when leadership is lost: the Lease names
     /// another holder, or it could not be renewed before it would expire.
     pub async fn lost(&mut self) -> String {
+        let reason = self.hold().await;
+        self.metrics.set_leading(LEASE_NAME, false);
+        reason
+    }
+
+    async fn hold(&mut self) -> String {
         loop {
             sleep_until(self.schedule.next_renewal(self.valid_until)).await;
             let give_up_at = self.schedule.give_up_at(self.valid_until);
@@ -220,6 +236,7 @@ impl Leadership {
                     }
                     Err(Failure::Lost(reason)) => return reason,
                     Err(Failure::Transient(reason)) => {
+                        self.metrics.renewal_failed(LEASE_NAME);
                         if SystemTime::now() + self.schedule.retry >= give_up_at {
                             return format!("the lease could not be renewed before it expires: {reason}");
                         }
@@ -273,6 +290,7 @@ impl Leadership {
 
     /// Gives the lease up so that another replica takes over at once.
     pub async fn release(self) {
+        self.metrics.set_leading(LEASE_NAME, false);
         match self.manager.release().await {
             Ok(()) => tracing::info!(identity = %self.identity, "released the leader-election lease"),
             Err(e) => {

@@ -148,15 +148,8 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
     assert_eq!(discovery["handlers"].as_array().unwrap().len(), 3, "{discovery}");
 
     // Metrics with controller-runtime's names, and the probes.
+    let metrics = scrape(endpoints.metrics_port).await;
     let plain = reqwest::Client::new();
-    let metrics = plain
-        .get(format!("http://127.0.0.1:{}/metrics", endpoints.metrics_port))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     assert!(
         metrics.contains(
             r#"controller_runtime_reconcile_total{controller="clusterstackrelease",result="success"}"#
@@ -314,6 +307,16 @@ impl LeaderScene {
     }
 }
 
+/// The `/metrics` text of the replica serving them on `port`.
+async fn scrape(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
     Api::<Lease>::namespaced(client.clone(), namespace)
         .get_opt("clusterstack.x-k8s.io")
@@ -332,11 +335,11 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     let replica = |name: &str| {
         let instance = Instance::new(&scene.certs, true);
         let (process, log) = scene.start(name, kubeconfig, &instance);
-        (process, log, instance.health_port)
+        (process, log, (instance.health_port, instance.metrics_port))
     };
 
     // The first replica becomes the leader; the second waits, serving its probes (and webhooks) meanwhile.
-    let (mut first, first_log, _) = replica("first");
+    let (mut first, first_log, (_, first_metrics)) = replica("first");
     let became = wait_for("the first replica leads", Duration::from_secs(30), || async {
         logged(&first_log, "became the leader")
     })
@@ -346,7 +349,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
         lease_holder(client, ns).await.as_deref(),
         Some(first_identity.as_str())
     );
-    let (mut second, second_log, second_health) = replica("second");
+    let (mut second, second_log, (second_health, second_metrics)) = replica("second");
     wait_for(
         "the second replica waits for the lease",
         Duration::from_secs(30),
@@ -358,6 +361,9 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
         .await
         .unwrap();
     assert!(probe.status().is_success(), "a follower serves its probes");
+    let leading = r#"leader_election_master_status{name="clusterstack.x-k8s.io"}"#;
+    assert!(scrape(first_metrics).await.contains(&format!("{leading} 1")));
+    assert!(scrape(second_metrics).await.contains(&format!("{leading} 0")));
     let reconciled_by = |log: &Path| {
         log_lines(log)
             .iter()

@@ -126,7 +126,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             duration: args.leader_elect_lease_duration,
             identity: LeaseSettings::identity(),
         };
-        match leader::acquire(operator.client.clone(), &settings, stopped(stop.clone())).await? {
+        match leader::acquire(
+            operator.client.clone(),
+            &settings,
+            metrics.clone(),
+            stopped(stop.clone()),
+        )
+        .await?
+        {
             Some(leadership) => Some(leadership),
             None => {
                 stop_tls_servers([webhooks, hooks]).await;
