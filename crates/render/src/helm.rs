@@ -28,7 +28,9 @@ pub struct RenderRequest {
     pub include_crds: bool,
     /// A kubeconfig of the cluster the objects are for: Helm then renders with `--dry-run=server`, so that
     /// `lookup` sees existing objects (charts such as Cilium otherwise mint new certificates on every render)
-    /// and `.Capabilities` holds the cluster's own API versions.
+    /// and `.Capabilities` holds the cluster's own API versions. With `--take-ownership` (Helm 3.17 and
+    /// later), because the objects are the operator's, not a Helm release's: Helm 4 otherwise refuses to
+    /// render a chart whose objects exist without Helm's release annotations.
     pub target_kubeconfig: Option<PathBuf>,
 }
 
@@ -56,6 +58,8 @@ pub struct Helm {
     binary: PathBuf,
     timeout: Duration,
     home: tempfile::TempDir,
+    /// Whether this helm knows `--take-ownership`, asked once.
+    takes_ownership: tokio::sync::OnceCell<bool>,
 }
 
 impl Helm {
@@ -73,10 +77,43 @@ impl Helm {
             binary,
             timeout,
             home,
+            takes_ownership: tokio::sync::OnceCell::new(),
         })
     }
 
-    fn arguments(request: &RenderRequest) -> Vec<String> {
+    /// Whether `helm version` names a release with `--take-ownership` (3.17 or later); a version that cannot be
+    /// read counts as recent.
+    async fn takes_ownership(&self) -> bool {
+        *self
+            .takes_ownership
+            .get_or_init(|| async {
+                let version = self
+                    .command()
+                    .args(["version", "--template", "{{.Version}}"])
+                    .stdin(Stdio::null())
+                    .output()
+                    .await
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .and_then(|o| parse_version(&String::from_utf8_lossy(&o.stdout)));
+                tracing::debug!(?version, binary = %self.binary.display(), "helm version");
+                knows_take_ownership(version)
+            })
+            .await
+    }
+
+    /// `helm` with its private home directories.
+    fn command(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .env("HELM_CACHE_HOME", self.private_dir("cache"))
+            .env("HELM_CONFIG_HOME", self.private_dir("config"))
+            .env("HELM_DATA_HOME", self.private_dir("data"))
+            .kill_on_drop(true);
+        command
+    }
+
+    fn arguments(request: &RenderRequest, take_ownership: bool) -> Vec<String> {
         let mut args = vec![
             "template".to_owned(),
             request.release_name.clone(),
@@ -99,6 +136,9 @@ impl Helm {
                 "--kubeconfig".to_owned(),
                 kubeconfig.display().to_string(),
             ]);
+            if take_ownership {
+                args.push("--take-ownership".to_owned());
+            }
         }
         if request.values.is_some() {
             args.extend(["--values".to_owned(), "-".to_owned()]);
@@ -115,12 +155,11 @@ impl ChartRenderer for Helm {
     fn render(&self, request: RenderRequest) -> BoxFuture<'_, Result<String, RenderError>> {
         Box::pin(async move {
             let chart = request.chart.clone();
-            let mut child = tokio::process::Command::new(&self.binary)
-                .args(Self::arguments(&request))
+            let take_ownership = request.target_kubeconfig.is_some() && self.takes_ownership().await;
+            let mut child = self
+                .command()
+                .args(Self::arguments(&request, take_ownership))
                 .current_dir(chart.parent().unwrap_or(Path::new("/")))
-                .env("HELM_CACHE_HOME", self.private_dir("cache"))
-                .env("HELM_CONFIG_HOME", self.private_dir("config"))
-                .env("HELM_DATA_HOME", self.private_dir("data"))
                 .stdin(if request.values.is_some() {
                     Stdio::piped()
                 } else {
@@ -128,7 +167,6 @@ impl ChartRenderer for Helm {
                 })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .kill_on_drop(true)
                 .spawn()
                 .map_err(|source| RenderError::Spawn {
                     binary: self.binary.clone(),
@@ -156,5 +194,63 @@ impl ChartRenderer for Helm {
             }
             String::from_utf8(output.stdout).map_err(|_| RenderError::Output { chart })
         })
+    }
+}
+
+/// `--take-ownership` came with Helm 3.17; an unreadable version counts as recent.
+fn knows_take_ownership(version: Option<(u32, u32)>) -> bool {
+    !matches!(version, Some((major, minor)) if major < 3 || (major == 3 && minor < 17))
+}
+
+/// `(major, minor)` of a Helm version such as `v3.20.2` or `v4.3`.
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.trim().strip_prefix('v')?.split(['.', '+', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helm_versions_are_read_as_major_and_minor() {
+        assert_eq!(parse_version("v3.20.2"), Some((3, 20)));
+        assert_eq!(parse_version("v4.3\n"), Some((4, 3)));
+        assert_eq!(parse_version("v3.16.4+g2f5ae68"), Some((3, 16)));
+        assert_eq!(parse_version("3.20.2"), None);
+        assert_eq!(parse_version("<no value>"), None);
+    }
+
+    #[test]
+    fn take_ownership_from_helm_3_17() {
+        assert!(knows_take_ownership(Some((4, 3))));
+        assert!(knows_take_ownership(Some((3, 17))));
+        assert!(!knows_take_ownership(Some((3, 16))));
+        assert!(!knows_take_ownership(Some((2, 17))));
+        assert!(knows_take_ownership(None));
+    }
+
+    #[test]
+    fn take_ownership_only_with_a_target_cluster() {
+        let offline = RenderRequest {
+            chart: "chart.tgz".into(),
+            release_name: "r".into(),
+            namespace: "ns".into(),
+            ..Default::default()
+        };
+        assert!(
+            !Helm::arguments(&offline, true)
+                .iter()
+                .any(|a| a.contains("dry-run") || a.contains("ownership"))
+        );
+        let live = RenderRequest {
+            target_kubeconfig: Some("/k".into()),
+            ..offline
+        };
+        let args = Helm::arguments(&live, true);
+        assert!(
+            args.contains(&"--dry-run=server".to_owned()) && args.contains(&"--take-ownership".to_owned())
+        );
+        assert!(!Helm::arguments(&live, false).contains(&"--take-ownership".to_owned()));
     }
 }
