@@ -2,7 +2,8 @@
 # Installs the tools the tests and `cso dev up` need, cached outside the repo.
 #
 #   kube-apiserver  built from the k8s.io/kubernetes Go module (wrapper module in hack/testenv/kube-apiserver)
-#   helm            built from helm.sh/helm/v3 on the Go module proxy
+#   helm            built from helm.sh/helm/v3 on the Go module proxy (what the image ships)
+#   helm 4          built from helm.sh/helm/v4, for the render and apply tests run a second time with it
 #   CAPI CRDs       the sigs.k8s.io/cluster-api modules, downloaded into the Go module cache
 #   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
@@ -15,6 +16,7 @@ set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 HELM_VERSION="${HELM_VERSION:-v3.20.2}"
+HELM4_VERSION="${HELM4_VERSION:-v4.3.1}"
 CAPI_VERSION="${CAPI_VERSION:-v1.10.4}"
 CERT_MANAGER_VERSION="${CERT_MANAGER_VERSION:-v1.16.2}"
 CACHE="${CSO_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cso}"
@@ -22,6 +24,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 KUBE_APISERVER="$CACHE/k8s-$K8S_VERSION/kube-apiserver"
 HELM="$CACHE/helm-$HELM_VERSION/helm"
+HELM4="$CACHE/helm-$HELM4_VERSION/helm"
 
 say() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -34,6 +37,7 @@ print_env() {
   echo "CSO_KUBE_APISERVER=$KUBE_APISERVER"
   echo "CSO_CERT_MANAGER_CRD_DIR=$cert_manager_dir/deploy/crds"
   echo "CSO_HELM=$HELM"
+  echo "CSO_HELM4=$HELM4"
   echo "CSO_CAPI_CRD_DIRS=$capi_dir/config/crd/bases:$capi_dir/bootstrap/kubeadm/config/crd/bases:$capi_dir/controlplane/kubeadm/config/crd/bases:$capi_test_dir/infrastructure/docker/config/crd/bases"
   if command -v docker-registry >/dev/null 2>&1; then echo "CSO_REGISTRY=$(command -v docker-registry)"; fi
 }
@@ -54,17 +58,20 @@ build_kube_apiserver() {
   say "kube-apiserver: built in $((SECONDS - start))s"
 }
 
+# build_helm VERSION PATH: helm VERSION (v3.x or v4.x) from the Go module proxy into PATH.
 build_helm() {
-  if [[ -x "$HELM" ]]; then say "helm $HELM_VERSION: cached at $HELM"; return; fi
-  say "helm $HELM_VERSION: building from the Go module proxy (cold: a few minutes)"
+  local version="$1" target="$2"
+  local module="helm.sh/helm/${version%%.*}"
+  if [[ -x "$target" ]]; then say "helm $version: cached at $target"; return; fi
+  say "helm $version: building from the Go module proxy (cold: a few minutes)"
   local start=$SECONDS gobin
   gobin="$(mktemp -d)"
   GOTOOLCHAIN=local CGO_ENABLED=0 GOBIN="$gobin" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  mkdir -p "$(dirname "$HELM")"
-  mv "$gobin/helm" "$HELM"
+    -ldflags "-s -w -X $module/internal/version.version=$version" "$module/cmd/helm@$version"
+  mkdir -p "$(dirname "$target")"
+  mv "$gobin/helm" "$target"
   rm -rf "$gobin"
-  say "helm: built in $((SECONDS - start))s"
+  say "helm $version: built in $((SECONDS - start))s"
 }
 
 fetch_capi() {
@@ -91,7 +98,8 @@ case "${1:-install}" in
   --env) print_env ;;
   install)
     fetch_capi
-    build_helm
+    build_helm "$HELM_VERSION" "$HELM"
+    build_helm "$HELM4_VERSION" "$HELM4"
     install_registry
     build_kube_apiserver
     print_env > "$CACHE/env"
