@@ -279,20 +279,13 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
         .await
         .unwrap();
     let mut inventory = report.resources.clone();
-    inventory.push(cso_api::common::Resource {
+    inventory.extend(["foreign", "never-there"].map(|name| cso_api::common::Resource {
         version: "v1".into(),
         kind: "ConfigMap".into(),
         namespace: ns.clone(),
-        name: "foreign".into(),
+        name: name.into(),
         ..Default::default()
-    });
-    inventory.push(cso_api::common::Resource {
-        version: "v1".into(),
-        kind: "ConfigMap".into(),
-        namespace: ns.clone(),
-        name: "never-there".into(),
-        ..Default::default()
-    });
+    }));
     // The plan checks each entry as the prune will: the operator's objects would go, the foreign one stays,
     // the missing one needs nothing.
     let planned = engine.plan(&[], &ns, &BTreeMap::new(), &inventory).await;

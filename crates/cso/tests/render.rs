@@ -198,14 +198,18 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
     let deployments: Api<Deployment> = Api::namespaced(workload.client().await.unwrap(), "kube-system");
     let before = deployments.get("metrics-server").await.unwrap();
 
-    let output = cso_render(&[
-        &release("docker-ferrol-1-27-v2"),
-        "--cluster",
-        &format!("{ns}/c1"),
-        "--kubeconfig",
-        plane.kubeconfig_path().to_str().unwrap(),
-        "--diff",
-    ]);
+    let cluster_ref = format!("{ns}/c1");
+    let diff_for_c1 = |release: &str| {
+        cso_render(&[
+            release,
+            "--cluster",
+            &cluster_ref,
+            "--kubeconfig",
+            plane.kubeconfig_path().to_str().unwrap(),
+            "--diff",
+        ])
+    };
+    let output = diff_for_c1(&release("docker-ferrol-1-27-v2"));
     let class = section(
         &output,
         &format!("cluster class -> management cluster, namespace {ns}"),
@@ -293,14 +297,7 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
         .delete("metrics-server", &Default::default())
         .await
         .unwrap();
-    let output = cso_render(&[
-        staged.to_str().unwrap(),
-        "--cluster",
-        &format!("{ns}/c1"),
-        "--kubeconfig",
-        plane.kubeconfig_path().to_str().unwrap(),
-        "--diff",
-    ]);
+    let output = diff_for_c1(staged.to_str().unwrap());
     let deleted = section(
         &output,
         &format!("AfterClusterUpgrade: metrics-server (delete) -> workload cluster of {ns}/c1"),
