@@ -3,7 +3,7 @@
 #
 #   kube-apiserver  built from the k8s.io/kubernetes Go module (wrapper module in hack/testenv/kube-apiserver)
 #   helm            built from helm.sh/helm/v3 on the Go module proxy (what the image ships)
-#   helm 4          built from helm.sh/helm/v4, for the render and apply tests run a second time with it
+#   helm 4          built from helm.sh/helm/v4, for the tests that run helm, run a second time with it
 #   CAPI CRDs       the sigs.k8s.io/cluster-api modules, downloaded into the Go module cache
 #   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)

@@ -323,8 +323,8 @@ impl ReleaseSource for MeteredSource {
         self.inner
             .list_tags()
             .map(|result| {
-                let outcome = result.as_ref().map(|_| ());
-                self.metrics.source_request(self.inner.as_ref(), "list", &outcome);
+                self.metrics
+                    .source_request(self.inner.as_ref(), "list", &result.as_ref().map(|_| ()));
                 result
             })
             .boxed()

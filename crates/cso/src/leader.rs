@@ -8,6 +8,7 @@
 //! after that, or as soon as the Lease names another holder, [`Leadership::lost`] resolves and the caller
 //! stops at once (fail-stop), before another replica can acquire the lease. On a graceful stop the lease is
 //! released, so a successor need not wait for it to expire.
+
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -98,6 +99,8 @@ pub async fn acquire(
         .with_namespace(&settings.namespace)
         .with_identity(&settings.identity)
         .with_duration(seconds)
+        // Only its own renewal loop, which is not used once the lease is held, reads the grace; the builder
+        // requires one shorter than the duration (its default, 5 s, is not for 3 or 4 s leases).
         .with_grace(seconds / 3)
         .build()
         .await
@@ -184,14 +187,6 @@ enum Failure {
     Lost(String),
     /// The API could not be asked (or the Lease changed meanwhile): try again.
     Transient(String),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Lost(reason) | Failure::Transient(reason) => f.write_str(reason),
-        }
-    }
 }
 
 /// Whether `identity` holds the lease described by `spec`; the reason when not.

@@ -17,10 +17,16 @@ use support::*;
 
 /// Runs `cso render ARGS`; returns stdout, failing the test (with stderr) when it fails.
 fn cso_render(args: &[&str]) -> String {
+    cso_render_with_env(args, &[])
+}
+
+/// [`cso_render`] with these environment variables set.
+fn cso_render_with_env(args: &[&str], env: &[(&str, &str)]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_cso"))
         .arg("render")
         .args(args)
         .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -105,21 +111,18 @@ fn offline_it_prints_the_cluster_class_and_addons_templated_over_the_cluster() {
 async fn a_release_tag_is_fetched_from_its_source() {
     let fake = github_with_ferrol().await;
     let cache = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
-        .args(["render", "docker-ferrol-1-27-v2", "--source=github"])
-        .arg(format!("--github-api-url={}", fake.api_url()))
-        .arg(format!("--release-dir={}", cache.path().display()))
-        .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
-        .env("GIT_PROVIDER", "github")
-        .env("GIT_ORG_NAME", "SovereignCloudStack")
-        .env("GIT_REPOSITORY_NAME", "cluster-stacks")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = cso_render_with_env(
+        &[
+            "docker-ferrol-1-27-v2",
+            "--source=github",
+            &format!("--github-api-url={}", fake.api_url()),
+            &format!("--release-dir={}", cache.path().display()),
+        ],
+        &[
+            ("GIT_PROVIDER", "github"),
+            ("GIT_ORG_NAME", "SovereignCloudStack"),
+            ("GIT_REPOSITORY_NAME", "cluster-stacks"),
+        ],
     );
     assert!(
         stdout.contains("name: docker-ferrol-1-27-v2") && stdout.contains("clusterAddonVersion"),

@@ -36,7 +36,6 @@ use crate::{
     Context, Error, cluster_stack_release::FetchFailure, context::object_key, filter::is_paused, patch,
 };
 
-/// How often an unreachable workload cluster is asked again.
 /// What the reconcile decided to record in the spec (the Go operator's fields, written after the fact).
 #[derive(Default)]
 struct SpecUpdate {
