@@ -67,7 +67,7 @@ where
 }
 
 /// Runs the ClusterStack and ClusterStackRelease controllers until `shutdown` completes; reconciles in
-/// flight are finished first.
+/// flight are given [`STOP_GRACE`] to finish.
 pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
     let Operator {
         client,
@@ -300,9 +300,23 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         });
 
     tracing::info!(namespace = ?settings.namespace, "controllers started");
-    futures::join!(stacks, releases, addon_create, addons);
-    tracing::info!("controllers stopped");
+    let controllers = async {
+        futures::join!(stacks, releases, addon_create, addons);
+    };
+    let grace_over = async {
+        shutdown.await;
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        () = controllers => tracing::info!("controllers stopped"),
+        () = grace_over => tracing::warn!(grace = ?STOP_GRACE,
+            "reconciles still in flight after the stop's grace period are dropped; the next start redoes them"),
+    }
 }
+
+/// How long a stop waits for reconciles in flight. Reconciles are level-based, so one cut short is redone by
+/// the next start (or the next leader); a stop never waits on a stuck request.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The release a ClusterClass of ours was applied for (its release label).
 fn release_of_class(class: &DynamicObject) -> Option<ObjectRef<ClusterStackRelease>> {
