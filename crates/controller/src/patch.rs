@@ -1,5 +1,6 @@
-//! Writing what a reconciler decided: the status by server-side apply (fields we stop setting are removed,
-//! unlike with a merge patch), finalizers by JSON patch guarded by the resourceVersion.
+//! Reading the reconciled object as it is, and writing what a reconciler decided: the status by server-side
+//! apply (fields we stop setting are removed, unlike with a merge patch), finalizers by JSON patch guarded by
+//! the resourceVersion.
 
 use kube::{
     Api, Resource, ResourceExt,
@@ -12,6 +13,19 @@ use crate::Error;
 
 /// The field manager of the status; the same as the apply engine's, so one name owns all our writes.
 pub(crate) const FIELD_MANAGER: &str = cso_apply::DEFAULT_FIELD_MANAGER;
+
+/// `object` as the API server has it now; `None` when it is gone. The controller's store can lag behind the
+/// writes of the previous reconcile: acting on that copy would redo finished work (run a finished stage
+/// again, and so undo what happened since) or skip a status write because the old copy already showed it.
+/// One read per reconcile is what that costs.
+pub(crate) async fn current<K>(api: &Api<K>, object: &K) -> Result<Option<K>, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(&object.name_any())
+        .await
+        .map_err(|source| Error::kube(format!("read {}", object.name_any()), source))
+}
 
 /// Writes `status` of `object` when it differs from `before`.
 pub(crate) async fn status<K, S>(

@@ -66,48 +66,69 @@ where
     }
 }
 
+impl Operator {
+    /// The context the reconcilers share, for calling a reconciler directly (the watches of provider
+    /// objects it starts trigger nothing). [`run`] builds its own.
+    pub fn context(self) -> std::io::Result<Arc<Context>> {
+        self.assemble().map(|(ctx, _)| ctx)
+    }
+
+    /// The shared context, and the triggers of the provider-object watches it starts.
+    fn assemble(
+        self,
+    ) -> std::io::Result<(
+        Arc<Context>,
+        impl futures::Stream<Item = ObjectRef<ClusterStackRelease>> + Send + 'static,
+    )> {
+        let Operator {
+            client,
+            releases,
+            renderer,
+            values,
+            metrics,
+            take_over_from,
+            settings,
+        } = self;
+        let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+        let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
+            .taking_over_from(take_over_from.clone());
+        let workloads =
+            WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
+                .taking_over_from(take_over_from)
+                .with_limits(settings.client_limits);
+        let (provider_watches, provider_triggers) =
+            ProviderWatches::new(client.clone(), settings.namespace.clone());
+        metrics.watch_cache(releases.clone());
+        let renderer: Arc<dyn cso_render::ChartRenderer> =
+            Arc::new(crate::metrics::MeteredRenderer::new(renderer, metrics.clone()));
+        let ctx = Context::new(
+            client,
+            releases,
+            renderer,
+            engine,
+            discovery,
+            workloads,
+            values,
+            metrics,
+            settings,
+            provider_watches,
+        );
+        Ok((Arc::new(ctx), provider_triggers))
+    }
+}
+
 /// Runs the ClusterStack and ClusterStackRelease controllers until `shutdown` completes; reconciles in
 /// flight are given [`STOP_GRACE`] to finish.
 pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let Operator {
-        client,
-        releases,
-        renderer,
-        values,
-        metrics,
-        take_over_from,
-        settings,
-    } = operator;
-    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
-    let engine =
-        ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER).taking_over_from(take_over_from.clone());
-    let workloads =
-        match WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT) {
-            Ok(workloads) => workloads
-                .taking_over_from(take_over_from)
-                .with_limits(settings.client_limits),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot create a private directory for workload kubeconfigs");
-                return;
-            }
-        };
-    let (provider_watches, provider_triggers) =
-        ProviderWatches::new(client.clone(), settings.namespace.clone());
-    metrics.watch_cache(releases.clone());
-    let renderer: Arc<dyn cso_render::ChartRenderer> =
-        Arc::new(crate::metrics::MeteredRenderer::new(renderer, metrics.clone()));
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        releases,
-        renderer,
-        engine,
-        discovery,
-        workloads,
-        values,
-        metrics,
-        settings.clone(),
-        provider_watches,
-    ));
+    let (ctx, provider_triggers) = match operator.assemble() {
+        Ok(parts) => parts,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot create a private directory for workload kubeconfigs");
+            return;
+        }
+    };
+    let client = ctx.client.clone();
+    let settings = ctx.settings.clone();
     let shutdown = shutdown.boxed().shared();
     let config = watcher_config(&settings);
     let namespace = &settings.namespace;

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use cso_api::{
     ClusterAddon,
@@ -14,10 +14,11 @@ use cso_api::{
     conditions::{ConditionsExt, READY},
     names::{condition, reason},
 };
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
 use support::*;
@@ -423,6 +424,105 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
     assert!(done.status.as_ref().unwrap().stages.is_empty());
     operator.stop().await;
     own.stop();
+}
+
+/// The controller's store can hand a reconcile a copy older than the last pass's writes (seen in CI: the
+/// AfterControlPlaneInitialized stages ran again right after they had finished, and re-applied metrics-server
+/// over a change made since). A reconcile reads the ClusterAddon itself, so an old copy changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_handed_an_old_copy_does_not_run_finished_stages_again() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let own = workload_plane("workload-stale").await;
+    let ns = cso_testenv::namespace(&client, "stale").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v0-sha-hipstsw"]);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    let mut spec = ferrol_spec(&["v0-sha.hipstsw"]);
+    spec["channel"] = json!("custom");
+    create_stack(&client, &ns, "custom", spec).await;
+    let class = "docker-ferrol-1-27-v0-sha.hipstsw";
+    create_cluster(&client, &ns, "stale", class).await;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    let name = "cluster-addon-stale";
+    // The copy as first created: nothing installed, no hook.
+    let old = eventually(name, CONVERGE, || async { addons.get_opt(name).await.unwrap() }).await;
+    assert!(old.spec.cluster_stack.is_empty() && old.spec.hook.is_empty());
+    cso_testenv::kubeconfig_secret(&client, &ns, "stale", own.kubeconfig_yaml())
+        .await
+        .unwrap();
+    ready_addon(&client, &ns, "stale", class).await;
+    operator.stop().await;
+
+    // Only this reconcile writes from here on; every version it writes is looked at.
+    let before = addons.get(name).await.unwrap();
+    let source = Arc::new(cso_release::source::local::LocalSource::new(
+        dir.path().join("cluster-stacks"),
+    ));
+    let (parts, _) = support::operator(&client, &ns, dir.path(), source, |_| {});
+    let ctx = parts.context().unwrap();
+    cso_controller::cluster_addon::reconcile(Arc::new(old), ctx)
+        .await
+        .unwrap();
+    let after = addons.get(name).await.unwrap();
+    let written = versions_between(&addons, name, &before, &after).await;
+    for version in &written {
+        assert!(
+            version.spec.hook.is_empty(),
+            "no hook started again: {:?}",
+            version.spec
+        );
+        assert!(
+            version
+                .status
+                .as_ref()
+                .is_some_and(|s| s.ready && s.stages.is_empty()),
+            "no stage ran again: {:?}",
+            version.status
+        );
+    }
+    assert_eq!(after.spec.cluster_stack, class);
+    assert_eq!(
+        after.annotations().get(STAGE_ANNOTATION).map(String::as_str),
+        Some("created")
+    );
+    assert!(after.is_condition_true(condition::HELM_CHART_APPLIED));
+    own.stop();
+}
+
+/// Every version of ClusterAddon `name` written after `before` up to `after`, from a watch.
+async fn versions_between(
+    addons: &Api<ClusterAddon>,
+    name: &str,
+    before: &ClusterAddon,
+    after: &ClusterAddon,
+) -> Vec<ClusterAddon> {
+    let last = after.resource_version().unwrap();
+    if before.resource_version().as_ref() == Some(&last) {
+        return Vec::new();
+    }
+    let params = WatchParams::default().fields(&format!("metadata.name={name}"));
+    let mut events = addons
+        .watch(&params, &before.resource_version().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    let mut written = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("the watch delivers every version up to the last one")
+            .expect("the watch goes on")
+            .unwrap();
+        let WatchEvent::Modified(version) = event else {
+            panic!("only changes are expected: {event:?}");
+        };
+        let done = version.resource_version().as_ref() == Some(&last);
+        written.push(version);
+        if done {
+            return written;
+        }
+    }
 }
 
 /// The addon if its hook is done and its charts are applied.

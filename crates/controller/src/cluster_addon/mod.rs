@@ -56,20 +56,23 @@ pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Ac
         .await
 }
 
-async fn reconcile_object(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if is_paused(addon.as_ref()) {
+async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
+    let Some(addon) = patch::current(&api, queued.as_ref()).await? else {
+        return Ok(Action::await_change());
+    };
+    if is_paused(&addon) {
         return Ok(Action::await_change());
     }
-    let api: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &addon.namespace().unwrap_or_default());
     if addon.meta().deletion_timestamp.is_some() {
         // Deleting never waits: the addons live in the workload cluster and go with it. The Go operator's
         // finalizer (kept only while its Cluster exists) is removed so a Cluster deletion cannot deadlock.
-        patch::remove_finalizer(&api, addon.as_ref(), CLUSTER_ADDON_FINALIZER).await?;
+        patch::remove_finalizer(&api, &addon, CLUSTER_ADDON_FINALIZER).await?;
         ctx.workloads
             .forget(&addon.namespace().unwrap_or_default(), &cluster_name(&addon));
         return Ok(Action::await_change());
     }
-    let mut working = (*addon).clone();
+    let mut working = addon.clone();
     let mut spec_update = SpecUpdate::default();
     let outcome = sync(&mut working, &api, &mut spec_update, &ctx).await;
     working.set_summary();
@@ -81,7 +84,7 @@ async fn reconcile_object(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result
     };
     patch::status(&api, &working, before, &status).await?;
     write_spec(&api, &working, spec_update).await?;
-    let key = object_key(addon.as_ref());
+    let key = object_key(&addon);
     match outcome {
         Ok(action) => {
             ctx.succeeded(&key);

@@ -43,18 +43,21 @@ pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Ac
         .await
 }
 
-async fn reconcile_object(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if is_paused(stack.as_ref()) || stack.meta().deletion_timestamp.is_some() {
+async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
+    let Some(stack) = patch::current(&api, queued.as_ref()).await? else {
+        return Ok(Action::await_change());
+    };
+    if is_paused(&stack) || stack.meta().deletion_timestamp.is_some() {
         // Deletion needs nothing from us: the releases are owned and garbage-collected.
         return Ok(Action::await_change());
     }
-    let mut working = (*stack).clone();
+    let mut working = stack.clone();
     let outcome = sync(&mut working, &ctx).await;
     working.set_summary();
-    let api: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &stack.namespace().unwrap_or_default());
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, stack.status.as_ref(), &status).await?;
-    let key = object_key(stack.as_ref());
+    let key = object_key(&stack);
     match outcome {
         Ok(action) => {
             ctx.succeeded(&key);

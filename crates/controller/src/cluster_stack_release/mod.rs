@@ -42,12 +42,15 @@ pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> 
         .await
 }
 
-async fn reconcile_object(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if is_paused(release.as_ref()) {
+async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<ClusterStackRelease> =
+        Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
+    let Some(release) = patch::current(&api, queued.as_ref()).await? else {
+        return Ok(Action::await_change());
+    };
+    if is_paused(&release) {
         return Ok(Action::await_change());
     }
-    let api: Api<ClusterStackRelease> =
-        Api::namespaced(ctx.client.clone(), &release.namespace().unwrap_or_default());
     let deleting = release.meta().deletion_timestamp.is_some();
     if deleting
         && !release
@@ -59,10 +62,10 @@ async fn reconcile_object(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) 
     }
     if !deleting {
         // Persist the finalizer first: nothing may be applied that a deletion could then leave behind.
-        patch::add_finalizer(&api, release.as_ref(), CLUSTER_STACK_RELEASE_FINALIZER).await?;
+        patch::add_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
     }
 
-    let mut working = (*release).clone();
+    let mut working = release.clone();
     let outcome = if deleting {
         cleanup(&mut working, &ctx).await
     } else {
@@ -71,14 +74,14 @@ async fn reconcile_object(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) 
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, release.status.as_ref(), &status).await?;
-    let key = object_key(release.as_ref());
+    let key = object_key(&release);
     match outcome {
         Ok(Outcome::Done(action)) => {
             ctx.succeeded(&key);
             Ok(action)
         }
         Ok(Outcome::Deleted) => {
-            patch::remove_finalizer(&api, release.as_ref(), CLUSTER_STACK_RELEASE_FINALIZER).await?;
+            patch::remove_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
             ctx.succeeded(&key);
             Ok(Action::await_change())
         }

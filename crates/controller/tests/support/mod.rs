@@ -41,6 +41,46 @@ pub fn local_releases(release_dir: &Path, tags: &[&str]) {
     }
 }
 
+/// The operator's parts for the test's namespace, with local `helm` and the given source; also its chart
+/// renderer, for counting helm runs.
+pub fn operator(
+    client: &Client,
+    namespace: &str,
+    release_dir: &Path,
+    source: Arc<dyn ReleaseSource>,
+    adjust: impl FnOnce(&mut Settings),
+) -> (Operator, Arc<CachingRenderer<Helm>>) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let helm = cso_testenv::Tools::discover()
+        .unwrap()
+        .helm
+        .expect("helm (make tools)");
+    let releases = Arc::new(ReleaseCache::new(release_dir, source, UnpackLimits::default()).unwrap());
+    let renderer: Arc<CachingRenderer<Helm>> = Arc::new(CachingRenderer::new(
+        Helm::new(&helm, Duration::from_secs(60)).unwrap(),
+        DEFAULT_CAPACITY_BYTES,
+    ));
+    let mut settings = Settings {
+        namespace: Some(namespace.to_owned()),
+        poll_interval: Duration::from_secs(2),
+        ..Settings::default()
+    };
+    adjust(&mut settings);
+    let operator = Operator {
+        client: client.clone(),
+        releases,
+        renderer: renderer.clone(),
+        values: Arc::new(ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(60)).unwrap()).unwrap()),
+        metrics: Default::default(),
+        take_over_from: Vec::new(),
+        settings,
+    };
+    (operator, renderer)
+}
+
 /// An operator running in this process until stopped (gracefully) or killed (its task aborted mid-work).
 pub struct RunningOperator {
     stop: Option<oneshot::Sender<()>>,
@@ -72,36 +112,7 @@ impl RunningOperator {
         source: Arc<dyn ReleaseSource>,
         adjust: impl FnOnce(&mut Settings),
     ) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let helm = cso_testenv::Tools::discover()
-            .unwrap()
-            .helm
-            .expect("helm (make tools)");
-        let releases = Arc::new(ReleaseCache::new(release_dir, source, UnpackLimits::default()).unwrap());
-        let renderer: Arc<CachingRenderer<Helm>> = Arc::new(CachingRenderer::new(
-            Helm::new(&helm, Duration::from_secs(60)).unwrap(),
-            DEFAULT_CAPACITY_BYTES,
-        ));
-        let mut settings = Settings {
-            namespace: Some(namespace.to_owned()),
-            poll_interval: Duration::from_secs(2),
-            ..Settings::default()
-        };
-        adjust(&mut settings);
-        let operator = Operator {
-            client: client.clone(),
-            releases,
-            renderer: renderer.clone(),
-            values: Arc::new(
-                ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(60)).unwrap()).unwrap(),
-            ),
-            metrics: Default::default(),
-            take_over_from: Vec::new(),
-            settings,
-        };
+        let (operator, renderer) = operator(client, namespace, release_dir, source, adjust);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(cso_controller::run(operator, async move {
             let _ = stopped.await;
