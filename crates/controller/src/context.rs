@@ -1,5 +1,6 @@
-//! What every reconciler shares: the management client, the release cache, the chart renderer, the apply
-//! engine, the event recorder, the settings, and a per-object retry backoff.
+//! What every reconciler shares, assembled from the operator's parts: the management client, the release
+//! cache, the chart renderer, the apply engine, the event recorder, the settings, and a per-object retry
+//! backoff.
 
 use std::{
     collections::HashMap,
@@ -7,17 +8,26 @@ use std::{
     time::Duration,
 };
 
+use cso_api::ClusterStackRelease;
 use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
-use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, WorkloadClients};
+use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
+use futures::Stream;
 use kube::{
     Client, Resource, ResourceExt,
-    runtime::events::{Event, EventType, Recorder, Reporter},
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::ObjectRef,
+    },
 };
 
-use crate::metrics::TargetCluster;
-use crate::provider_watch::ProviderWatches;
+use crate::metrics::{MeteredRenderer, TargetCluster};
+use crate::{Operator, provider_watch::ProviderWatches};
+
+/// Connecting to a workload cluster may take this long; an unreachable one costs no more.
+const WORKLOAD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const WORKLOAD_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The event reporter, named as the Go operator names its recorder.
 pub const EVENT_REPORTER: &str = "clusterstack-controller";
@@ -94,27 +104,38 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "built once, in run(), from the operator's parts"
-    )]
-    pub(crate) fn new(
-        client: Client,
-        releases: Arc<ReleaseCache>,
-        renderer: Arc<dyn ChartRenderer>,
-        engine: ApplyEngine,
-        discovery: Arc<ClusterDiscovery>,
-        workloads: WorkloadClients,
-        values: Arc<ValuesTemplater>,
-        metrics: Arc<crate::Metrics>,
-        settings: Settings,
-        provider_watches: ProviderWatches,
-    ) -> Self {
+    /// The context of `operator`'s parts, and the triggers of the provider-object watches it starts.
+    pub(crate) fn assemble(
+        operator: Operator,
+    ) -> std::io::Result<(
+        Self,
+        impl Stream<Item = ObjectRef<ClusterStackRelease>> + Send + 'static,
+    )> {
+        let Operator {
+            client,
+            releases,
+            renderer,
+            values,
+            metrics,
+            take_over_from,
+            settings,
+        } = operator;
+        let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+        let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
+            .taking_over_from(take_over_from.clone());
+        let workloads =
+            WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
+                .taking_over_from(take_over_from)
+                .with_limits(settings.client_limits);
+        let (provider_watches, provider_triggers) =
+            ProviderWatches::new(client.clone(), settings.namespace.clone());
+        metrics.watch_cache(releases.clone());
+        let renderer: Arc<dyn ChartRenderer> = Arc::new(MeteredRenderer::new(renderer, metrics.clone()));
         let reporter = Reporter {
             controller: EVENT_REPORTER.into(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        Context {
+        let ctx = Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             releases,
@@ -128,7 +149,8 @@ impl Context {
             provider_watches,
             backoff: Backoff::default(),
             addons_applied: Mutex::default(),
-        }
+        };
+        Ok((ctx, provider_triggers))
     }
 
     /// Publishes an event about `object`. A failure to publish is logged, never fatal.

@@ -7,10 +7,7 @@ use cso_api::{
     ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster,
     cluster_addon::cluster_addon_name, names::RELEASE_LABEL,
 };
-use cso_apply::{
-    ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients,
-    workload::{CAPI_SECRET_SELECTOR, cluster_of_kubeconfig_secret},
-};
+use cso_apply::workload::{CAPI_SECRET_SELECTOR, cluster_of_kubeconfig_secret};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use futures::{FutureExt, StreamExt};
@@ -26,7 +23,7 @@ use kube::{
 
 use crate::{
     Context, Settings, cluster_addon, cluster_addon_create, cluster_stack, cluster_stack_release,
-    filter::watcher_config, provider_watch::ProviderWatches,
+    filter::watcher_config,
 };
 
 /// What the operator is made of.
@@ -52,10 +49,6 @@ impl std::fmt::Debug for Operator {
     }
 }
 
-/// Connecting to a workload cluster may take this long; an unreachable one costs no more.
-const WORKLOAD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-const WORKLOAD_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -70,58 +63,15 @@ impl Operator {
     /// The context the reconcilers share, for calling a reconciler directly (the watches of provider
     /// objects it starts trigger nothing). [`run`] builds its own.
     pub fn context(self) -> std::io::Result<Arc<Context>> {
-        self.assemble().map(|(ctx, _)| ctx)
-    }
-
-    /// The shared context, and the triggers of the provider-object watches it starts.
-    fn assemble(
-        self,
-    ) -> std::io::Result<(
-        Arc<Context>,
-        impl futures::Stream<Item = ObjectRef<ClusterStackRelease>> + Send + 'static,
-    )> {
-        let Operator {
-            client,
-            releases,
-            renderer,
-            values,
-            metrics,
-            take_over_from,
-            settings,
-        } = self;
-        let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
-        let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
-            .taking_over_from(take_over_from.clone());
-        let workloads =
-            WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
-                .taking_over_from(take_over_from)
-                .with_limits(settings.client_limits);
-        let (provider_watches, provider_triggers) =
-            ProviderWatches::new(client.clone(), settings.namespace.clone());
-        metrics.watch_cache(releases.clone());
-        let renderer: Arc<dyn cso_render::ChartRenderer> =
-            Arc::new(crate::metrics::MeteredRenderer::new(renderer, metrics.clone()));
-        let ctx = Context::new(
-            client,
-            releases,
-            renderer,
-            engine,
-            discovery,
-            workloads,
-            values,
-            metrics,
-            settings,
-            provider_watches,
-        );
-        Ok((Arc::new(ctx), provider_triggers))
+        Context::assemble(self).map(|(ctx, _)| Arc::new(ctx))
     }
 }
 
 /// Runs the ClusterStack and ClusterStackRelease controllers until `shutdown` completes; reconciles in
 /// flight are given [`STOP_GRACE`] to finish.
 pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let (ctx, provider_triggers) = match operator.assemble() {
-        Ok(parts) => parts,
+    let (ctx, provider_triggers) = match Context::assemble(operator) {
+        Ok((ctx, triggers)) => (Arc::new(ctx), triggers),
         Err(e) => {
             tracing::error!(error = %e, "cannot create a private directory for workload kubeconfigs");
             return;

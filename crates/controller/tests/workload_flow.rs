@@ -42,6 +42,17 @@ async fn ready_addon(client: &Client, namespace: &str, cluster: &str, class: &st
     .await
 }
 
+/// An operator on the multi-stage fixture release (`v0-sha.hipstsw`, channel `custom`) in `release_dir`,
+/// and ClusterStack `custom` for it.
+async fn custom_stack(client: &Client, namespace: &str, release_dir: &std::path::Path) -> RunningOperator {
+    local_releases(release_dir, &["docker-ferrol-1-27-v0-sha-hipstsw"]);
+    let operator = RunningOperator::local(client, namespace, release_dir).await;
+    let mut spec = ferrol_spec(&["v0-sha.hipstsw"]);
+    spec["channel"] = json!("custom");
+    create_stack(client, namespace, "custom", spec).await;
+    operator
+}
+
 async fn move_cluster(client: &Client, namespace: &str, cluster: &str, class: &str) {
     dynamic(client, namespace, &capi("Cluster"))
         .patch(
@@ -324,11 +335,7 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
     let workload = own.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "staged").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    local_releases(dir.path(), &["docker-ferrol-1-27-v0-sha-hipstsw"]);
-    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
-    let mut spec = ferrol_spec(&["v0-sha.hipstsw"]);
-    spec["channel"] = json!("custom");
-    create_stack(&client, &ns, "custom", spec).await;
+    let operator = custom_stack(&client, &ns, dir.path()).await;
     ready_release(&client, &ns, "docker-ferrol-1-27-v0-sha-hipstsw").await;
     cso_testenv::kubeconfig_secret(&client, &ns, "staged", own.kubeconfig_yaml())
         .await
@@ -436,11 +443,7 @@ async fn a_reconcile_handed_an_old_copy_does_not_run_finished_stages_again() {
     let own = workload_plane("workload-stale").await;
     let ns = cso_testenv::namespace(&client, "stale").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    local_releases(dir.path(), &["docker-ferrol-1-27-v0-sha-hipstsw"]);
-    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
-    let mut spec = ferrol_spec(&["v0-sha.hipstsw"]);
-    spec["channel"] = json!("custom");
-    create_stack(&client, &ns, "custom", spec).await;
+    let operator = custom_stack(&client, &ns, dir.path()).await;
     let class = "docker-ferrol-1-27-v0-sha.hipstsw";
     create_cluster(&client, &ns, "stale", class).await;
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
