@@ -92,6 +92,8 @@ pub mod event {
     pub const STAGE_FAILED: &str = "StageFailed";
     /// *New.* The addons of a ClusterAddon were applied into its workload cluster.
     pub const CLUSTER_ADDON_APPLIED: &str = "ClusterAddonApplied";
+    /// *New.* A reconcile took longer than `--reconcile-timeout` and was stopped (it is retried).
+    pub const RECONCILE_TIMED_OUT: &str = "ReconcileTimedOut";
 }
 
 /// The label with the release tag that every object applied for a release carries (besides

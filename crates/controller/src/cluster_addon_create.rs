@@ -24,9 +24,13 @@ use crate::{
 
 /// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let metrics = ctx.metrics.clone();
-    metrics
-        .reconcile("clusteraddoncreate", reconcile_object(cluster, ctx))
+    let shared = ctx.clone();
+    shared
+        .reconcile(
+            "clusteraddoncreate",
+            cluster.as_ref(),
+            reconcile_object(cluster.clone(), ctx),
+        )
         .await
 }
 

@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -17,6 +18,7 @@ use futures::Stream;
 use kube::{
     Client, Resource, ResourceExt,
     runtime::{
+        controller::Action,
         events::{Event, EventType, Recorder, Reporter},
         reflector::ObjectRef,
     },
@@ -55,6 +57,9 @@ pub struct Settings {
     pub workload_retry_interval: Duration,
     /// `--qps` and `--burst` for the clients of workload clusters.
     pub client_limits: cso_apply::ClientLimits,
+    /// `--reconcile-timeout`: a reconcile still running after this long is stopped and retried, so no
+    /// object waits forever on a request or a process that hangs.
+    pub reconcile_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -69,6 +74,7 @@ impl Default for Settings {
             resync_interval: Duration::from_secs(300),
             workload_retry_interval: Duration::from_secs(10),
             client_limits: cso_apply::ClientLimits::UNLIMITED,
+            reconcile_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -151,6 +157,38 @@ impl Context {
             addons_applied: Mutex::default(),
         };
         Ok((ctx, provider_triggers))
+    }
+
+    /// Runs one reconcile of `object` by `controller`: recorded in the metrics, and stopped after the
+    /// reconcile timeout with an error (retried with backoff) and a `ReconcileTimedOut` event. A reconcile cut
+    /// short is redone from the object's state, like one cut short by a stop.
+    pub(crate) async fn reconcile<K>(
+        &self,
+        controller: &str,
+        object: &K,
+        reconcile: impl Future<Output = Result<Action, crate::Error>>,
+    ) -> Result<Action, crate::Error>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let limit = self.settings.reconcile_timeout;
+        let bounded = async {
+            match tokio::time::timeout(limit, reconcile).await {
+                Ok(result) => result,
+                Err(_) => Err(crate::Error::TimedOut(limit)),
+            }
+        };
+        let result = self.metrics.reconcile(controller, bounded).await;
+        if let Err(error @ crate::Error::TimedOut(_)) = &result {
+            self.event(
+                object,
+                EventType::Warning,
+                cso_api::names::event::RECONCILE_TIMED_OUT,
+                error.to_string(),
+            )
+            .await;
+        }
+        result
     }
 
     /// Publishes an event about `object`. A failure to publish is logged, never fatal.

@@ -36,6 +36,9 @@ pub enum Error {
     Reported(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The reconcile took longer than `--reconcile-timeout` and was stopped; it is retried.
+    #[error("the reconcile took longer than {0:?} and was stopped; it is retried")]
+    TimedOut(std::time::Duration),
 }
 
 impl Error {

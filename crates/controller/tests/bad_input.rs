@@ -1,6 +1,6 @@
 //! Bad input on the management flow: a chart that does not render, a release the source does not have, a
-//! source that cannot be reached or rate-limits, a spec that does not parse, a source that is not
-//! configured. Each ends in a condition (and an event) that says so, and none is retried in a hot loop.
+//! source that cannot be reached, rate-limits or never answers, a spec that does not parse, a source that is
+//! not configured. Each ends in a condition (or an event) that says so, and none is retried in a hot loop.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
 mod support;
@@ -264,4 +264,67 @@ async fn an_invalid_spec_and_an_unconfigured_source_are_reported() {
     .await;
     assert!(message.contains("GIT_ORG_NAME"), "{message}");
     operator.stop().await;
+}
+
+/// A source that accepts connections and never answers: the release's reconcile hangs in its download. It
+/// is stopped after the reconcile timeout with a `ReconcileTimedOut` event and tried again, and the operator
+/// still stops promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_that_hangs_is_stopped_reported_and_retried() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "hangs").await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source = github_at(&format!("http://{}", listener.local_addr().unwrap()));
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let silent = {
+        let accepted = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(connection);
+            }
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let operator = RunningOperator::start(&client, &ns, dir.path(), source, |settings| {
+        settings.reconcile_timeout = Duration::from_secs(2);
+    })
+    .await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+
+    eventually("a ReconcileTimedOut event", CONVERGE, || async {
+        event_reasons(&client, &ns)
+            .await
+            .iter()
+            .any(|r| r == "ReconcileTimedOut")
+            .then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let timed_out = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("ReconcileTimedOut"))
+        .unwrap();
+    assert_eq!(
+        timed_out.regarding.unwrap().kind.as_deref(),
+        Some("ClusterStackRelease")
+    );
+    assert!(
+        timed_out.note.as_deref().unwrap_or_default().contains("2s"),
+        "{:?}",
+        timed_out.note
+    );
+    // Each attempt is a new connection: the stopped one is dropped with its reconcile.
+    eventually("the download is tried again", CONVERGE, || async {
+        (accepted.load(std::sync::atomic::Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
+    operator.stop().await;
+    silent.abort();
 }

@@ -166,6 +166,9 @@ pub struct RunArgs {
     /// How often applied objects are re-applied (drift correction) when no watch announced a change.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub resync_interval: Duration,
+    /// A reconcile still running after this long is stopped (event `ReconcileTimedOut`) and retried.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub reconcile_timeout: Duration,
     /// Field managers whose applied fields are taken over (comma-separated; `kubectl` is how the Go
     /// operator applies, so swapping operators leaves no fields stranded). Empty to disable.
     #[arg(long, default_value = "kubectl", value_delimiter = ',')]

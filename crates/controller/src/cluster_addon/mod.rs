@@ -50,9 +50,13 @@ struct SpecUpdate {
 
 /// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`).
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let metrics = ctx.metrics.clone();
-    metrics
-        .reconcile("clusteraddon", reconcile_object(addon, ctx))
+    let shared = ctx.clone();
+    shared
+        .reconcile(
+            "clusteraddon",
+            addon.as_ref(),
+            reconcile_object(addon.clone(), ctx),
+        )
         .await
 }
 

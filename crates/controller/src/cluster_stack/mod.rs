@@ -37,9 +37,13 @@ use crate::{
 
 /// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`).
 pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let metrics = ctx.metrics.clone();
-    metrics
-        .reconcile("clusterstack", reconcile_object(stack, ctx))
+    let shared = ctx.clone();
+    shared
+        .reconcile(
+            "clusterstack",
+            stack.as_ref(),
+            reconcile_object(stack.clone(), ctx),
+        )
         .await
 }
 

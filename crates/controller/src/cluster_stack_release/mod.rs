@@ -36,9 +36,13 @@ use crate::{
 
 /// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`).
 pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let metrics = ctx.metrics.clone();
-    metrics
-        .reconcile("clusterstackrelease", reconcile_object(release, ctx))
+    let shared = ctx.clone();
+    shared
+        .reconcile(
+            "clusterstackrelease",
+            release.as_ref(),
+            reconcile_object(release.clone(), ctx),
+        )
         .await
 }
 

@@ -98,6 +98,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             poll_interval: args.poll_interval,
             resync_interval: args.resync_interval,
             client_limits: limits,
+            reconcile_timeout: args.reconcile_timeout,
             ..Settings::default()
         },
     };
