@@ -22,16 +22,10 @@ use crate::{
     filter::{is_paused, propagated_labels},
 };
 
-/// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`).
+/// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`, bounded by
+/// the reconcile timeout).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let shared = ctx.clone();
-    shared
-        .reconcile(
-            "clusteraddoncreate",
-            cluster.as_ref(),
-            reconcile_object(cluster.clone(), ctx),
-        )
-        .await
+    Context::bounded("clusteraddoncreate", cluster, ctx, reconcile_object).await
 }
 
 async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {

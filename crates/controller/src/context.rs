@@ -159,29 +159,32 @@ impl Context {
         Ok((ctx, provider_triggers))
     }
 
-    /// Runs one reconcile of `object` by `controller`: recorded in the metrics, and stopped after the
-    /// reconcile timeout with an error (retried with backoff) and a `ReconcileTimedOut` event. A reconcile cut
-    /// short is redone from the object's state, like one cut short by a stop.
-    pub(crate) async fn reconcile<K>(
-        &self,
+    /// Runs `reconcile` of `object` for `controller`: recorded in the metrics, and stopped after the reconcile
+    /// timeout with an error (retried with backoff) and a `ReconcileTimedOut` event. A reconcile cut short is
+    /// redone from the object's state, like one cut short by a stop.
+    pub(crate) async fn bounded<K, Reconcile, Running>(
         controller: &str,
-        object: &K,
-        reconcile: impl Future<Output = Result<Action, crate::Error>>,
+        object: Arc<K>,
+        ctx: Arc<Context>,
+        reconcile: Reconcile,
     ) -> Result<Action, crate::Error>
     where
         K: Resource<DynamicType = ()>,
+        Reconcile: FnOnce(Arc<K>, Arc<Context>) -> Running,
+        Running: Future<Output = Result<Action, crate::Error>>,
     {
-        let limit = self.settings.reconcile_timeout;
+        let limit = ctx.settings.reconcile_timeout;
+        let running = reconcile(object.clone(), ctx.clone());
         let bounded = async {
-            match tokio::time::timeout(limit, reconcile).await {
+            match tokio::time::timeout(limit, running).await {
                 Ok(result) => result,
                 Err(_) => Err(crate::Error::TimedOut(limit)),
             }
         };
-        let result = self.metrics.reconcile(controller, bounded).await;
+        let result = ctx.metrics.reconcile(controller, bounded).await;
         if let Err(error @ crate::Error::TimedOut(_)) = &result {
-            self.event(
-                object,
+            ctx.event(
+                object.as_ref(),
                 EventType::Warning,
                 cso_api::names::event::RECONCILE_TIMED_OUT,
                 error.to_string(),

@@ -59,16 +59,19 @@ fn broken_release(release_dir: &Path) {
     std::fs::write(dir.join("docker-broken-1-27-cluster-class-v1.tgz"), chart).unwrap();
 }
 
-async fn event_reasons(client: &Client, namespace: &str) -> Vec<String> {
+/// Waits for the first event with `reason` in `namespace`.
+async fn event(client: &Client, namespace: &str, reason: &str) -> Event {
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
-    events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect()
+    eventually(&format!("a {reason} event"), CONVERGE, || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,14 +107,7 @@ async fn a_chart_that_does_not_render_is_reported() {
         release.contains("broken on purpose"),
         "Ready summarises the failure: {release}"
     );
-    eventually("a FailedToRenderChart event", CONVERGE, || async {
-        event_reasons(&client, &ns)
-            .await
-            .iter()
-            .any(|r| r == "FailedToRenderChart")
-            .then_some(())
-    })
-    .await;
+    event(&client, &ns, "FailedToRenderChart").await;
     assert!(cluster_classes(&client, &ns).await.is_empty());
     operator.stop().await;
 }
@@ -137,14 +133,7 @@ async fn a_missing_release_is_reported_and_retried_with_backoff() {
     )
     .await;
     assert!(message.contains("docker-ferrol-1-27-v9"), "{message}");
-    eventually("a ReleaseDownloadFailed event", CONVERGE, || async {
-        event_reasons(&client, &ns)
-            .await
-            .iter()
-            .any(|r| r == "ReleaseDownloadFailed")
-            .then_some(())
-    })
-    .await;
+    event(&client, &ns, "ReleaseDownloadFailed").await;
 
     // Retries back off (5 s, 10 s, 20 s ...): in 12 s at most a few attempts, not hundreds.
     let before = fake.requests().len();
@@ -294,23 +283,7 @@ async fn a_reconcile_that_hangs_is_stopped_reported_and_retried() {
     .await;
     create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
 
-    eventually("a ReconcileTimedOut event", CONVERGE, || async {
-        event_reasons(&client, &ns)
-            .await
-            .iter()
-            .any(|r| r == "ReconcileTimedOut")
-            .then_some(())
-    })
-    .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    let timed_out = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|e| e.reason.as_deref() == Some("ReconcileTimedOut"))
-        .unwrap();
+    let timed_out = event(&client, &ns, "ReconcileTimedOut").await;
     assert_eq!(
         timed_out.regarding.unwrap().kind.as_deref(),
         Some("ClusterStackRelease")

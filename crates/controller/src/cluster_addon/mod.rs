@@ -48,16 +48,10 @@ struct SpecUpdate {
     status_written: bool,
 }
 
-/// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`).
+/// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
+/// the reconcile timeout).
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let shared = ctx.clone();
-    shared
-        .reconcile(
-            "clusteraddon",
-            addon.as_ref(),
-            reconcile_object(addon.clone(), ctx),
-        )
-        .await
+    Context::bounded("clusteraddon", addon, ctx, reconcile_object).await
 }
 
 async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -35,16 +35,10 @@ use crate::{
     patch,
 };
 
-/// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`).
+/// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`, bounded by
+/// the reconcile timeout).
 pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let shared = ctx.clone();
-    shared
-        .reconcile(
-            "clusterstack",
-            stack.as_ref(),
-            reconcile_object(stack.clone(), ctx),
-        )
-        .await
+    Context::bounded("clusterstack", stack, ctx, reconcile_object).await
 }
 
 async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {

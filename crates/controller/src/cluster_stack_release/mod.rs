@@ -34,16 +34,10 @@ use crate::{
     patch,
 };
 
-/// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`).
+/// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`, bounded by
+/// the reconcile timeout).
 pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let shared = ctx.clone();
-    shared
-        .reconcile(
-            "clusterstackrelease",
-            release.as_ref(),
-            reconcile_object(release.clone(), ctx),
-        )
-        .await
+    Context::bounded("clusterstackrelease", release, ctx, reconcile_object).await
 }
 
 async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
