@@ -96,6 +96,7 @@ pub struct Context {
     pub(crate) provider_watches: ProviderWatches,
     recorder: Recorder,
     backoff: Backoff,
+    in_flight: InFlight,
     /// When each ClusterAddon last applied all its objects, for drift correction.
     addons_applied: Mutex<HashMap<String, std::time::Instant>>,
 }
@@ -154,6 +155,7 @@ impl Context {
             settings,
             provider_watches,
             backoff: Backoff::default(),
+            in_flight: InFlight::default(),
             addons_applied: Mutex::default(),
         };
         Ok((ctx, provider_triggers))
@@ -174,6 +176,8 @@ impl Context {
         Running: Future<Output = Result<Action, crate::Error>>,
     {
         let limit = ctx.settings.reconcile_timeout;
+        let key = object_key(object.as_ref());
+        let _running_now = ctx.in_flight.enter(&key);
         let running = reconcile(object.clone(), ctx.clone());
         let bounded = async {
             match tokio::time::timeout(limit, running).await {
@@ -183,6 +187,7 @@ impl Context {
         };
         let result = ctx.metrics.reconcile(controller, bounded).await;
         if let Err(error @ crate::Error::TimedOut(_)) = &result {
+            tracing::error!(object = %key, %error, "a reconcile timed out");
             ctx.event(
                 object.as_ref(),
                 EventType::Warning,
@@ -192,6 +197,11 @@ impl Context {
             .await;
         }
         result
+    }
+
+    /// The objects whose reconcile is running now (`Kind/namespace/name`), sorted.
+    pub(crate) fn reconciling(&self) -> Vec<String> {
+        self.in_flight.keys()
     }
 
     /// Publishes an event about `object`. A failure to publish is logged, never fatal.
@@ -319,6 +329,57 @@ impl Backoff {
     }
 }
 
+/// The reconciles running now, each counted from its start until its future completes or is dropped.
+#[derive(Debug, Default)]
+struct InFlight {
+    running: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Counts one running reconcile until dropped.
+struct Running {
+    running: Arc<Mutex<HashMap<String, usize>>>,
+    key: String,
+}
+
+impl InFlight {
+    fn enter(&self, key: &str) -> Running {
+        *self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_owned())
+            .or_default() += 1;
+        Running {
+            running: self.running.clone(),
+            key: key.to_owned(),
+        }
+    }
+
+    fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = running.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                running.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// The backoff key of an object.
 pub(crate) fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
     format!(
@@ -341,5 +402,38 @@ mod tests {
         assert_eq!(backoff.next("b").as_secs(), 5, "keys are independent");
         backoff.reset("a");
         assert_eq!(backoff.next("a").as_secs(), 5);
+    }
+
+    #[test]
+    fn in_flight_counts_until_dropped() {
+        let in_flight = InFlight::default();
+        let first = in_flight.enter("ClusterAddon/ns/b");
+        let second = in_flight.enter("ClusterAddon/ns/b");
+        let other = in_flight.enter("ClusterAddon/ns/a");
+        assert_eq!(in_flight.keys(), ["ClusterAddon/ns/a", "ClusterAddon/ns/b"]);
+        drop(first);
+        assert_eq!(
+            in_flight.keys(),
+            ["ClusterAddon/ns/a", "ClusterAddon/ns/b"],
+            "b still runs once"
+        );
+        drop(second);
+        drop(other);
+        assert!(in_flight.keys().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_reconcile_leaves_the_in_flight_set() {
+        let in_flight = Arc::new(InFlight::default());
+        let hanging = {
+            let in_flight = in_flight.clone();
+            async move {
+                let _running = in_flight.enter("ClusterStackRelease/ns/r");
+                std::future::pending::<()>().await;
+            }
+        };
+        let timed_out = tokio::time::timeout(Duration::from_millis(10), hanging).await;
+        assert!(timed_out.is_err());
+        assert!(in_flight.keys().is_empty(), "{:?}", in_flight.keys());
     }
 }

@@ -280,7 +280,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     };
     tokio::select! {
         () = controllers => tracing::info!("controllers stopped"),
-        () = grace_over => tracing::warn!(grace = ?STOP_GRACE,
+        () = grace_over => tracing::error!(grace = ?STOP_GRACE, reconciling = ?ctx.reconciling(),
             "reconciles still in flight after the stop's grace period are dropped; the next start redoes them"),
     }
 }
