@@ -89,7 +89,6 @@ async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Ac
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(Error::kube(format!("create ClusterAddon {name}"), e)),
     }
-    ctx.succeeded(&object_key(cluster.as_ref()));
     Ok(Action::await_change())
 }
 

@@ -163,7 +163,7 @@ impl Context {
 
     /// Runs `reconcile` of `object` for `controller`: recorded in the metrics, and stopped after the reconcile
     /// timeout with an error (retried with backoff) and a `ReconcileTimedOut` event. A reconcile cut short is
-    /// redone from the object's state, like one cut short by a stop.
+    /// redone from the object's state, like one cut short by a stop. Success forgets the object's failures.
     pub(crate) async fn bounded<K, Reconcile, Running>(
         controller: &str,
         object: Arc<K>,
@@ -186,6 +186,9 @@ impl Context {
             }
         };
         let result = ctx.metrics.reconcile(controller, bounded).await;
+        if result.is_ok() {
+            ctx.backoff.reset(&key);
+        }
         if let Err(error @ crate::Error::TimedOut(_)) = &result {
             tracing::error!(object = %key, %error, "a reconcile timed out");
             ctx.event(
@@ -295,11 +298,6 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.to_owned(), std::time::Instant::now());
-    }
-
-    /// Forgets the failures of `key` after it reconciled cleanly.
-    pub(crate) fn succeeded(&self, key: &str) {
-        self.backoff.reset(key);
     }
 }
 

@@ -82,14 +82,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Resul
     };
     patch::status(&api, &working, before, &status).await?;
     write_spec(&api, &working, spec_update).await?;
-    let key = object_key(&addon);
-    match outcome {
-        Ok(action) => {
-            ctx.succeeded(&key);
-            Ok(action)
-        }
-        Err(e) => Err(e),
-    }
+    outcome
 }
 
 /// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.

@@ -55,14 +55,7 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Resul
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, stack.status.as_ref(), &status).await?;
-    let key = object_key(&stack);
-    match outcome {
-        Ok(action) => {
-            ctx.succeeded(&key);
-            Ok(action)
-        }
-        Err(e) => Err(e),
-    }
+    outcome
 }
 
 /// Retry after a failed reconcile, with per-object backoff.

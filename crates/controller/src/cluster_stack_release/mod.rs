@@ -72,15 +72,10 @@ async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, release.status.as_ref(), &status).await?;
-    let key = object_key(&release);
     match outcome {
-        Ok(Outcome::Done(action)) => {
-            ctx.succeeded(&key);
-            Ok(action)
-        }
+        Ok(Outcome::Done(action)) => Ok(action),
         Ok(Outcome::Deleted) => {
             patch::remove_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
-            ctx.succeeded(&key);
             Ok(Action::await_change())
         }
         Ok(Outcome::Retry(message)) => Err(Error::Reported(message)),
