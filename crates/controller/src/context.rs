@@ -10,7 +10,6 @@ use std::{
 };
 
 use cso_api::ClusterStackRelease;
-use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
 use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
@@ -233,23 +232,17 @@ impl Context {
         }
     }
 
-    /// Marks `condition` False and publishes an event, unless the condition already says the same (a retry
-    /// that fails the same way stays quiet: one event per problem, not one per attempt).
-    pub(crate) async fn report_false<K>(
-        &self,
-        object: &mut K,
-        (condition, reason, severity): (&str, &str, Severity),
-        message: &str,
-        (event_type, event_reason): (EventType, &str),
-    ) where
-        K: Resource<DynamicType = ()> + HasConditions,
+    /// Publishes the events a reconcile decided on, in order.
+    pub(crate) async fn publish<K>(&self, object: &K, events: crate::events::Events)
+    where
+        K: Resource<DynamicType = ()>,
     {
-        let repeated = object
-            .get_condition(condition)
-            .is_some_and(|c| c.status == ConditionStatus::False && c.reason.as_deref() == Some(reason));
-        object.mark_false(condition, reason, severity, message);
-        if !repeated {
-            self.event(object, event_type, event_reason, message).await;
+        for pending in events.0 {
+            let type_ = match pending.kind {
+                crate::events::Kind::Normal => EventType::Normal,
+                crate::events::Kind::Warning => EventType::Warning,
+            };
+            self.event(object, type_, pending.reason, pending.note).await;
         }
     }
 

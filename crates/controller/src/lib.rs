@@ -4,11 +4,13 @@
 //! [`run`] starts the controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) on
 //! one [`Context`] and runs them until shutdown.
 
+mod applier;
 pub mod cluster_addon;
 pub mod cluster_addon_create;
 pub mod cluster_stack;
 pub mod cluster_stack_release;
 mod context;
+mod events;
 mod filter;
 mod in_use;
 pub mod metrics;

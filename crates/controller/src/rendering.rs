@@ -9,13 +9,20 @@ use std::{
 
 use cso_api::names::RELEASE_LABEL;
 use cso_release::{Release, addon_config::Stage};
-use cso_render::{RenderRequest, ValuesTemplater};
+use cso_render::{ChartRenderer, Manifest, RenderRequest, ValuesTemplater, parse_manifests};
 use serde_json::Value;
 
 /// The namespace of addon objects that have none (as the Go operator renders them).
 pub const ADDON_NAMESPACE: &str = "kube-system";
 /// The Helm release name of addon charts.
 const ADDON_RELEASE_NAME: &str = "cluster-addon";
+
+/// Renders `request` and parses the objects: the one render-and-parse path of the controllers and
+/// `cso render`. The error is the renderer's or the parser's message.
+pub async fn render(renderer: &dyn ChartRenderer, request: RenderRequest) -> Result<Vec<Manifest>, String> {
+    let text = renderer.render(request).await.map_err(|e| e.to_string())?;
+    parse_manifests(&text).map_err(|e| e.to_string())
+}
 
 /// The cluster-class chart of `release`, for the ClusterStackRelease's namespace.
 pub fn cluster_class_request(release: &Release, namespace: &str) -> RenderRequest {

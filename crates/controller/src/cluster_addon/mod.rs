@@ -4,49 +4,49 @@
 //! longer has. A class change that keeps the addon version and the Kubernetes minor changes nothing; the
 //! objects are re-applied every resync interval, so deleted or edited addon objects come back.
 //!
-//! Releases with one addon chart (`cluster-addon-values.yaml`) are handled here; multi-stage releases
-//! (`clusteraddon.yaml`, stages per lifecycle hook) in [`staged`].
+//! Shape: the reconcile reads its object, [`decide::next_step`] (pure) names the next step and the driver
+//! here carries it out (read the Cluster, connect to the workload cluster, fetch the release, render, apply
+//! through [`crate::applier`]) until nothing is left; [`decide::conclude`] (pure) turns what happened into
+//! the status, the recorded spec fields, the events and the retry. Releases with one addon chart
+//! (`cluster-addon-values.yaml`) end there; multi-stage releases (`clusteraddon.yaml`, stages per lifecycle
+//! hook) continue in [`staged`], driven by the pure stage machine of [`stages`].
 
+pub(crate) mod decide;
 pub mod decision;
 mod staged;
+pub(crate) mod stages;
 
 use std::sync::Arc;
 
 use cso_api::{
-    ClusterAddon, ClusterAddonStatus,
+    ClusterAddon,
     capi::Cluster,
     cluster_addon::{CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
-    conditions::{ConditionsExt, Severity},
-    names::{condition, event, reason},
+    conditions::ConditionsExt,
+    names::reason,
 };
-use cso_apply::template_data::template_data;
+use cso_apply::{WorkloadCluster, template_data::template_data};
 use cso_release::{AddonStyle, Release};
-use cso_render::parse_manifests;
+use cso_render::Manifest;
 use kube::{
     Api, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{controller::Action, events::EventType},
+    runtime::controller::Action,
 };
 use serde_json::json;
 
-use self::decision::{Applied, Decision, decide};
-use crate::metrics::TargetCluster;
-use crate::rendering::{self, ADDON_NAMESPACE};
-use crate::{
-    Context, Error, cluster_stack_release::FetchFailure, context::object_key, filter::is_paused, patch,
+use self::decide::{
+    ClusterState, Conclusion, Intervals, Outcome, Progress, ReleaseState, SpecUpdate, Step, WorkloadState,
+    conclude, conclude_prefix, next_step,
 };
-
-/// What the reconcile decided to record in the spec (the Go operator's fields, written after the fact).
-#[derive(Default)]
-struct SpecUpdate {
-    cluster_stack: Option<String>,
-    version: Option<String>,
-    /// `Some("")` clears `spec.hook`.
-    hook: Option<String>,
-    stage: Option<&'static str>,
-    /// The status was written during the reconcile (stage progress): write the final one unconditionally.
-    status_written: bool,
-}
+use crate::{
+    Context, Error,
+    applier::{Target, Work},
+    cluster_stack_release::FetchFailure,
+    context::object_key,
+    filter::is_paused,
+    patch, rendering,
+};
 
 /// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
 /// the reconcile timeout).
@@ -70,19 +70,61 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Resul
             .forget(&addon.namespace().unwrap_or_default(), &cluster_name(&addon));
         return Ok(Action::await_change());
     }
+
+    let key = object_key(&addon);
+    let mut progress = Progress {
+        resync_due: ctx.addon_apply_due(&key),
+        ..Progress::default()
+    };
+    let mut driver = Driver {
+        ctx: &ctx,
+        addon: &addon,
+        cluster: None,
+        workload: None,
+        release: None,
+        manifests: Vec::new(),
+    };
+    let intervals = Intervals {
+        workload_retry: ctx.settings.workload_retry_interval,
+        resync: ctx.settings.resync_interval,
+    };
     let mut working = addon.clone();
-    let mut spec_update = SpecUpdate::default();
-    let outcome = sync(&mut working, &api, &mut spec_update, &ctx).await;
+    let mut before = addon.status.clone();
+    let conclusion = loop {
+        match next_step(&progress, &addon) {
+            Step::Conclude => break conclude(&progress, &mut working, intervals),
+            Step::RunStages(decision) => {
+                if let Some(conclusion) = conclude_prefix(&progress, &mut working, intervals) {
+                    break conclusion;
+                }
+                let end = driver.stages(&api, &mut working, decision).await?;
+                if end.persisted.is_some() {
+                    before = end.persisted;
+                }
+                break end.conclusion;
+            }
+            step => driver.run(step, &mut progress).await?,
+        }
+    };
+    let Conclusion {
+        events,
+        spec,
+        outcome,
+        applied_all,
+    } = conclusion;
+    if applied_all {
+        ctx.addon_applied(&key);
+    }
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
-    let before = if spec_update.status_written {
-        None
-    } else {
-        addon.status.as_ref()
-    };
-    patch::status(&api, &working, before, &status).await?;
-    write_spec(&api, &working, spec_update).await?;
-    outcome
+    patch::status(&api, &working, before.as_ref(), &status).await?;
+    ctx.publish(&working, events).await;
+    write_spec(&api, &working, spec).await?;
+    match outcome {
+        Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
+        Outcome::Requeue(None) => Ok(Action::await_change()),
+        Outcome::Retry(message) => Err(Error::Reported(message)),
+    }
 }
 
 /// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.
@@ -101,238 +143,158 @@ pub fn error_policy(addon: Arc<ClusterAddon>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(delay)
 }
 
-fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
-    addon.status.get_or_insert_with(Default::default)
+/// Carries out the steps; keeps what they produce that the decisions do not need (the Cluster, the
+/// workload client, the release's files, the rendered objects).
+struct Driver<'a> {
+    ctx: &'a Context,
+    addon: &'a ClusterAddon,
+    cluster: Option<Cluster>,
+    workload: Option<WorkloadCluster>,
+    release: Option<Arc<Release>>,
+    manifests: Vec<Manifest>,
 }
 
-async fn sync(
-    addon: &mut ClusterAddon,
-    api: &Api<ClusterAddon>,
-    spec_update: &mut SpecUpdate,
-    ctx: &Context,
-) -> Result<Action, Error> {
-    let namespace = addon.namespace().unwrap_or_default();
-    let cluster_name = cluster_name(addon);
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(cluster) = clusters
-        .get_opt(&cluster_name)
-        .await
-        .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?
-    else {
-        // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does its client.
-        ctx.workloads.forget(&namespace, &cluster_name);
-        return Ok(Action::await_change());
-    };
-    let Some((id, _)) = cluster.stack_release() else {
-        addon.mark_false(
-            condition::CLUSTER_READY,
-            reason::NO_CLUSTER_STACK_CLASS,
-            Severity::Warning,
-            format!("Cluster {cluster_name} has no ClusterClass of a cluster stack"),
-        );
-        return Ok(Action::await_change());
-    };
-
-    let workload = match ctx.workloads.get(&namespace, &cluster_name).await {
-        Ok(workload) => workload,
-        Err(e) => {
-            addon.mark_false(
-                condition::CLUSTER_READY,
-                reason::CONTROL_PLANE_NOT_READY,
-                Severity::Warning,
-                format!("kubeconfig not there (yet): {e}"),
-            );
-            return Ok(Action::requeue(ctx.settings.workload_retry_interval));
-        }
-    };
-    if let Err(e) = ctx.workloads.ready(&workload).await {
-        addon.mark_false(
-            condition::CLUSTER_READY,
-            reason::CONTROL_PLANE_NOT_READY,
-            Severity::Info,
-            format!("control plane not ready yet: {e}"),
-        );
-        return Ok(Action::requeue(ctx.settings.workload_retry_interval));
-    }
-    addon.mark_true(condition::CLUSTER_READY);
-
-    let release = match ctx.releases.get(&id).await {
-        Ok(release) => release,
-        Err(error) => {
-            let failure = FetchFailure::of(&error);
-            let message = error.to_string();
-            ctx.report_false(
-                addon,
-                (failure.condition, failure.reason, failure.severity),
-                &message,
-                (EventType::Warning, failure.event),
-            )
-            .await;
-            return match failure.retry_after {
-                Some(delay) => Ok(Action::requeue(delay)),
-                None => Err(Error::Reported(message)),
-            };
-        }
-    };
-    addon.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
-    let key = object_key(&*addon);
-    let applied = Applied::of(&addon.spec.cluster_stack, &addon.spec.version);
-    let complete = addon.is_condition_true(condition::HELM_CHART_APPLIED);
-    let decision = decide(
-        &applied,
-        &id,
-        &release.metadata.cluster_addon.to_dash(),
-        complete,
-        ctx.addon_apply_due(&key),
-    );
-    let values_file = match &release.addons {
-        AddonStyle::Single { values_file } => values_file.clone(),
-        AddonStyle::Staged { config } => {
-            let run = staged::StagedRun {
-                ctx,
-                api,
-                cluster: &cluster,
-                release: &release,
-                workload: &workload,
-                config,
-            };
-            let action = run.sync(addon, spec_update, decision).await?;
-            return Ok(action);
-        }
-    };
-    match decision {
-        Decision::RecordOnly => {
-            // Same addons as applied: a class switch is recorded, nothing is rendered or applied.
-            spec_update.cluster_stack = Some(id.cluster_class_name());
-            // A hook set by the hook server is done too (the Go operator never finishes it: upgrades hang).
-            spec_update.hook = Some(String::new());
-            status_of(addon).ready = true;
-            return Ok(Action::requeue(ctx.settings.resync_interval));
-        }
-        Decision::Apply { upgrade } => {
-            if upgrade {
-                status_of(addon).ready = false;
+impl Driver<'_> {
+    async fn run(&mut self, step: Step, progress: &mut Progress) -> Result<(), Error> {
+        let namespace = self.addon.namespace().unwrap_or_default();
+        let cluster_name = cluster_name(self.addon);
+        match step {
+            Step::ReadCluster => {
+                let clusters: Api<Cluster> = Api::namespaced(self.ctx.client.clone(), &namespace);
+                let cluster = clusters
+                    .get_opt(&cluster_name)
+                    .await
+                    .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?;
+                progress.cluster = match &cluster {
+                    None => {
+                        // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does
+                        // its client.
+                        self.ctx.workloads.forget(&namespace, &cluster_name);
+                        ClusterState::Gone
+                    }
+                    Some(cluster) => match cluster.stack_release() {
+                        Some((id, _)) => ClusterState::Uses(id),
+                        None => ClusterState::NotOurs {
+                            cluster: cluster_name,
+                        },
+                    },
+                };
+                self.cluster = cluster;
             }
-            apply(
-                addon,
-                spec_update,
-                ctx,
-                &cluster,
-                &release,
-                &workload,
-                &values_file,
-                upgrade,
-            )
-            .await?;
-            ctx.addon_applied(&key);
+            Step::ConnectWorkload => {
+                progress.workload = match self.ctx.workloads.get(&namespace, &cluster_name).await {
+                    Err(e) => WorkloadState::NoKubeconfig(e.to_string()),
+                    Ok(workload) => match self.ctx.workloads.ready(&workload).await {
+                        Err(e) => WorkloadState::NotReady(e.to_string()),
+                        Ok(()) => {
+                            self.workload = Some(workload);
+                            WorkloadState::Ready
+                        }
+                    },
+                };
+            }
+            Step::FetchRelease => {
+                let ClusterState::Uses(id) = &progress.cluster else {
+                    return Err(Error::Internal("fetch before the Cluster was read".into()));
+                };
+                progress.release = match self.ctx.releases.get(id).await {
+                    Ok(release) => {
+                        let state = ReleaseState::Ready {
+                            addon_version: release.metadata.cluster_addon.to_dash(),
+                            staged: matches!(release.addons, AddonStyle::Staged { .. }),
+                        };
+                        self.release = Some(release);
+                        state
+                    }
+                    Err(error) => ReleaseState::Failed {
+                        failure: FetchFailure::of(&error),
+                        message: error.to_string(),
+                    },
+                };
+            }
+            Step::Render => {
+                let (cluster, workload, release) = self.parts()?;
+                let AddonStyle::Single { values_file } = &release.addons else {
+                    return Err(Error::Internal(
+                        "a single-chart render of a staged release".into(),
+                    ));
+                };
+                let rendered = render_addon(
+                    self.ctx,
+                    cluster,
+                    workload,
+                    release,
+                    &release.cluster_addon_archive,
+                    Some(values_file),
+                )
+                .await;
+                progress.rendered = Some(rendered.map(|manifests| {
+                    let count = manifests.len();
+                    self.manifests = manifests;
+                    count
+                }));
+            }
+            Step::Apply => {
+                let (_, workload, release) = self.parts()?;
+                let previous = self
+                    .addon
+                    .status
+                    .as_ref()
+                    .map(|s| s.resources.clone())
+                    .unwrap_or_default();
+                let work = Work {
+                    about: self.addon,
+                    owner: release.id.tag(),
+                    target: Target::Workload(workload),
+                };
+                progress.applied = Some(work.apply(self.ctx, &self.manifests, &previous).await);
+            }
+            Step::RunStages(_) | Step::Conclude => {}
+        }
+        Ok(())
+    }
+
+    fn parts(&self) -> Result<(&Cluster, &WorkloadCluster, &Release), Error> {
+        match (&self.cluster, &self.workload, &self.release) {
+            (Some(cluster), Some(workload), Some(release)) => Ok((cluster, workload, release)),
+            _ => Err(Error::Internal(
+                "a step ran before the Cluster, workload cluster and release were known".into(),
+            )),
         }
     }
-    Ok(Action::requeue(ctx.settings.resync_interval))
-}
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the steps of one apply, kept in one place"
-)]
-async fn apply(
-    addon: &mut ClusterAddon,
-    spec_update: &mut SpecUpdate,
-    ctx: &Context,
-    cluster: &Cluster,
-    release: &Release,
-    workload: &cso_apply::WorkloadCluster,
-    values_file: &std::path::Path,
-    upgrade: bool,
-) -> Result<(), Error> {
-    let id = &release.id;
-    let manifests = match render(
-        ctx,
-        cluster,
-        workload,
-        release,
-        &release.cluster_addon_archive,
-        Some(values_file),
-    )
-    .await
-    {
-        Ok(manifests) => manifests,
-        Err((reason, message)) => {
-            ctx.report_false(
-                addon,
-                (condition::HELM_CHART_TEMPLATED, reason, Severity::Error),
-                &message,
-                (EventType::Warning, reason),
-            )
-            .await;
-            return Err(Error::Reported(message));
-        }
-    };
-    addon.delete_condition(condition::HELM_CHART_TEMPLATED);
-
-    let labels = rendering::release_labels(id.tag());
-    let previous = status_of(addon).resources.clone();
-    let report = workload
-        .engine
-        .apply(&manifests, ADDON_NAMESPACE, &labels, &previous)
-        .await;
-    ctx.metrics.applied(TargetCluster::Workload, &report);
-    status_of(addon).resources = report.resources.clone();
-    ctx.report_drift(addon, TargetCluster::Workload, &report).await;
-    if !report.is_complete() {
-        let message = report.failure_summary();
-        ctx.report_false(
-            addon,
-            (
-                condition::HELM_CHART_APPLIED,
-                reason::FAILED_TO_APPLY_OBJECTS,
-                Severity::Warning,
-            ),
-            &message,
-            (EventType::Warning, event::FAILED_TO_APPLY_OBJECTS),
-        )
-        .await;
-        return Err(Error::Reported(message));
+    async fn stages(
+        &self,
+        api: &Api<ClusterAddon>,
+        addon: &mut ClusterAddon,
+        decision: decision::Decision,
+    ) -> Result<staged::StagedEnd, Error> {
+        let (cluster, workload, release) = self.parts()?;
+        let AddonStyle::Staged { config } = &release.addons else {
+            return Err(Error::Internal("stages of a single-chart release".into()));
+        };
+        let run = staged::StagedRun {
+            ctx: self.ctx,
+            api,
+            cluster,
+            release,
+            workload,
+            config,
+        };
+        run.sync(addon, decision).await
     }
-    let first = !addon.is_condition_true(condition::HELM_CHART_APPLIED);
-    addon.mark_true(condition::HELM_CHART_APPLIED);
-    status_of(addon).ready = true;
-    if first || upgrade {
-        ctx.event(
-            addon,
-            EventType::Normal,
-            event::CLUSTER_ADDON_APPLIED,
-            format!(
-                "applied the addons of {} ({} objects, {} pruned)",
-                id.cluster_class_name(),
-                report.applied,
-                report.pruned.len()
-            ),
-        )
-        .await;
-    }
-    // Recorded once the work is done (the Go operator records intent before it).
-    let was_installed = !addon.spec.cluster_stack.is_empty();
-    spec_update.cluster_stack = Some(id.cluster_class_name());
-    spec_update.version = Some(release.metadata.cluster_addon.to_dash());
-    spec_update.hook = Some(String::new());
-    spec_update.stage = Some(if was_installed && upgrade {
-        "upgraded"
-    } else {
-        "created"
-    });
-    Ok(())
 }
 
 /// Renders `chart` for the workload cluster: values from `values_file` (templated over the Cluster) if
 /// given, rendered against the workload cluster. On failure, the `HelmChartTemplated` reason and a message.
-pub(crate) async fn render(
+pub(crate) async fn render_addon(
     ctx: &Context,
     cluster: &Cluster,
-    workload: &cso_apply::WorkloadCluster,
+    workload: &WorkloadCluster,
     release: &Release,
     chart: &std::path::Path,
     values_file: Option<&std::path::Path>,
-) -> Result<Vec<cso_render::Manifest>, (&'static str, String)> {
+) -> Result<Vec<Manifest>, (&'static str, String)> {
     let values = match values_file {
         Some(file) => {
             let overwrite = |message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message);
@@ -347,18 +309,10 @@ pub(crate) async fn render(
         }
         None => None,
     };
-    let failed = |message: String| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message);
-    let rendered = ctx
-        .renderer
-        .render(rendering::addon_request(
-            release,
-            chart,
-            values,
-            Some(workload.kubeconfig_path.clone()),
-        ))
+    let request = rendering::addon_request(release, chart, values, Some(workload.kubeconfig_path.clone()));
+    rendering::render(ctx.renderer.as_ref(), request)
         .await
-        .map_err(|e| failed(e.to_string()))?;
-    parse_manifests(&rendered).map_err(|e| failed(e.to_string()))
+        .map_err(|message| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message))
 }
 
 /// Writes the spec fields and the stage annotation that changed (merge patch on fields we own).

@@ -1,21 +1,18 @@
-//! Multi-stage releases (`clusteraddon.yaml`): the stages of a lifecycle hook, in order, each with its chart
-//! directory, its `overwrite.yaml` values, `apply` or `delete`, and CEL conditions to wait for before and
-//! after. Progress is written to `status.stages` after every step, so a restarted operator resumes where it
-//! stopped; what each stage applied is recorded in an annotation, so an upgrade prunes from that record, not
-//! by rendering the old release.
-//!
-//! Which hook runs: the one in `spec.hook` (set when a hook starts, so an interrupted hook resumes, and by the
-//! hook server); otherwise `AfterControlPlaneInitialized` for a cluster that never got its addons, as soon as
-//! its control plane answers, and `BeforeClusterUpgrade` when the Cluster moves to a class with other addons.
-//! A failed stage is never counted as done: it is reported and retried, and moving the Cluster to a fixed
-//! release starts over with that release.
+//! Multi-stage releases (`clusteraddon.yaml`): the driver of the stage machine of [`super::stages`]. Each
+//! stage of a lifecycle hook has its chart directory, its `overwrite.yaml` values, `apply` or `delete`, and
+//! CEL conditions to wait for before and after. The driver asks the machine for the next step, carries it
+//! out (a CEL evaluation, a render and an apply or delete through [`crate::applier`]) and persists the
+//! progress (`status.stages`) and what each stage applied (an annotation) after every step, so a restarted
+//! operator resumes where it stopped and an upgrade prunes from that record, not by rendering the old
+//! release. A failed stage is never counted as done: it is reported and retried, and moving the Cluster to
+//! a fixed release starts over with that release.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 use cso_api::{
-    ClusterAddon,
+    ClusterAddon, ClusterAddonStatus,
     capi::Cluster,
-    cluster_addon::{STAGE_ANNOTATION, STAGE_INVENTORY_ANNOTATION, StageAction, StagePhase, StageStatus},
+    cluster_addon::{STAGE_ANNOTATION, STAGE_INVENTORY_ANNOTATION, StageAction},
     common::Resource,
     conditions::{ConditionsExt, Severity},
     names::{condition, event, reason},
@@ -28,20 +25,25 @@ use cso_release::{AddonConfig, Hook, Release, Stage, addon_config::WaitCondition
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{controller::Action, events::EventType},
 };
 use serde_json::json;
 
-use super::{SpecUpdate, decision::Decision, render, status_of};
-use crate::metrics::TargetCluster;
-use crate::rendering::{self, ADDON_NAMESPACE};
-use crate::{Context, Error, context::object_key, patch};
+use super::{
+    decide::{Conclusion, Outcome, SpecUpdate},
+    decision::Decision,
+    render_addon,
+    stages::{self, Check, Flow, HookChoice, StageInventory, StageStep, StageWork},
+};
+use crate::{
+    Context, Error,
+    applier::{Target, Work},
+    events::Events,
+    patch,
+    rendering::{self, ADDON_NAMESPACE},
+};
 
 /// How often an unmet CEL condition is evaluated again.
 const CEL_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// What each stage applied: stage name -> inventory.
-type StageInventory = BTreeMap<String, Vec<Resource>>;
 
 pub(super) struct StagedRun<'a> {
     pub(super) ctx: &'a Context,
@@ -52,170 +54,193 @@ pub(super) struct StagedRun<'a> {
     pub(super) config: &'a AddonConfig,
 }
 
-/// Why a stage did not finish in this pass.
-enum Halt {
-    /// A CEL condition does not hold yet: come back soon.
-    Waiting,
-    /// Reported in the conditions; retried with backoff.
-    Failed(String),
+/// How a staged reconcile ended, and the status it last wrote (the final write compares with it).
+pub(super) struct StagedEnd {
+    pub(super) conclusion: Conclusion,
+    pub(super) persisted: Option<ClusterAddonStatus>,
 }
 
 impl StagedRun<'_> {
     pub(super) async fn sync(
         &self,
         addon: &mut ClusterAddon,
-        spec_update: &mut SpecUpdate,
         decision: Decision,
-    ) -> Result<Action, Error> {
-        let installed = !addon.spec.cluster_stack.is_empty();
-        let hook = if addon.spec.hook.is_empty() {
-            match decision {
-                Decision::RecordOnly => {
-                    spec_update.cluster_stack = Some(self.release.id.cluster_class_name());
-                    status_of(addon).ready = true;
-                    return Ok(Action::requeue(self.ctx.settings.resync_interval));
-                }
-                Decision::Apply { upgrade: false } if installed => {
-                    return self.reapply(addon, spec_update).await;
-                }
-                Decision::Apply { upgrade: false } => Hook::AfterControlPlaneInitialized,
-                Decision::Apply { upgrade: true } => Hook::BeforeClusterUpgrade,
+    ) -> Result<StagedEnd, Error> {
+        let mut end = StagedEnd {
+            conclusion: Conclusion {
+                events: Events::default(),
+                spec: SpecUpdate::default(),
+                outcome: Outcome::Requeue(Some(self.ctx.settings.resync_interval)),
+                applied_all: false,
+            },
+            persisted: None,
+        };
+        let last_stage = addon.annotations().get(STAGE_ANNOTATION).cloned();
+        let hook = match stages::choose_hook(addon, decision, last_stage.as_deref()) {
+            HookChoice::RecordOnly => {
+                end.conclusion.spec.cluster_stack = Some(self.release.id.cluster_class_name());
+                addon.status.get_or_insert_with(Default::default).ready = true;
+                return Ok(end);
             }
-        } else {
-            match Hook::parse(&addon.spec.hook) {
-                Some(hook) => hook,
-                None => {
-                    addon.mark_false(
-                        condition::HOOK_SERVER_READY,
-                        reason::UNKNOWN_HOOK,
-                        Severity::Error,
-                        format!("spec.hook names an unknown hook {:?}", addon.spec.hook),
-                    );
-                    return Ok(Action::await_change());
-                }
+            HookChoice::Unknown(name) => {
+                addon.mark_false(
+                    condition::HOOK_SERVER_READY,
+                    reason::UNKNOWN_HOOK,
+                    Severity::Error,
+                    format!("spec.hook names an unknown hook {name:?}"),
+                );
+                end.conclusion.outcome = Outcome::Requeue(None);
+                return Ok(end);
             }
+            HookChoice::Reapply(hook) => {
+                self.reapply(addon, hook, &mut end).await?;
+                return Ok(end);
+            }
+            HookChoice::Run(hook) => hook,
         };
         addon.mark_true(condition::HOOK_SERVER_READY);
         let stages = self.config.stages(hook);
-        self.start(addon, hook, stages).await?;
-        spec_update.status_written = true;
-
-        let charts = self.charts(addon)?;
         let mut inventory = inventory_of(addon);
-        for (index, stage) in stages.iter().enumerate() {
-            match self.run_stage(addon, index, stage, &charts, &mut inventory).await {
-                Ok(()) => {}
-                Err(Halt::Waiting) => return Ok(Action::requeue(CEL_RETRY)),
-                Err(Halt::Failed(message)) => return Err(Error::Reported(message)),
+        if stages::next_step(addon, hook, stages) == StageStep::Start {
+            tracing::info!(cluster_addon = %addon.name_any(), hook = hook.as_str(), "starting the stages of a hook");
+            let hook_changes = addon.spec.hook != hook.as_str();
+            stages::start(addon, hook, stages);
+            if hook_changes {
+                // Written at once, so a restart resumes this hook.
+                self.api
+                    .patch(
+                        &addon.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"hook": hook.as_str()}})),
+                    )
+                    .await
+                    .map_err(|e| Error::kube(format!("set the hook of {}", addon.name_any()), e))?;
+            }
+            self.persist(addon, &inventory, &mut end).await?;
+        }
+        let charts = self.charts(addon)?;
+
+        loop {
+            let flow = match stages::next_step(addon, hook, stages) {
+                StageStep::Start => {
+                    Flow::Fail(format!("the stages of {} changed while they ran", hook.as_str()))
+                }
+                StageStep::CheckPre(i) => {
+                    let check = self.check(stages[i].wait_for_pre_condition.as_ref()).await;
+                    stages::after_check(addon, i, true, check, &mut end.conclusion.events)
+                }
+                StageStep::CheckPost(i) => {
+                    let check = self.check(stages[i].wait_for_post_condition.as_ref()).await;
+                    stages::after_check(addon, i, false, check, &mut end.conclusion.events)
+                }
+                StageStep::Work(i) => {
+                    let work = self.work(addon, &stages[i], &charts, &inventory).await;
+                    stages::after_stage_work(
+                        addon,
+                        i,
+                        &stages[i],
+                        work,
+                        &mut inventory,
+                        ADDON_NAMESPACE,
+                        true,
+                        &mut end.conclusion.events,
+                    )
+                }
+                StageStep::Finished => break,
+            };
+            self.persist(addon, &inventory, &mut end).await?;
+            match flow {
+                Flow::Continue => {}
+                Flow::Wait => {
+                    end.conclusion.outcome = Outcome::Requeue(Some(CEL_RETRY));
+                    return Ok(end);
+                }
+                Flow::Fail(message) => {
+                    end.conclusion.outcome = Outcome::Retry(message);
+                    return Ok(end);
+                }
             }
         }
 
         // Charts the release no longer has at all: their objects go.
-        let remaining: BTreeSet<&str> = self.config.chart_names();
-        let gone: Vec<String> = inventory
-            .keys()
-            .filter(|s| !remaining.contains(s.as_str()))
-            .cloned()
+        let remaining = self.config.chart_names();
+        let gone: Vec<String> = stages::charts_gone(&inventory, &remaining)
+            .into_iter()
+            .map(str::to_owned)
             .collect();
         for stage in gone {
             let records = inventory.get(&stage).cloned().unwrap_or_default();
-            let report = self
-                .workload
-                .engine
-                .apply(&[], ADDON_NAMESPACE, &self.labels(), &records)
-                .await;
-            self.ctx.metrics.applied(TargetCluster::Workload, &report);
+            let report = self.target(addon).delete(self.ctx, &records).await;
             if !report.is_complete() {
-                let message = format!("stage {stage} of the old release: {}", report.failure_summary());
-                self.ctx
-                    .report_false(
-                        addon,
-                        (
-                            condition::HELM_CHART_DELETED,
-                            reason::FAILED_TO_DELETE_OBJECTS,
-                            Severity::Warning,
-                        ),
-                        &message,
-                        (EventType::Warning, event::FAILED_TO_DELETE_OBJECTS),
-                    )
-                    .await;
-                self.persist(addon, &inventory).await?;
-                return Err(Error::Reported(message));
+                let flow = stages::after_gone_chart_failed(
+                    addon,
+                    &stage,
+                    &report.failure_summary(),
+                    &mut end.conclusion.events,
+                );
+                self.persist(addon, &inventory, &mut end).await?;
+                if let Flow::Fail(message) = flow {
+                    end.conclusion.outcome = Outcome::Retry(message);
+                }
+                return Ok(end);
             }
             inventory.remove(&stage);
         }
-        addon.delete_condition(condition::HELM_CHART_DELETED);
 
-        addon.mark_true(condition::HELM_CHART_APPLIED);
-        let status = status_of(addon);
-        status.resources = inventory.values().flatten().cloned().collect();
-        status.stages.clear();
-        status.ready = true;
-        self.persist(addon, &inventory).await?;
-        self.ctx
-            .event(
-                addon,
-                EventType::Normal,
-                event::CLUSTER_ADDON_APPLIED,
-                format!(
-                    "ran the {} stages of {}",
-                    hook.as_str(),
-                    self.release.id.cluster_class_name()
-                ),
-            )
-            .await;
-        self.ctx.addon_applied(&object_key(&*addon));
-        spec_update.cluster_stack = Some(self.release.id.cluster_class_name());
-        spec_update.version = Some(self.release.metadata.cluster_addon.to_dash());
-        spec_update.hook = Some(String::new());
-        spec_update.stage = Some(match hook {
-            Hook::AfterControlPlaneInitialized => "created",
-            _ => "upgraded",
-        });
-        Ok(Action::requeue(self.ctx.settings.resync_interval))
+        let stage = stages::finish(addon, hook, &inventory);
+        self.persist(addon, &inventory, &mut end).await?;
+        let class = self.release.id.cluster_class_name();
+        end.conclusion.events.normal(
+            event::CLUSTER_ADDON_APPLIED,
+            format!("ran the {} stages of {class}", hook.as_str()),
+        );
+        end.conclusion.applied_all = true;
+        end.conclusion.spec = SpecUpdate {
+            cluster_stack: Some(class),
+            version: Some(self.release.metadata.cluster_addon.to_dash()),
+            hook: Some(String::new()),
+            stage: Some(stage),
+        };
+        Ok(end)
     }
 
-    /// Starts `hook` unless it is running: `spec.hook` is written at once (so a restart resumes it) and every
-    /// stage is pending.
-    async fn start(&self, addon: &mut ClusterAddon, hook: Hook, stages: &[Stage]) -> Result<(), Error> {
-        let planned: Vec<StageStatus> = stages
+    /// Drift correction: the apply stages of `hook` (the one that ran last) again, without waiting on
+    /// conditions.
+    async fn reapply(&self, addon: &mut ClusterAddon, hook: Hook, end: &mut StagedEnd) -> Result<(), Error> {
+        let charts = self.charts(addon)?;
+        let mut inventory = inventory_of(addon);
+        for (index, stage) in self
+            .config
+            .stages(hook)
             .iter()
-            .map(|s| StageStatus {
-                name: s.name.clone(),
-                action: Some(s.action),
-                phase: StagePhase::Pending,
-            })
-            .collect();
-        let running = addon.spec.hook == hook.as_str()
-            && status_of(addon).stages.len() == planned.len()
-            && status_of(addon)
-                .stages
-                .iter()
-                .zip(&planned)
-                .all(|(a, b)| a.name == b.name && a.action == b.action);
-        if running {
-            return Ok(());
+            .enumerate()
+            .filter(|(_, s)| stages::applies(s))
+        {
+            let work = self.work(addon, stage, &charts, &inventory).await;
+            let flow = stages::after_stage_work(
+                addon,
+                index,
+                stage,
+                work,
+                &mut inventory,
+                ADDON_NAMESPACE,
+                false,
+                &mut end.conclusion.events,
+            );
+            if let Flow::Fail(message) = flow {
+                self.persist(addon, &inventory, end).await?;
+                end.conclusion.outcome = Outcome::Retry(message);
+                return Ok(());
+            }
         }
-        tracing::info!(cluster_addon = %addon.name_any(), hook = hook.as_str(), "starting the stages of a hook");
-        status_of(addon).stages = planned;
-        status_of(addon).ready = false;
-        addon.delete_condition(condition::HELM_CHART_APPLIED);
-        if addon.spec.hook != hook.as_str() {
-            self.api
-                .patch(
-                    &addon.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"hook": hook.as_str()}})),
-                )
-                .await
-                .map_err(|e| Error::kube(format!("set the hook of {}", addon.name_any()), e))?;
-            addon.spec.hook = hook.as_str().to_owned();
-        }
-        self.persist(addon, &inventory_of(addon)).await
+        addon.status.get_or_insert_with(Default::default).ready = true;
+        self.persist(addon, &inventory, end).await?;
+        end.conclusion.applied_all = true;
+        Ok(())
     }
 
     /// The release's stage charts, unpacked.
-    fn charts(&self, addon: &mut ClusterAddon) -> Result<std::path::PathBuf, Error> {
+    fn charts(&self, addon: &mut ClusterAddon) -> Result<PathBuf, Error> {
         match self.release.addon_charts(UnpackLimits::default()) {
             Ok(dir) => {
                 addon.mark_true(condition::CLUSTER_ADDON_CONFIG_VALIDATED);
@@ -234,151 +259,36 @@ impl StagedRun<'_> {
         }
     }
 
-    /// Takes stage `index` as far as it goes, writing every step.
-    async fn run_stage(
-        &self,
-        addon: &mut ClusterAddon,
-        index: usize,
-        stage: &Stage,
-        charts: &std::path::Path,
-        inventory: &mut StageInventory,
-    ) -> Result<(), Halt> {
-        loop {
-            let phase = status_of(addon)
-                .stages
-                .get(index)
-                .map(|s| s.phase)
-                .unwrap_or_default();
-            let next = match phase {
-                StagePhase::Done => return Ok(()),
-                StagePhase::None | StagePhase::Pending | StagePhase::WaitingForPreCondition => {
-                    self.wait(addon, index, stage.wait_for_pre_condition.as_ref(), true)
-                        .await?;
-                    StagePhase::ApplyingOrDeleting
-                }
-                StagePhase::ApplyingOrDeleting => {
-                    let result = self.apply_or_delete(addon, stage, charts, inventory).await;
-                    if let Err(Halt::Failed(message)) = &result {
-                        self.ctx
-                            .event(
-                                addon,
-                                EventType::Warning,
-                                event::STAGE_FAILED,
-                                format!("stage {}: {message}", stage.name),
-                            )
-                            .await;
-                    }
-                    self.persist(addon, inventory)
-                        .await
-                        .map_err(|e| Halt::Failed(e.to_string()))?;
-                    result?;
-                    StagePhase::WaitingForPostCondition
-                }
-                StagePhase::WaitingForPostCondition => {
-                    self.wait(addon, index, stage.wait_for_post_condition.as_ref(), false)
-                        .await?;
-                    StagePhase::Done
-                }
-            };
-            if let Some(entry) = status_of(addon).stages.get_mut(index) {
-                entry.phase = next;
-            }
-            self.persist(addon, inventory)
-                .await
-                .map_err(|e| Halt::Failed(e.to_string()))?;
-        }
-    }
-
-    /// Evaluates a pre- or post-condition; `Ok` when there is none or it holds.
-    async fn wait(
-        &self,
-        addon: &mut ClusterAddon,
-        index: usize,
-        wait_for: Option<&WaitCondition>,
-        pre: bool,
-    ) -> Result<(), Halt> {
+    /// Evaluates a pre- or post-condition in the workload cluster.
+    async fn check(&self, wait_for: Option<&WaitCondition>) -> Check {
         let Some(wait) = wait_for else {
             // No condition (any more: the Cluster may have moved to a fixed release).
-            addon.delete_condition(condition::EVALUATED_CEL);
-            return Ok(());
+            return Check::Holds;
         };
-        let (failed_reason, which, waiting_phase) = if pre {
-            (
-                reason::FAILED_TO_EVALUATE_PRE_CONDITION,
-                "pre",
-                StagePhase::WaitingForPreCondition,
-            )
-        } else {
-            (
-                reason::FAILED_TO_EVALUATE_POST_CONDITION,
-                "post",
-                StagePhase::WaitingForPostCondition,
-            )
-        };
-        let name = status_of(addon)
-            .stages
-            .get(index)
-            .map(|s| s.name.clone())
-            .unwrap_or_default();
         let outcome = match cel::compile(wait) {
             Ok(compiled) => compiled.evaluate(&self.workload.discovery).await,
             Err(e) => Err(e),
         };
         match outcome {
-            Ok(CelOutcome::Satisfied) => {
-                addon.delete_condition(condition::EVALUATED_CEL);
-                Ok(())
-            }
-            Ok(CelOutcome::Waiting(why)) => {
-                addon.mark_false(
-                    condition::EVALUATED_CEL,
-                    failed_reason,
-                    Severity::Info,
-                    format!("failed to successfully evaluate {which} condition: {name:?}: {why}"),
-                );
-                if let Some(entry) = status_of(addon).stages.get_mut(index) {
-                    entry.phase = waiting_phase;
-                }
-                Err(Halt::Waiting)
-            }
-            Err(e) => {
-                let message = format!("{which} condition of stage {name:?}: {e}");
-                self.ctx
-                    .report_false(
-                        addon,
-                        (condition::EVALUATED_CEL, failed_reason, Severity::Error),
-                        &message,
-                        (EventType::Warning, event::STAGE_FAILED),
-                    )
-                    .await;
-                Err(Halt::Failed(message))
-            }
+            Ok(CelOutcome::Satisfied) => Check::Holds,
+            Ok(CelOutcome::Waiting(why)) => Check::Waiting(why),
+            Err(e) => Check::Broken(e.to_string()),
         }
     }
 
-    async fn apply_or_delete(
+    /// Renders stage `stage` and applies or deletes its objects.
+    async fn work(
         &self,
-        addon: &mut ClusterAddon,
+        addon: &ClusterAddon,
         stage: &Stage,
-        charts: &std::path::Path,
-        inventory: &mut StageInventory,
-    ) -> Result<(), Halt> {
+        charts: &Path,
+        inventory: &StageInventory,
+    ) -> StageWork {
         let (chart, values) = rendering::stage_chart(charts, stage);
         if !chart.is_dir() {
-            let message = format!(
-                "helm chart name doesn't exists in the cluster addon helm chart: {:?}",
-                stage.name
-            );
-            addon.mark_false(
-                condition::HELM_CHART_FOUND,
-                reason::HELM_CHART_MISSING,
-                Severity::Error,
-                message.clone(),
-            );
-            return Err(Halt::Failed(message));
+            return StageWork::ChartMissing;
         }
-        addon.delete_condition(condition::HELM_CHART_FOUND);
-        let manifests = match render(
+        let manifests = match render_addon(
             self.ctx,
             self.cluster,
             self.workload,
@@ -389,116 +299,43 @@ impl StagedRun<'_> {
         .await
         {
             Ok(manifests) => manifests,
-            Err((reason, message)) => {
-                let message = format!("stage {}: {message}", stage.name);
-                addon.mark_false(
-                    condition::HELM_CHART_TEMPLATED,
-                    reason,
-                    Severity::Error,
-                    message.clone(),
-                );
-                return Err(Halt::Failed(message));
-            }
+            Err((reason, message)) => return StageWork::NotRendered(reason, message),
         };
-        addon.delete_condition(condition::HELM_CHART_TEMPLATED);
-        let previous = inventory.get(&stage.name).cloned().unwrap_or_default();
         match stage.action {
             StageAction::Apply => {
-                let report = self
-                    .workload
-                    .engine
-                    .apply(&manifests, ADDON_NAMESPACE, &self.labels(), &previous)
-                    .await;
-                self.ctx.metrics.applied(TargetCluster::Workload, &report);
-                inventory.insert(stage.name.clone(), report.resources.clone());
-                status_of(addon).resources = inventory.values().flatten().cloned().collect();
-                if !report.is_complete() {
-                    let message = format!(
-                        "failed to successfully apply helm chart: {:?}: {}",
-                        stage.name,
-                        report.failure_summary()
-                    );
-                    addon.mark_false(
-                        condition::HELM_CHART_APPLIED,
-                        reason::FAILED_TO_APPLY_OBJECTS,
-                        Severity::Warning,
-                        message.clone(),
-                    );
-                    return Err(Halt::Failed(message));
+                let previous = inventory.get(&stage.name).cloned().unwrap_or_default();
+                let report = self.target(addon).apply(self.ctx, &manifests, &previous).await;
+                StageWork::Applied {
+                    failures: (!report.is_complete()).then(|| report.failure_summary()),
+                    resources: report.resources,
                 }
             }
             StageAction::Delete => {
                 let targets: Vec<Resource> = manifests.iter().map(cso_apply::resource_of).collect();
-                let report = self
-                    .workload
-                    .engine
-                    .apply(&[], ADDON_NAMESPACE, &self.labels(), &targets)
-                    .await;
-                self.ctx.metrics.applied(TargetCluster::Workload, &report);
-                if !report.is_complete() {
-                    let message = format!(
-                        "failed to successfully delete helm chart: {:?}: {}",
-                        stage.name,
-                        report.failure_summary()
-                    );
-                    addon.mark_false(
-                        condition::HELM_CHART_DELETED,
-                        reason::FAILED_TO_DELETE_OBJECTS,
-                        Severity::Warning,
-                        message.clone(),
-                    );
-                    return Err(Halt::Failed(message));
+                let report = self.target(addon).delete(self.ctx, &targets).await;
+                StageWork::Deleted {
+                    failures: (!report.is_complete()).then(|| report.failure_summary()),
+                    targets,
                 }
-                let deleted: BTreeSet<(String, String, String)> = targets
-                    .iter()
-                    .map(|t| (t.group.clone(), t.kind.clone(), t.name.clone()))
-                    .collect();
-                for records in inventory.values_mut() {
-                    records.retain(|r| !deleted.contains(&(r.group.clone(), r.kind.clone(), r.name.clone())));
-                }
-                inventory.retain(|_, records| !records.is_empty());
-                status_of(addon).resources = inventory.values().flatten().cloned().collect();
-                addon.delete_condition(condition::HELM_CHART_DELETED);
             }
         }
-        Ok(())
     }
 
-    /// Drift correction: the apply stages of the hook that ran last, again, without waiting on conditions.
-    async fn reapply(&self, addon: &mut ClusterAddon, spec_update: &mut SpecUpdate) -> Result<Action, Error> {
-        let hook = match addon.annotations().get(STAGE_ANNOTATION).map(String::as_str) {
-            Some("upgraded") => Hook::BeforeClusterUpgrade,
-            _ => Hook::AfterControlPlaneInitialized,
-        };
-        let charts = self.charts(addon)?;
-        let mut inventory = inventory_of(addon);
-        for stage in self
-            .config
-            .stages(hook)
-            .iter()
-            .filter(|s| s.action == StageAction::Apply)
-        {
-            if let Err(Halt::Failed(message)) =
-                self.apply_or_delete(addon, stage, &charts, &mut inventory).await
-            {
-                self.persist(addon, &inventory).await?;
-                spec_update.status_written = true;
-                return Err(Error::Reported(message));
-            }
+    fn target<'w>(&'w self, addon: &'w ClusterAddon) -> Work<'w, ClusterAddon> {
+        Work {
+            about: addon,
+            owner: self.release.id.tag(),
+            target: Target::Workload(self.workload),
         }
-        self.persist(addon, &inventory).await?;
-        spec_update.status_written = true;
-        status_of(addon).ready = true;
-        self.ctx.addon_applied(&object_key(&*addon));
-        Ok(Action::requeue(self.ctx.settings.resync_interval))
     }
 
-    fn labels(&self) -> BTreeMap<String, String> {
-        rendering::release_labels(self.release.id.tag())
-    }
-
-    /// Writes the status and the stage inventory now.
-    async fn persist(&self, addon: &mut ClusterAddon, inventory: &StageInventory) -> Result<(), Error> {
+    /// Writes the stage inventory, the status and the events so far, now.
+    async fn persist(
+        &self,
+        addon: &mut ClusterAddon,
+        inventory: &StageInventory,
+        end: &mut StagedEnd,
+    ) -> Result<(), Error> {
         let encoded = serde_json::to_string(inventory).map_err(|e| Error::Internal(e.to_string()))?;
         if addon.annotations().get(STAGE_INVENTORY_ANNOTATION) != Some(&encoded) {
             self.api
@@ -518,7 +355,12 @@ impl StagedRun<'_> {
         let mut shown = addon.clone();
         shown.set_summary();
         let status = shown.status.clone().unwrap_or_default();
-        patch::status(self.api, &shown, None, &status).await
+        patch::status(self.api, &shown, end.persisted.as_ref(), &status).await?;
+        end.persisted = Some(status);
+        self.ctx
+            .publish(&*addon, std::mem::take(&mut end.conclusion.events))
+            .await;
+        Ok(())
     }
 }
 

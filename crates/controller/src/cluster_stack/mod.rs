@@ -1,7 +1,12 @@
 //! The ClusterStack controller: creates the ClusterStackReleases a ClusterStack needs (spec versions, the
 //! newest remote release with auto-subscribe, the newest ready one, every one a Cluster uses), deletes the
 //! others, creates the provider objects in provider mode, and reports it all in the status.
+//!
+//! Shape: [`observe`] reads everything the decision needs, [`decide::actions`] (pure) names the writes, the
+//! act step here makes them and records what happened in [`decide::Done`], and [`decide::conclude`] (pure)
+//! turns that into the status, the events and the retry; the status is written once.
 
+pub(crate) mod decide;
 pub mod plan;
 pub mod provider;
 pub mod summary;
@@ -9,9 +14,7 @@ pub mod summary;
 use std::{collections::BTreeMap, sync::Arc};
 
 use cso_api::{
-    ClusterStack, ClusterStackRelease, ClusterStackStatus, GROUP, ReleaseId, Version,
-    conditions::{ConditionsExt, Severity},
-    names::{condition, event, reason},
+    ClusterStack, ClusterStackRelease, GROUP, ReleaseId, Version, conditions::ConditionsExt, names::event,
 };
 use cso_release::{SourceError, StackKey, source::releases_of};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -23,9 +26,9 @@ use kube::{
 use serde_json::json;
 
 use self::{
-    plan::{ExistingRelease, StackSpec, plan, usable_versions},
+    decide::{Actions, Done, Observed, Outcome, SourceListing, actions, conclude, conclude_invalid},
+    plan::StackSpec,
     provider::{ProviderChange, ProviderError, sync_provider_object},
-    summary::release_summary,
 };
 use crate::{
     Context, Error,
@@ -51,11 +54,30 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Resul
         return Ok(Action::await_change());
     }
     let mut working = stack.clone();
-    let outcome = sync(&mut working, &ctx).await;
+    let (events, outcome) = match stack_spec(&stack) {
+        Err(message) => (Default::default(), conclude_invalid(&mut working, &message)),
+        Ok(spec) => {
+            let observed = observe(&stack, spec, &ctx).await?;
+            let actions = actions(&observed, stack.spec.no_provider);
+            let done = act(&stack, &actions, &ctx).await;
+            conclude(
+                &mut working,
+                &observed,
+                &actions,
+                &done,
+                ctx.settings.poll_interval,
+            )
+        }
+    };
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, stack.status.as_ref(), &status).await?;
-    outcome
+    ctx.publish(&working, events).await;
+    match outcome {
+        Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
+        Outcome::Requeue(None) => Ok(Action::await_change()),
+        Outcome::Retry(message) => Err(Error::Reported(message)),
+    }
 }
 
 /// Retry after a failed reconcile, with per-object backoff.
@@ -104,21 +126,9 @@ fn owned_by(release: &ClusterStackRelease, stack_name: &str) -> bool {
     })
 }
 
-async fn sync(stack: &mut ClusterStack, ctx: &Context) -> Result<Action, Error> {
+/// Reads the stack's releases, the source (with auto-subscribe) and the Clusters.
+async fn observe(stack: &ClusterStack, spec: StackSpec, ctx: &Context) -> Result<Observed, Error> {
     let namespace = stack.namespace().unwrap_or_default();
-    let spec = match stack_spec(stack) {
-        Ok(spec) => spec,
-        Err(message) => {
-            stack.mark_false(
-                condition::CLUSTER_STACK_RELEASES_SYNCED,
-                reason::INVALID_SPEC,
-                Severity::Error,
-                message,
-            );
-            // Only a change of the spec can help.
-            return Ok(Action::await_change());
-        }
-    };
     let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &namespace);
     let owned: Vec<ClusterStackRelease> = releases
         .list(&ListParams::default())
@@ -128,263 +138,85 @@ async fn sync(stack: &mut ClusterStack, ctx: &Context) -> Result<Action, Error> 
         .into_iter()
         .filter(|r| owned_by(r, &stack.name_any()))
         .collect();
-    let existing: Vec<ExistingRelease> = owned
-        .iter()
-        .filter_map(|r| match ReleaseId::parse_tag(&r.name_any()) {
-            Ok(id) => Some(ExistingRelease {
-                id,
-                ready: r.status.as_ref().is_some_and(|s| s.ready),
-            }),
-            Err(e) => {
-                tracing::debug!(release = %r.name_any(), error = %e, "ignoring a ClusterStackRelease whose name does not parse");
-                None
-            }
-        })
-        .collect();
-
-    let mut next_poll = ctx.settings.poll_interval;
-    let mut failed: Vec<String> = Vec::new();
-    let latest_remote = if spec.auto_subscribe {
-        latest_remote_release(stack, &spec, ctx, &mut next_poll, &mut failed).await
+    let source = if spec.auto_subscribe {
+        let source = ctx.releases.source();
+        match source.list_tags().await {
+            Ok(tags) => SourceListing::Latest(releases_of(&tags, &spec.stack, spec.channel).pop()),
+            Err(SourceError::Config(message)) => SourceListing::Unconfigured(message),
+            Err(e) => SourceListing::Failed {
+                message: format!("failed to list the releases at {}: {e}", source.kind()),
+                retry_after: e.retry_after(),
+            },
+        }
     } else {
-        // Not asked: say nothing about the source rather than something stale.
-        stack.delete_condition(condition::RELEASES_SYNCED);
-        stack.delete_condition(condition::ASSETS_CLIENT_API_AVAILABLE);
-        None
+        SourceListing::NotAsked
     };
-
     let clusters = list_clusters(ctx).await?;
     let in_use = releases_in_use(&clusters, &namespace).into_keys().collect();
-    let plan = plan(&spec, &existing, latest_remote.as_ref(), &in_use);
+    Ok(Observed {
+        spec,
+        releases: owned,
+        source,
+        in_use,
+    })
+}
 
-    let mut release_errors: Vec<String> = Vec::new();
-    for id in &plan.delete {
-        let name = id.tag();
-        match releases.delete(&name, &DeleteParams::background()).await {
+/// Makes the writes; every failure is recorded, none stops the others.
+async fn act(stack: &ClusterStack, actions: &Actions, ctx: &Context) -> Done {
+    let namespace = stack.namespace().unwrap_or_default();
+    let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut done = Done::default();
+    for name in &actions.delete {
+        match releases.delete(name, &DeleteParams::background()).await {
             Ok(_) => {
                 tracing::info!(release = %name, "deleting a ClusterStackRelease nobody needs any more");
-                ctx.event(
-                    stack,
-                    EventType::Normal,
-                    event::CLUSTER_STACK_RELEASE_DELETED,
-                    format!("deleted {name}"),
-                )
-                .await;
+                done.deleted.push(name.clone());
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                let message = format!("failed to delete {name}: {e}");
-                ctx.event(
-                    stack,
-                    EventType::Warning,
-                    event::FAILED_TO_DELETE_CLUSTER_STACK_RELEASE,
-                    &message,
-                )
-                .await;
-                release_errors.push(message);
-            }
+            Err(kube::Error::Api(s)) if s.code == 404 => done.deleted.push(name.clone()),
+            Err(e) => done.not_deleted.push((name.clone(), e.to_string())),
         }
     }
 
     let owner = owner_reference(stack);
     let labels = propagated_labels(&ctx.settings);
-    let mut provider_errors: Vec<(bool, String)> = Vec::new();
-    for id in &plan.wanted {
-        let name = id.tag();
-        let provider_ref = if stack.spec.no_provider {
-            None
-        } else {
-            match sync_provider_object(ctx, stack, &name).await {
+    for ensure in &actions.ensure {
+        let name = &ensure.name;
+        let provider_ref = if actions.provider_objects {
+            match sync_provider_object(ctx, stack, name).await {
                 Ok((reference, change)) => {
                     match change {
-                        ProviderChange::Create(_) => {
-                            ctx.event(
-                                stack,
-                                EventType::Normal,
-                                event::CREATE_PROVIDER_STACK_RELEASE,
-                                format!("created the provider object {name}"),
-                            )
-                            .await;
-                        }
-                        ProviderChange::Update(_) => {
-                            ctx.event(
-                                stack,
-                                EventType::Normal,
-                                event::UPDATE_PROVIDER_STACK_RELEASE,
-                                format!("updated the provider object {name}"),
-                            )
-                            .await;
-                        }
+                        ProviderChange::Create(_) => done.provider_created.push(name.clone()),
+                        ProviderChange::Update(_) => done.provider_updated.push(name.clone()),
                         ProviderChange::Unchanged => {}
                     }
                     Some(reference)
                 }
                 Err(e) => {
-                    provider_errors.push((matches!(e, ProviderError::TemplateNotFound(_)), e.to_string()));
+                    done.provider_failed
+                        .push((matches!(e, ProviderError::TemplateNotFound(_)), e.to_string()));
                     continue;
                 }
             }
+        } else {
+            None
         };
-        let existing = owned.iter().find(|r| r.name_any() == name);
-        let result = match existing {
-            Some(release) if release.spec.provider_ref != provider_ref => releases
+        let result = match &ensure.existing {
+            Some(current) if *current != provider_ref => releases
                 .patch(
-                    &name,
+                    name,
                     &PatchParams::default(),
                     &Patch::Merge(json!({"spec": {"providerRef": provider_ref}})),
                 )
                 .await
                 .map(|_| ()),
             Some(_) => Ok(()),
-            None => {
-                create_release(
-                    &releases,
-                    &name,
-                    &owner,
-                    &labels,
-                    provider_ref.clone(),
-                    stack,
-                    ctx,
-                )
-                .await
-            }
+            None => create_release(&releases, name, &owner, &labels, provider_ref.clone(), stack, ctx).await,
         };
         if let Err(e) = result {
-            release_errors.push(format!("failed to create or update {name}: {e}"));
+            done.not_ensured.push((name.clone(), e.to_string()));
         }
     }
-
-    if release_errors.is_empty() {
-        stack.mark_true(condition::CLUSTER_STACK_RELEASES_SYNCED);
-    } else {
-        stack.mark_false(
-            condition::CLUSTER_STACK_RELEASES_SYNCED,
-            reason::FAILED_TO_CREATE_OR_UPDATE,
-            Severity::Warning,
-            release_errors.join("; "),
-        );
-        failed.extend(release_errors);
-    }
-    if stack.spec.no_provider {
-        stack.delete_condition(condition::PROVIDER_CLUSTER_STACK_RELEASES_SYNCED);
-    } else if provider_errors.is_empty() {
-        stack.mark_true(condition::PROVIDER_CLUSTER_STACK_RELEASES_SYNCED);
-    } else {
-        let (not_found, _) = provider_errors[0];
-        let message = provider_errors
-            .iter()
-            .map(|(_, m)| m.as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
-        if not_found {
-            stack.mark_false(
-                condition::PROVIDER_CLUSTER_STACK_RELEASES_SYNCED,
-                reason::PROVIDER_TEMPLATE_NOT_FOUND,
-                Severity::Error,
-                message.clone(),
-            );
-        } else {
-            stack.mark_false(
-                condition::PROVIDER_CLUSTER_STACK_RELEASES_SYNCED,
-                reason::FAILED_TO_CREATE_OR_UPDATE,
-                Severity::Warning,
-                message.clone(),
-            );
-        }
-        failed.push(message);
-    }
-
-    // Status from what exists now (a release created in this pass has no status yet).
-    let by_name: BTreeMap<String, &ClusterStackRelease> = owned.iter().map(|r| (r.name_any(), r)).collect();
-    let status = stack.status.get_or_insert_with(ClusterStackStatus::default);
-    status.summary = plan
-        .wanted
-        .iter()
-        .map(|id| release_summary(id, by_name.get(&id.tag()).copied()))
-        .collect();
-    status.usable_versions = usable_versions(&existing, &plan);
-    match &plan.latest_ready {
-        Some(latest) => {
-            let kubernetes = by_name
-                .get(&latest.tag())
-                .and_then(|r| r.status.as_ref())
-                .map(|s| s.kubernetes_version.clone())
-                .unwrap_or_default();
-            status.latest_release = format!("{} | {kubernetes}", latest.cluster_class_name());
-            stack.mark_true(condition::CLUSTER_STACK_RELEASE_AVAILABLE);
-        }
-        None => {
-            status.latest_release.clear();
-            stack.mark_false(
-                condition::CLUSTER_STACK_RELEASE_AVAILABLE,
-                reason::NO_READY_RELEASE,
-                Severity::Info,
-                "no release of the cluster stack is ready yet",
-            );
-        }
-    }
-
-    if !failed.is_empty() {
-        return Err(Error::Reported(failed.join("; ")));
-    }
-    Ok(if spec.auto_subscribe {
-        Action::requeue(next_poll)
-    } else {
-        Action::await_change()
-    })
-}
-
-/// The newest release of the stack's channel at the source; conditions and events say why there is none.
-async fn latest_remote_release(
-    stack: &mut ClusterStack,
-    spec: &StackSpec,
-    ctx: &Context,
-    next_poll: &mut std::time::Duration,
-    failed: &mut Vec<String>,
-) -> Option<ReleaseId> {
-    let source = ctx.releases.source();
-    match source.list_tags().await {
-        Ok(tags) => {
-            stack.mark_true(condition::ASSETS_CLIENT_API_AVAILABLE);
-            stack.mark_true(condition::RELEASES_SYNCED);
-            releases_of(&tags, &spec.stack, spec.channel).pop()
-        }
-        Err(SourceError::Config(message)) => {
-            ctx.report_false(
-                stack,
-                (
-                    condition::ASSETS_CLIENT_API_AVAILABLE,
-                    reason::FAILED_CREATE_ASSETS_CLIENT,
-                    Severity::Error,
-                ),
-                &message,
-                (EventType::Warning, event::FAILED_CREATE_ASSETS_CLIENT),
-            )
-            .await;
-            failed.push(message);
-            None
-        }
-        Err(e) => {
-            let message = format!("failed to list the releases at {}: {e}", source.kind());
-            ctx.report_false(
-                stack,
-                (
-                    condition::RELEASES_SYNCED,
-                    reason::FAILED_TO_SYNC,
-                    Severity::Warning,
-                ),
-                &message,
-                (EventType::Warning, event::FAILED_TO_SYNC),
-            )
-            .await;
-            match e.retry_after() {
-                // Rate limited: come back when the source allows it, not earlier.
-                Some(delay) => *next_poll = delay.max(std::time::Duration::from_secs(1)),
-                None => failed.push(message),
-            }
-            None
-        }
-    }
+    done
 }
 
 fn owner_reference(stack: &ClusterStack) -> OwnerReference {

@@ -92,22 +92,6 @@ pub fn plan(
     }
 }
 
-/// `status.usableVersions`: the ready releases that stay, in dot form, oldest first, joined by `, `
-/// (the Go operator also lists releases it is deleting in the same pass).
-pub fn usable_versions(existing: &[ExistingRelease], plan: &Plan) -> String {
-    let mut ready: Vec<&ReleaseId> = existing
-        .iter()
-        .filter(|r| r.ready && !plan.delete.contains(&r.id))
-        .map(|r| &r.id)
-        .collect();
-    ready.sort();
-    ready
-        .iter()
-        .map(|id| id.version.to_dot())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -202,7 +186,6 @@ mod tests {
             used.delete.is_empty(),
             "a release a Cluster uses is never deleted"
         );
-        assert_eq!(usable_versions(&ex, &used), "v1, v2");
     }
 
     #[test]

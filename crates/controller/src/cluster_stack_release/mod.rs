@@ -2,36 +2,40 @@
 //! object, renders the cluster-class chart and keeps its objects applied (a deleted or edited ClusterClass
 //! comes back), with the inventory in `status.resources`. Deleting waits while a Cluster uses the class,
 //! then deletes every object of the inventory, without needing the release's files.
+//!
+//! Shape: the reconcile reads its object, then [`decide::next_step`] (pure) names the next step and the
+//! driver here carries it out (a read, a download, a render, an apply through [`crate::applier`]),
+//! recording what happened in [`decide::Progress`], until nothing is left to do; [`decide::conclude`]
+//! (pure) turns what happened into the status, the events and the retry, and the status is written once.
+
+pub(crate) mod decide;
 
 use std::sync::Arc;
 
 use cso_api::{
-    ClusterStackRelease, ClusterStackReleaseStatus, ReleaseId,
-    cluster_stack_release::CLUSTER_STACK_RELEASE_FINALIZER,
-    common::ObjectReference,
-    conditions::{ConditionsExt, Severity},
-    names::{condition, event, reason},
+    ClusterStackRelease, ReleaseId, cluster_stack_release::CLUSTER_STACK_RELEASE_FINALIZER,
+    common::ObjectReference, conditions::ConditionsExt,
 };
-use cso_release::{CacheError, Release, SourceError};
-use cso_render::parse_manifests;
-
-use crate::metrics::TargetCluster;
-use crate::rendering;
+use cso_release::Release;
+use cso_render::Manifest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
     api::{DynamicObject, Patch, PatchParams},
     core::GroupVersionKind,
-    runtime::{controller::Action, events::EventType},
+    runtime::controller::Action,
 };
 use serde_json::json;
 
+pub(crate) use self::decide::FetchFailure;
+use self::decide::{Files, Outcome, Progress, Step, conclude, next_step};
 use crate::{
     Context, Error,
+    applier::{Target, Work},
     context::object_key,
     filter::is_paused,
     in_use::{list_clusters, releases_in_use},
-    patch,
+    patch, rendering,
 };
 
 /// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`, bounded by
@@ -50,12 +54,11 @@ async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -
         return Ok(Action::await_change());
     }
     let deleting = release.meta().deletion_timestamp.is_some();
-    if deleting
-        && !release
-            .finalizers()
-            .iter()
-            .any(|f| f == CLUSTER_STACK_RELEASE_FINALIZER)
-    {
+    let has_finalizer = release
+        .finalizers()
+        .iter()
+        .any(|f| f == CLUSTER_STACK_RELEASE_FINALIZER);
+    if deleting && !has_finalizer {
         return Ok(Action::await_change());
     }
     if !deleting {
@@ -63,23 +66,37 @@ async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -
         patch::add_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
     }
 
-    let mut working = release.clone();
-    let outcome = if deleting {
-        cleanup(&mut working, &ctx).await
-    } else {
-        sync(&mut working, &api, &ctx).await
+    let id = ReleaseId::parse_tag(&release.name_any()).map_err(|e| e.to_string());
+    let mut progress = Progress::new(id, deleting, release.spec.provider_ref.is_some());
+    let mut driver = Driver {
+        ctx: &ctx,
+        release: &release,
+        files: None,
+        manifests: Vec::new(),
     };
+    loop {
+        let step = next_step(&progress, &release);
+        if step == Step::Conclude {
+            break;
+        }
+        driver.run(step, &mut progress).await?;
+    }
+
+    let mut working = release.clone();
+    let (events, outcome) = conclude(&progress, &mut working, ctx.settings.resync_interval);
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, release.status.as_ref(), &status).await?;
+    ctx.publish(&working, events).await;
     match outcome {
-        Ok(Outcome::Done(action)) => Ok(action),
-        Ok(Outcome::Deleted) => {
+        Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
+        Outcome::Requeue(None) => Ok(Action::await_change()),
+        Outcome::Deleted => {
+            tracing::info!(release = %release.name_any(), "deleted the objects of the release");
             patch::remove_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
             Ok(Action::await_change())
         }
-        Ok(Outcome::Retry(message)) => Err(Error::Reported(message)),
-        Err(e) => Err(e),
+        Outcome::Retry(message) => Err(Error::Reported(message)),
     }
 }
 
@@ -90,245 +107,103 @@ pub fn error_policy(release: Arc<ClusterStackRelease>, error: &Error, ctx: Arc<C
     Action::requeue(delay)
 }
 
-enum Outcome {
-    Done(Action),
-    /// The finalizer may go.
-    Deleted,
-    /// Reported in the conditions; try again with backoff.
-    Retry(String),
+/// Carries out the steps; keeps what they produce that the decisions do not need (files, objects).
+struct Driver<'a> {
+    ctx: &'a Context,
+    release: &'a ClusterStackRelease,
+    files: Option<Arc<Release>>,
+    manifests: Vec<Manifest>,
 }
 
-fn status_of(release: &mut ClusterStackRelease) -> &mut ClusterStackReleaseStatus {
-    release.status.get_or_insert_with(Default::default)
-}
-
-async fn sync(
-    release: &mut ClusterStackRelease,
-    api: &Api<ClusterStackRelease>,
-    ctx: &Context,
-) -> Result<Outcome, Error> {
-    let name = release.name_any();
-    let namespace = release.namespace().unwrap_or_default();
-    let id = match ReleaseId::parse_tag(&name) {
-        Ok(id) => id,
-        Err(e) => {
-            release.mark_false(
-                condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-                reason::ISSUE_WITH_RELEASE_ASSETS,
-                Severity::Error,
-                e.to_string(),
-            );
-            // The name never changes: nothing to retry.
-            return Ok(Outcome::Done(Action::await_change()));
-        }
-    };
-
-    let assets = match fetch(release, &id, api, ctx).await? {
-        Ok(assets) => assets,
-        Err(retry) => return Ok(retry),
-    };
-    release.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
-    status_of(release).kubernetes_version = assets.metadata.kubernetes.clone();
-
-    if let Some(provider_ref) = release.spec.provider_ref.clone() {
-        match provider_ready(release, &provider_ref, ctx).await {
-            Ok(true) => {}
-            Ok(false) => {
-                release.mark_false(
-                    condition::PROVIDER_CLUSTER_STACK_RELEASE_READY,
-                    reason::PROCESS_ONGOING,
-                    Severity::Info,
-                    "providerClusterStackRelease not ready yet",
+impl Driver<'_> {
+    async fn run(&mut self, step: Step, progress: &mut Progress) -> Result<(), Error> {
+        let namespace = self.release.namespace().unwrap_or_default();
+        match step {
+            Step::LookInCache | Step::Download => {
+                let id = progress.id.clone().map_err(Error::Internal)?;
+                let found = match step {
+                    Step::LookInCache => self.ctx.releases.cached(&id),
+                    _ => self.ctx.releases.get(&id).await.map(Some),
+                };
+                progress.files = match found {
+                    Ok(Some(files)) => {
+                        let ready = Files::Ready {
+                            kubernetes: files.metadata.kubernetes.clone(),
+                            downloaded_now: step == Step::Download,
+                        };
+                        self.files = Some(files);
+                        ready
+                    }
+                    Ok(None) => Files::Missing,
+                    Err(error) => Files::Failed {
+                        failure: FetchFailure::of(&error),
+                        message: error.to_string(),
+                    },
+                };
+            }
+            Step::CheckProvider => {
+                let reference = self.release.spec.provider_ref.clone().unwrap_or_default();
+                progress.provider = Some(provider_ready(self.release, &reference, self.ctx).await);
+            }
+            Step::Render => {
+                let files = self
+                    .files
+                    .clone()
+                    .ok_or_else(|| Error::Internal("render before fetch".into()))?;
+                let request = rendering::cluster_class_request(&files, &namespace);
+                progress.rendered = Some(
+                    match rendering::render(self.ctx.renderer.as_ref(), request).await {
+                        Ok(manifests) if manifests.is_empty() => {
+                            Err("the cluster-class chart rendered no objects".to_owned())
+                        }
+                        Ok(manifests) => {
+                            let count = manifests.len();
+                            self.manifests = manifests;
+                            Ok(count)
+                        }
+                        Err(message) => Err(message),
+                    },
                 );
-                // The provider-object watch brings us back when it changes; the resync is a safety net.
-                return Ok(Outcome::Done(Action::requeue(ctx.settings.resync_interval)));
             }
-            Err(message) => {
-                release.mark_false(
-                    condition::PROVIDER_CLUSTER_STACK_RELEASE_READY,
-                    reason::PROVIDER_OBJECT_NOT_FOUND,
-                    Severity::Warning,
-                    message.clone(),
+            Step::Apply => {
+                let previous = self.recorded();
+                progress.applied = Some(
+                    self.work(&namespace)
+                        .apply(self.ctx, &self.manifests, &previous)
+                        .await,
                 );
-                return Ok(Outcome::Retry(message));
             }
-        }
-    }
-    release.mark_true(condition::PROVIDER_CLUSTER_STACK_RELEASE_READY);
-
-    let rendered = ctx
-        .renderer
-        .render(rendering::cluster_class_request(&assets, &namespace))
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|text| parse_manifests(&text).map_err(|e| e.to_string()))
-        .and_then(|manifests| {
-            if manifests.is_empty() {
-                Err("the cluster-class chart rendered no objects".to_owned())
-            } else {
-                Ok(manifests)
+            Step::FindUsers => {
+                let id = progress.id.clone().map_err(Error::Internal)?;
+                let clusters = list_clusters(self.ctx).await?;
+                let users = releases_in_use(&clusters, &namespace)
+                    .remove(&id)
+                    .unwrap_or_default();
+                progress.users = Some(users.into_iter().collect());
             }
-        });
-    let manifests = match rendered {
-        Ok(manifests) => manifests,
-        Err(message) => {
-            ctx.report_false(
-                release,
-                (
-                    condition::HELM_CHART_APPLIED,
-                    reason::FAILED_TO_RENDER_CHART,
-                    Severity::Error,
-                ),
-                &message,
-                (EventType::Warning, event::FAILED_TO_RENDER_CHART),
-            )
-            .await;
-            return Ok(Outcome::Retry(message));
-        }
-    };
-
-    let labels = rendering::release_labels(name.clone());
-    let previous = status_of(release).resources.clone();
-    let report = ctx.engine.apply(&manifests, &namespace, &labels, &previous).await;
-    ctx.metrics.applied(TargetCluster::Management, &report);
-    status_of(release).resources = report.resources.clone();
-    ctx.report_drift(release, TargetCluster::Management, &report)
-        .await;
-    if !report.is_complete() {
-        let message = report.failure_summary();
-        ctx.report_false(
-            release,
-            (
-                condition::HELM_CHART_APPLIED,
-                reason::OBJECTS_APPLYING_ONGOING,
-                Severity::Warning,
-            ),
-            &message,
-            (EventType::Warning, event::FAILED_TO_APPLY_OBJECTS),
-        )
-        .await;
-        return Ok(Outcome::Retry(message));
-    }
-    release.mark_true(condition::HELM_CHART_APPLIED);
-    status_of(release).ready = true;
-    Ok(Outcome::Done(Action::requeue(ctx.settings.resync_interval)))
-}
-
-/// The release's files, from the cache or downloaded. `Err(outcome)` when they cannot be had now; the
-/// conditions say why.
-async fn fetch(
-    release: &mut ClusterStackRelease,
-    id: &ReleaseId,
-    api: &Api<ClusterStackRelease>,
-    ctx: &Context,
-) -> Result<Result<Arc<Release>, Outcome>, Error> {
-    let cached = ctx.releases.cached(id);
-    let downloading = matches!(cached, Ok(None));
-    // Say "downloading" before the first attempt only: after a failure the condition keeps saying why,
-    // and a status that flips back and forth would trigger reconcile after reconcile.
-    if downloading && !release.is_condition_false(condition::CLUSTER_STACK_RELEASE_DOWNLOADED) {
-        // Say so before a download that may take a while.
-        release.mark_false(
-            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-            reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
-            Severity::Info,
-            "assets not downloaded yet",
-        );
-        let mut shown = release.clone();
-        shown.set_summary();
-        if let Some(status) = &shown.status {
-            patch::status(api, &shown, None, status).await?;
-        }
-    }
-    let result = match cached {
-        Ok(Some(assets)) => Ok(assets),
-        Ok(None) => ctx.releases.get(id).await,
-        Err(e) => Err(e),
-    };
-    let error = match result {
-        Ok(assets) => {
-            if downloading {
-                release.mark_true(condition::ASSETS_CLIENT_API_AVAILABLE);
+            Step::Delete => {
+                // From the inventory, with no render: works when the files are gone or never came.
+                let recorded = self.recorded();
+                progress.deleted = Some(self.work(&namespace).delete(self.ctx, &recorded).await);
             }
-            return Ok(Ok(assets));
+            Step::Conclude => {}
         }
-        Err(error) => error,
-    };
-    let message = error.to_string();
-    let failure = FetchFailure::of(&error);
-    ctx.report_false(
-        release,
-        (failure.condition, failure.reason, failure.severity),
-        &message,
-        (EventType::Warning, failure.event),
-    )
-    .await;
-    let outcome = match failure.retry_after {
-        // Rate limited: come back when the source allows it, not earlier.
-        Some(delay) => Outcome::Done(Action::requeue(delay)),
-        None => Outcome::Retry(message),
-    };
-    Ok(Err(outcome))
-}
+        Ok(())
+    }
 
-/// How a release that cannot be had is reported, on a ClusterStackRelease or a ClusterAddon.
-pub(crate) struct FetchFailure {
-    pub(crate) condition: &'static str,
-    pub(crate) reason: &'static str,
-    pub(crate) severity: Severity,
-    pub(crate) event: &'static str,
-    /// How long the source asked us to wait.
-    pub(crate) retry_after: Option<std::time::Duration>,
-}
+    fn recorded(&self) -> Vec<cso_api::common::Resource> {
+        self.release
+            .status
+            .as_ref()
+            .map(|s| s.resources.clone())
+            .unwrap_or_default()
+    }
 
-impl FetchFailure {
-    pub(crate) fn of(error: &CacheError) -> Self {
-        let downloaded = |reason, severity, event| FetchFailure {
-            condition: condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
-            reason,
-            severity,
-            event,
-            retry_after: None,
-        };
-        match error {
-            CacheError::Source {
-                error: SourceError::Config(_),
-                ..
-            } => FetchFailure {
-                condition: condition::ASSETS_CLIENT_API_AVAILABLE,
-                reason: reason::FAILED_CREATE_ASSETS_CLIENT,
-                severity: Severity::Error,
-                event: event::FAILED_CREATE_ASSETS_CLIENT,
-                retry_after: None,
-            },
-            CacheError::Source {
-                error: SourceError::NotFound { .. },
-                ..
-            } => downloaded(
-                reason::RELEASE_NOT_FOUND,
-                Severity::Error,
-                event::RELEASE_DOWNLOAD_FAILED,
-            ),
-            CacheError::Source {
-                error: source_error, ..
-            } => FetchFailure {
-                retry_after: source_error.retry_after(),
-                ..downloaded(
-                    reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
-                    Severity::Warning,
-                    event::RELEASE_DOWNLOAD_FAILED,
-                )
-            },
-            CacheError::Release { .. } => downloaded(
-                reason::ISSUE_WITH_RELEASE_ASSETS,
-                Severity::Error,
-                event::VALIDATE_HELM_CHART_FAILED,
-            ),
-            CacheError::Io { .. } => downloaded(
-                reason::ISSUE_WITH_RELEASE_ASSETS,
-                Severity::Error,
-                event::RELEASE_DOWNLOAD_FAILED,
-            ),
+    fn work<'w>(&'w self, namespace: &'w str) -> Work<'w, ClusterStackRelease> {
+        Work {
+            about: self.release,
+            owner: self.release.name_any(),
+            target: Target::Management { namespace },
         }
     }
 }
@@ -386,59 +261,4 @@ async fn provider_ready(
             "status.ready of the provider object {kind} {namespace}/{name} is not a boolean: {other}"
         )),
     }
-}
-
-/// Deletion: wait while Clusters use the class, then delete everything in the inventory.
-async fn cleanup(release: &mut ClusterStackRelease, ctx: &Context) -> Result<Outcome, Error> {
-    let name = release.name_any();
-    let namespace = release.namespace().unwrap_or_default();
-    if let Ok(id) = ReleaseId::parse_tag(&name) {
-        let clusters = list_clusters(ctx).await?;
-        if let Some(users) = releases_in_use(&clusters, &namespace).remove(&id) {
-            let users: Vec<String> = users.into_iter().collect();
-            let message = format!(
-                "ClusterClass {} is used by Cluster(s) {}; deletion waits until they move on",
-                id.cluster_class_name(),
-                users.join(", ")
-            );
-            ctx.report_false(
-                release,
-                (
-                    condition::CLUSTER_CLASS_UNUSED,
-                    reason::CLUSTER_CLASS_IN_USE,
-                    Severity::Info,
-                ),
-                &message,
-                (EventType::Normal, event::CLUSTER_CLASS_IN_USE),
-            )
-            .await;
-            // The Cluster watch brings us back when a Cluster moves on; the resync is a safety net.
-            return Ok(Outcome::Done(Action::requeue(ctx.settings.resync_interval)));
-        }
-    }
-    release.mark_true(condition::CLUSTER_CLASS_UNUSED);
-
-    // Delete from the inventory, with no render: works when the files are gone or never came.
-    let labels = rendering::release_labels(name.clone());
-    let previous = status_of(release).resources.clone();
-    let report = ctx.engine.apply(&[], &namespace, &labels, &previous).await;
-    ctx.metrics.applied(TargetCluster::Management, &report);
-    status_of(release).resources = report.resources.clone();
-    if !report.is_complete() {
-        let message = report.failure_summary();
-        ctx.report_false(
-            release,
-            (
-                condition::HELM_CHART_DELETED,
-                reason::FAILED_TO_DELETE_OBJECTS,
-                Severity::Warning,
-            ),
-            &message,
-            (EventType::Warning, event::FAILED_TO_DELETE_OBJECTS),
-        )
-        .await;
-        return Ok(Outcome::Retry(message));
-    }
-    tracing::info!(release = %name, deleted = report.pruned.len(), "deleted the objects of the release");
-    Ok(Outcome::Deleted)
 }

@@ -1,0 +1,85 @@
+//! The one way a reconciler changes objects in a cluster: apply a rendered set (server-side, labelled as
+//! ours, with the inventory and prune of the apply engine) or delete a recorded set. Every apply is
+//! recorded in the metrics, and objects someone had changed or deleted are reported by a `DriftCorrected`
+//! event on the object the work is for. What happened comes back as the engine's [`ApplyReport`]; the
+//! reconcilers derive their status from it.
+
+use std::collections::BTreeMap;
+
+use cso_api::common::Resource;
+use cso_apply::{ApplyEngine, ApplyReport, WorkloadCluster};
+use cso_render::Manifest;
+use kube::Resource as KubeResource;
+
+use crate::{Context, metrics::TargetCluster, rendering};
+
+/// The cluster objects go to.
+#[derive(Clone, Copy)]
+pub(crate) enum Target<'a> {
+    /// The management cluster, objects without a namespace into the given one.
+    Management { namespace: &'a str },
+    /// A workload cluster, objects without a namespace into [`rendering::ADDON_NAMESPACE`].
+    Workload(&'a WorkloadCluster),
+}
+
+impl Target<'_> {
+    fn engine<'e>(&'e self, ctx: &'e Context) -> &'e ApplyEngine {
+        match self {
+            Target::Management { .. } => &ctx.engine,
+            Target::Workload(workload) => &workload.engine,
+        }
+    }
+
+    fn default_namespace(&self) -> &str {
+        match self {
+            Target::Management { namespace } => namespace,
+            Target::Workload(_) => rendering::ADDON_NAMESPACE,
+        }
+    }
+
+    fn metrics_label(&self) -> TargetCluster {
+        match self {
+            Target::Management { .. } => TargetCluster::Management,
+            Target::Workload(_) => TargetCluster::Workload,
+        }
+    }
+}
+
+/// What a set of objects is applied for: the object events go to, and the owner its objects' release
+/// label names (the ClusterStackRelease for cluster-class objects, the release tag for addons).
+pub(crate) struct Work<'a, K> {
+    pub(crate) about: &'a K,
+    pub(crate) owner: String,
+    pub(crate) target: Target<'a>,
+}
+
+impl<K: KubeResource<DynamicType = ()>> Work<'_, K> {
+    /// Applies `manifests` and prunes what `previous` has and they do not.
+    pub(crate) async fn apply(
+        &self,
+        ctx: &Context,
+        manifests: &[Manifest],
+        previous: &[Resource],
+    ) -> ApplyReport {
+        self.run(ctx, manifests, previous).await
+    }
+
+    /// Deletes `objects` (those that carry the operator's label; others are left alone and dropped).
+    pub(crate) async fn delete(&self, ctx: &Context, objects: &[Resource]) -> ApplyReport {
+        // An empty render prunes the whole inventory given: the engine's one definition of deletion.
+        self.run(ctx, &[], objects).await
+    }
+
+    async fn run(&self, ctx: &Context, manifests: &[Manifest], previous: &[Resource]) -> ApplyReport {
+        let labels: BTreeMap<String, String> = rendering::release_labels(self.owner.clone());
+        let report = self
+            .target
+            .engine(ctx)
+            .apply(manifests, self.target.default_namespace(), &labels, previous)
+            .await;
+        let target = self.target.metrics_label();
+        ctx.metrics.applied(target, &report);
+        ctx.report_drift(self.about, target, &report).await;
+        report
+    }
+}

@@ -1,0 +1,410 @@
+//! The stage machine of multi-stage releases (pure): which hook runs ([`choose_hook`]), which step of which
+//! stage comes next given the progress recorded in `status.stages` ([`next_step`]), and what the result of a
+//! step does to the progress and the conditions ([`after_check`], [`after_stage_work`]). The driver in
+//! [`super::staged`] carries out each step and persists after it, so a restart between any two steps resumes
+//! at the step it stopped.
+
+use std::collections::BTreeMap;
+
+use cso_api::{
+    ClusterAddon, ClusterAddonStatus,
+    cluster_addon::{StageAction, StagePhase, StageStatus},
+    common::Resource,
+    conditions::{ConditionsExt, Severity},
+    names::{condition, event, reason},
+};
+use cso_release::{Hook, Stage};
+
+use super::decision::Decision;
+use crate::events::{Events, Kind};
+
+/// What each stage applied: stage name -> inventory.
+pub(crate) type StageInventory = BTreeMap<String, Vec<Resource>>;
+
+/// What the reconcile does with the stages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HookChoice {
+    /// Same addons as applied: record the class, run nothing.
+    RecordOnly,
+    /// Drift correction: the apply stages of this hook again, without waiting on conditions.
+    Reapply(Hook),
+    /// Run (or resume) the stages of this hook.
+    Run(Hook),
+    /// `spec.hook` names no hook we know.
+    Unknown(String),
+}
+
+/// The hook to run: the one in `spec.hook` (set when a hook starts, so an interrupted hook resumes, and by
+/// the hook server); otherwise `AfterControlPlaneInitialized` for a cluster that never got its addons, and
+/// `BeforeClusterUpgrade` when the Cluster moved to a class with other addons. `last_stage` is the
+/// `ClusterAddonStage` annotation (which hook ran last: `upgraded` means the upgrade's).
+pub(crate) fn choose_hook(addon: &ClusterAddon, decision: Decision, last_stage: Option<&str>) -> HookChoice {
+    if !addon.spec.hook.is_empty() {
+        return match Hook::parse(&addon.spec.hook) {
+            Some(hook) => HookChoice::Run(hook),
+            None => HookChoice::Unknown(addon.spec.hook.clone()),
+        };
+    }
+    let installed = !addon.spec.cluster_stack.is_empty();
+    match decision {
+        Decision::RecordOnly => HookChoice::RecordOnly,
+        Decision::Apply { upgrade: false } if installed => HookChoice::Reapply(match last_stage {
+            Some("upgraded") => Hook::BeforeClusterUpgrade,
+            _ => Hook::AfterControlPlaneInitialized,
+        }),
+        Decision::Apply { upgrade: false } => HookChoice::Run(Hook::AfterControlPlaneInitialized),
+        Decision::Apply { upgrade: true } => HookChoice::Run(Hook::BeforeClusterUpgrade),
+    }
+}
+
+/// The progress of `stages` before any of them ran.
+pub(crate) fn planned(stages: &[Stage]) -> Vec<StageStatus> {
+    stages
+        .iter()
+        .map(|s| StageStatus {
+            name: s.name.clone(),
+            action: Some(s.action),
+            phase: StagePhase::Pending,
+        })
+        .collect()
+}
+
+/// The next step of the stages of `hook`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StageStep {
+    /// The hook is not running (or ran with other stages): record it in `spec.hook`, every stage pending.
+    Start,
+    /// Evaluate the pre-condition of stage `i`.
+    CheckPre(usize),
+    /// Apply or delete the objects of stage `i`.
+    Work(usize),
+    /// Evaluate the post-condition of stage `i`.
+    CheckPost(usize),
+    /// Every stage is done.
+    Finished,
+}
+
+pub(crate) fn next_step(addon: &ClusterAddon, hook: Hook, stages: &[Stage]) -> StageStep {
+    let recorded = addon
+        .status
+        .as_ref()
+        .map(|s| s.stages.as_slice())
+        .unwrap_or_default();
+    let planned = planned(stages);
+    let running = addon.spec.hook == hook.as_str()
+        && recorded.len() == planned.len()
+        && recorded
+            .iter()
+            .zip(&planned)
+            .all(|(a, b)| a.name == b.name && a.action == b.action);
+    if !running {
+        return StageStep::Start;
+    }
+    match recorded.iter().position(|s| s.phase != StagePhase::Done) {
+        None => StageStep::Finished,
+        Some(i) => match recorded[i].phase {
+            StagePhase::None | StagePhase::Pending | StagePhase::WaitingForPreCondition => {
+                StageStep::CheckPre(i)
+            }
+            StagePhase::ApplyingOrDeleting => StageStep::Work(i),
+            StagePhase::WaitingForPostCondition => StageStep::CheckPost(i),
+            StagePhase::Done => StageStep::Finished,
+        },
+    }
+}
+
+fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
+    addon.status.get_or_insert_with(Default::default)
+}
+
+/// Records that `hook` starts: every stage pending, not ready.
+pub(crate) fn start(addon: &mut ClusterAddon, hook: Hook, stages: &[Stage]) {
+    let status = status_of(addon);
+    status.stages = planned(stages);
+    status.ready = false;
+    addon.delete_condition(condition::HELM_CHART_APPLIED);
+    addon.spec.hook = hook.as_str().to_owned();
+}
+
+/// How the stage machine goes on after a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// Persist and take the next step.
+    Continue,
+    /// A condition does not hold yet: persist and come back soon.
+    Wait,
+    /// Reported in the conditions: persist and retry with backoff.
+    Fail(String),
+}
+
+/// What evaluating a stage's CEL condition gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// It holds, or there is none.
+    Holds,
+    /// Not yet: why.
+    Waiting(String),
+    /// It cannot be evaluated (does not compile, is not a boolean): why.
+    Broken(String),
+}
+
+/// Stage `index`'s pre- (`pre`) or post-condition gave `check`.
+pub(crate) fn after_check(
+    addon: &mut ClusterAddon,
+    index: usize,
+    pre: bool,
+    check: Check,
+    events: &mut Events,
+) -> Flow {
+    let (failed_reason, which, waiting_phase, next_phase) = if pre {
+        (
+            reason::FAILED_TO_EVALUATE_PRE_CONDITION,
+            "pre",
+            StagePhase::WaitingForPreCondition,
+            StagePhase::ApplyingOrDeleting,
+        )
+    } else {
+        (
+            reason::FAILED_TO_EVALUATE_POST_CONDITION,
+            "post",
+            StagePhase::WaitingForPostCondition,
+            StagePhase::Done,
+        )
+    };
+    let name = stage_name(addon, index);
+    match check {
+        Check::Holds => {
+            addon.delete_condition(condition::EVALUATED_CEL);
+            set_phase(addon, index, next_phase);
+            Flow::Continue
+        }
+        Check::Waiting(why) => {
+            addon.mark_false(
+                condition::EVALUATED_CEL,
+                failed_reason,
+                Severity::Info,
+                format!("failed to successfully evaluate {which} condition: {name:?}: {why}"),
+            );
+            set_phase(addon, index, waiting_phase);
+            Flow::Wait
+        }
+        Check::Broken(error) => {
+            let message = format!("{which} condition of stage {name:?}: {error}");
+            events.report_false(
+                addon,
+                (condition::EVALUATED_CEL, failed_reason, Severity::Error),
+                &message,
+                (Kind::Warning, event::STAGE_FAILED),
+            );
+            Flow::Fail(message)
+        }
+    }
+}
+
+/// What applying or deleting a stage's objects gave.
+#[derive(Clone, Debug)]
+pub(crate) enum StageWork {
+    /// The stage's chart directory is not in the release.
+    ChartMissing,
+    /// Rendering failed: the `HelmChartTemplated` reason and the message.
+    NotRendered(&'static str, String),
+    /// Applied: the stage's new inventory, and the failures if any.
+    Applied {
+        resources: Vec<Resource>,
+        failures: Option<String>,
+    },
+    /// Deleted: the objects named by the render (as written), and the failures if any.
+    Deleted {
+        targets: Vec<Resource>,
+        failures: Option<String>,
+    },
+}
+
+/// Stage `index` (`stage`) did `work`: its inventory and the conditions follow. `default_namespace` is where
+/// objects rendered without a namespace went. With `advance` (running a hook), a stage that succeeded moves
+/// on to its post-condition and one that failed is announced by a `StageFailed` event; a re-apply for drift
+/// correction moves no stage.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one step's inputs; each is named at the call"
+)]
+pub(crate) fn after_stage_work(
+    addon: &mut ClusterAddon,
+    index: usize,
+    stage: &Stage,
+    work: StageWork,
+    inventory: &mut StageInventory,
+    default_namespace: &str,
+    advance: bool,
+    events: &mut Events,
+) -> Flow {
+    let flow = stage_work_flow(addon, stage, work, inventory, default_namespace);
+    if let Flow::Fail(message) = &flow
+        && advance
+    {
+        events.warning(event::STAGE_FAILED, format!("stage {}: {message}", stage.name));
+    }
+    if flow == Flow::Continue && advance {
+        set_phase(addon, index, StagePhase::WaitingForPostCondition);
+    }
+    flow
+}
+
+fn stage_work_flow(
+    addon: &mut ClusterAddon,
+    stage: &Stage,
+    work: StageWork,
+    inventory: &mut StageInventory,
+    default_namespace: &str,
+) -> Flow {
+    let flow = match work {
+        StageWork::ChartMissing => {
+            let message = format!(
+                "helm chart name doesn't exists in the cluster addon helm chart: {:?}",
+                stage.name
+            );
+            addon.mark_false(
+                condition::HELM_CHART_FOUND,
+                reason::HELM_CHART_MISSING,
+                Severity::Error,
+                message.clone(),
+            );
+            return Flow::Fail(message);
+        }
+        StageWork::NotRendered(reason, message) => {
+            addon.delete_condition(condition::HELM_CHART_FOUND);
+            let message = format!("stage {}: {message}", stage.name);
+            addon.mark_false(
+                condition::HELM_CHART_TEMPLATED,
+                reason,
+                Severity::Error,
+                message.clone(),
+            );
+            return Flow::Fail(message);
+        }
+        StageWork::Applied { resources, failures } => {
+            inventory.insert(stage.name.clone(), resources);
+            match failures {
+                Some(summary) => {
+                    let message = format!(
+                        "failed to successfully apply helm chart: {:?}: {summary}",
+                        stage.name
+                    );
+                    addon.mark_false(
+                        condition::HELM_CHART_APPLIED,
+                        reason::FAILED_TO_APPLY_OBJECTS,
+                        Severity::Warning,
+                        message.clone(),
+                    );
+                    Flow::Fail(message)
+                }
+                None => Flow::Continue,
+            }
+        }
+        StageWork::Deleted { targets, failures } => match failures {
+            Some(summary) => {
+                let message = format!(
+                    "failed to successfully delete helm chart: {:?}: {summary}",
+                    stage.name
+                );
+                addon.mark_false(
+                    condition::HELM_CHART_DELETED,
+                    reason::FAILED_TO_DELETE_OBJECTS,
+                    Severity::Warning,
+                    message.clone(),
+                );
+                Flow::Fail(message)
+            }
+            None => {
+                for records in inventory.values_mut() {
+                    records.retain(|r| !targets.iter().any(|t| names_same_object(t, r, default_namespace)));
+                }
+                inventory.retain(|_, records| !records.is_empty());
+                addon.delete_condition(condition::HELM_CHART_DELETED);
+                Flow::Continue
+            }
+        },
+    };
+    addon.delete_condition(condition::HELM_CHART_FOUND);
+    addon.delete_condition(condition::HELM_CHART_TEMPLATED);
+    status_of(addon).resources = inventory.values().flatten().cloned().collect();
+    flow
+}
+
+/// Whether `target` (as a chart renders it: no namespace may mean the default one, or a cluster-scoped
+/// object) names the object `record` (as applied: its real namespace).
+pub(crate) fn names_same_object(target: &Resource, record: &Resource, default_namespace: &str) -> bool {
+    target.group == record.group
+        && target.kind == record.kind
+        && target.name == record.name
+        && (target.namespace == record.namespace
+            || (target.namespace.is_empty() && record.namespace == default_namespace))
+}
+
+/// The charts `inventory` holds objects of that the release no longer has at all (their objects go).
+pub(crate) fn charts_gone<'a>(
+    inventory: &'a StageInventory,
+    remaining: &std::collections::BTreeSet<&str>,
+) -> Vec<&'a str> {
+    inventory
+        .keys()
+        .map(String::as_str)
+        .filter(|stage| !remaining.contains(stage))
+        .collect()
+}
+
+/// The objects of a chart the release no longer has could not all be deleted.
+pub(crate) fn after_gone_chart_failed(
+    addon: &mut ClusterAddon,
+    stage: &str,
+    summary: &str,
+    events: &mut Events,
+) -> Flow {
+    let message = format!("stage {stage} of the old release: {summary}");
+    events.report_false(
+        addon,
+        (
+            condition::HELM_CHART_DELETED,
+            reason::FAILED_TO_DELETE_OBJECTS,
+            Severity::Warning,
+        ),
+        &message,
+        (Kind::Warning, event::FAILED_TO_DELETE_OBJECTS),
+    );
+    Flow::Fail(message)
+}
+
+/// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied.
+/// Returns the `ClusterAddonStage` annotation to record.
+pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInventory) -> &'static str {
+    addon.delete_condition(condition::HELM_CHART_DELETED);
+    addon.mark_true(condition::HELM_CHART_APPLIED);
+    let status = status_of(addon);
+    status.resources = inventory.values().flatten().cloned().collect();
+    status.stages.clear();
+    status.ready = true;
+    match hook {
+        Hook::AfterControlPlaneInitialized => "created",
+        _ => "upgraded",
+    }
+}
+
+fn stage_name(addon: &ClusterAddon, index: usize) -> String {
+    addon
+        .status
+        .as_ref()
+        .and_then(|s| s.stages.get(index))
+        .map(|s| s.name.clone())
+        .unwrap_or_default()
+}
+
+fn set_phase(addon: &mut ClusterAddon, index: usize, phase: StagePhase) {
+    if let Some(entry) = status_of(addon).stages.get_mut(index) {
+        entry.phase = phase;
+    }
+}
+
+/// Whether a stage applies (as opposed to deletes).
+pub(crate) fn applies(stage: &Stage) -> bool {
+    stage.action == StageAction::Apply
+}
