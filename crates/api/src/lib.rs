@@ -8,9 +8,11 @@ pub mod cluster_stack_release;
 pub mod common;
 pub mod conditions;
 pub mod crd;
+pub mod manifest;
 pub mod names;
 pub mod release_id;
 pub mod version;
+pub mod wait;
 
 pub use cluster_addon::{ClusterAddon, ClusterAddonSpec, ClusterAddonStatus};
 pub use cluster_stack::{ClusterStack, ClusterStackSpec, ClusterStackStatus};

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use cso_release::addon_config::WaitCondition;
+use cso_api::wait::WaitCondition;
 use kube::{Api, api::DynamicObject, core::GroupVersionKind};
 
 use crate::{ClusterDiscovery, discovery::DiscoveryError};

@@ -16,8 +16,8 @@ use std::{
 use cso_api::{
     OWNED_LABEL,
     common::{Resource, ResourceStatus},
+    manifest::Manifest,
 };
-use cso_render::Manifest;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api,

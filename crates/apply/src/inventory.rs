@@ -42,7 +42,7 @@ impl std::fmt::Display for ObjectKey {
 
 /// The inventory entry naming a rendered object (as it was written: an empty namespace means the release's).
 /// A delete stage removes the objects so named as the prune removes stale entries.
-pub fn resource_of(manifest: &cso_render::Manifest) -> Resource {
+pub fn resource_of(manifest: &cso_api::manifest::Manifest) -> Resource {
     let (group, version) = manifest.group_version();
     Resource {
         group: group.to_owned(),

@@ -6,8 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use cso_api::common::Resource;
-use cso_render::Manifest;
+use cso_api::{common::Resource, manifest::Manifest};
 use kube::api::{Patch, PatchParams};
 use serde_json::Value;
 

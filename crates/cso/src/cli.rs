@@ -1,4 +1,5 @@
-//! The command line: `cso run`, `cso demo`, `cso crds`, `cso dev up|status`.
+//! The command line: `cso run`, `cso crds`, `cso render`. (The local control planes and the demo are
+//! `cso-dev`, a binary of its own, so that the operator does not link the test environment.)
 //!
 //! `cso run` takes the Go operator's flags with Go's spelling rules, so existing manifests work unchanged:
 //! one or two dashes (`-local`, `--local`), booleans as `--flag`, `--flag=true` or `--flag=false` (never
@@ -23,40 +24,11 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of `--kubeconfig` (else `KUBECONFIG`, else in-cluster).
     Run(Box<RunArgs>),
-    /// The operator's main job on an embedded default: a local management control plane, the bundled
-    /// ferrol stack, a ClusterStack, its ClusterClasses; prints what was created and stops.
-    Demo {
-        /// Where to keep the control plane's files (cleaned first).
-        #[arg(long)]
-        dir: PathBuf,
-        /// Where the example releases are (default: the ones bundled in the repository).
-        #[arg(long)]
-        releases: Option<PathBuf>,
-    },
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Show what a release would do, touching nothing: the ClusterClass objects and the objects of each
     /// addon chart or stage; with `--diff`, what it would create, change and prune in the live clusters.
     Render(RenderArgs),
-    /// Local control planes for development and the quick start.
-    #[command(subcommand)]
-    Dev(DevCommand),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum DevCommand {
-    /// Start a management and a workload control plane (etcd + kube-apiserver on loopback) and keep them
-    /// running until SIGINT or SIGTERM.
-    Up {
-        /// Where to keep their files; `management.kubeconfig` and `workload.kubeconfig` are written here.
-        #[arg(long)]
-        dir: PathBuf,
-    },
-    /// Show what the control planes started by `cso dev up --dir DIR` serve: version and CRDs.
-    Status {
-        #[arg(long)]
-        dir: PathBuf,
-    },
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 use std::{collections::BTreeMap, fmt, path::Path};
 
 use cso_api::cluster_addon::StageAction;
+pub use cso_api::wait::{WaitCondition, WaitObject};
 use serde::Deserialize;
 
 use crate::ReleaseError;
@@ -62,27 +63,6 @@ pub struct Stage {
     pub wait_for_pre_condition: Option<WaitCondition>,
     #[serde(default)]
     pub wait_for_post_condition: Option<WaitCondition>,
-}
-
-/// A CEL expression over objects fetched from the workload cluster.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct WaitCondition {
-    #[serde(default)]
-    pub objects: Vec<WaitObject>,
-    #[serde(default)]
-    pub conditions: String,
-}
-
-/// An object bound to a CEL variable.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WaitObject {
-    pub key: String,
-    pub api_version: String,
-    pub kind: String,
-    pub name: String,
-    #[serde(default)]
-    pub namespace: String,
 }
 
 #[derive(Deserialize)]

@@ -1,42 +1,10 @@
 //! Rendered YAML (a multi-document stream) into objects. Empty documents are skipped; every other
 //! document must be an object with `apiVersion`, `kind` and `metadata.name`, or the whole stream is refused
-//! with the document's number and Helm's `# Source:` file named.
+//! with the document's number and Helm's `# Source:` file named. [`Manifest`] itself lives in `cso_api`, where
+//! the apply engine takes it from without depending on the renderer.
 
+pub use cso_api::manifest::Manifest;
 use serde_json::Value;
-
-/// One rendered object.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Manifest {
-    /// The whole object.
-    pub object: Value,
-    /// The template it came from (Helm's `# Source:` comment), when known.
-    pub source: Option<String>,
-}
-
-impl Manifest {
-    pub fn api_version(&self) -> &str {
-        self.object["apiVersion"].as_str().unwrap_or_default()
-    }
-    pub fn kind(&self) -> &str {
-        self.object["kind"].as_str().unwrap_or_default()
-    }
-    pub fn name(&self) -> &str {
-        self.object["metadata"]["name"].as_str().unwrap_or_default()
-    }
-    /// The namespace the object itself names, if any.
-    pub fn namespace(&self) -> Option<&str> {
-        self.object["metadata"]["namespace"]
-            .as_str()
-            .filter(|ns| !ns.is_empty())
-    }
-    /// `(group, version)` from `apiVersion`.
-    pub fn group_version(&self) -> (&str, &str) {
-        match self.api_version().split_once('/') {
-            Some((group, version)) => (group, version),
-            None => ("", self.api_version()),
-        }
-    }
-}
 
 /// A rendered document that is not an object the operator can apply.
 #[derive(Debug, thiserror::Error)]

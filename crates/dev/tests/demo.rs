@@ -1,4 +1,4 @@
-//! `cso demo` end to end: local management and workload control planes, the bundled stack, a ClusterStack,
+//! `cso-dev demo` end to end: local management and workload control planes, the bundled stack, a ClusterStack,
 //! both ClusterClasses with their templates, a Cluster whose addons land in the workload cluster, a summary,
 //! and nothing left running.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
@@ -11,7 +11,7 @@ fn demo_applies_the_bundled_stack_and_reports_it() {
         .prefix("cso-demo-test")
         .tempdir()
         .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+    let output = Command::new(env!("CARGO_BIN_EXE_cso-dev"))
         .args(["demo", "--dir"])
         .arg(dir.path().join("state"))
         .env("RUST_LOG", "warn")

@@ -1,4 +1,4 @@
-//! `cso dev up` end to end: the binary starts two real control planes, reports `ready` with both
+//! `cso-dev up` and `cso-dev status` end to end: the binary starts two real control planes, reports `ready` with both
 //! kubeconfigs, serves our CRDs and the Cluster API CRDs on the management one, and stops every process
 //! it started on SIGTERM.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Kills `cso dev up` if the test fails half-way, so that a failure leaves nothing running.
+/// Kills `cso-dev up` if the test fails half-way, so that a failure leaves nothing running.
 struct KillOnDrop(std::process::Child);
 
 impl Drop for KillOnDrop {
@@ -41,8 +41,8 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
         .tempdir()
         .unwrap();
     let mut child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_cso"))
-            .args(["dev", "up", "--dir"])
+        Command::new(env!("CARGO_BIN_EXE_cso-dev"))
+            .args(["up", "--dir"])
             .arg(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -61,8 +61,8 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
         "{line}"
     );
 
-    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
-        .args(["dev", "status", "--dir"])
+    let output = Command::new(env!("CARGO_BIN_EXE_cso-dev"))
+        .args(["status", "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -107,7 +107,7 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
         .status()
         .unwrap();
     let exit = child.0.wait().unwrap();
-    assert!(exit.success(), "cso dev up exits cleanly on SIGTERM: {exit}");
+    assert!(exit.success(), "cso-dev up exits cleanly on SIGTERM: {exit}");
     let deadline = Instant::now() + Duration::from_secs(15);
     while !descendants_alive(pid).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));

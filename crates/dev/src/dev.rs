@@ -1,4 +1,5 @@
-//! `cso dev up`: a management and a workload control plane on loopback, for development and the quick start.
+//! `cso-dev up`: a management and a workload control plane on loopback, for development and the quick start;
+//! `cso-dev status`: what they serve.
 
 use std::{
     path::Path,
@@ -76,7 +77,7 @@ pub async fn status(dir: &Path) -> anyhow::Result<()> {
         let path = dir.join(format!("{plane}.kubeconfig"));
         let yaml = std::fs::read_to_string(&path).with_context(|| {
             format!(
-                "no {} (is `cso dev up --dir {}` running?)",
+                "no {} (is `cso-dev up --dir {}` running?)",
                 path.display(),
                 dir.display()
             )

@@ -1,4 +1,4 @@
-//! `cso demo`: the operator's main job on an embedded default. Starts a local management control plane and a
+//! `cso-dev demo`: the operator's main job on an embedded default. Starts a local management control plane and a
 //! workload control plane, runs the controllers with the bundled example stack (ferrol v1 and v2, local
 //! source), creates a ClusterStack and waits until both ClusterClasses and their templates are applied,
 //! creates a Cluster with its kubeconfig Secret and waits until its addons run in the workload cluster,
@@ -83,7 +83,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     steps.begin("starting the operator with the bundled ferrol stack (local source)");
     let release_dir = dir.join("releases");
     for tag in STACK_RELEASES {
-        super::copy_dir(&releases.join(tag), &release_dir.join("cluster-stacks").join(tag))?;
+        copy_dir(&releases.join(tag), &release_dir.join("cluster-stacks").join(tag))?;
     }
     let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
     let operator = Operator {
@@ -131,7 +131,10 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let addon_objects = addons.context("the addons were not installed")??;
 
     println!();
-    println!("cso demo: done in {:.1}s", steps.started.elapsed().as_secs_f64());
+    println!(
+        "cso-dev demo: done in {:.1}s",
+        steps.started.elapsed().as_secs_f64()
+    );
     for (what, took) in &steps.done {
         println!("  {what:<40} {:>6.1}s", took.as_secs_f64());
     }
@@ -263,4 +266,16 @@ async fn converge(client: &kube::Client) -> anyhow::Result<(Vec<String>, Vec<Vec
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Copies the files (not subdirectories: a release is flat) of `from` into `to`, creating it.
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("failed to read {}", from.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,68 @@
+//! `cso-dev`: local control planes for development and the quick start (`up`, `status`) and the demo of
+//! the operator's main job (`demo`). It links the test environment (etcd + kube-apiserver, Cluster API
+//! CRDs), which is why it is a binary of its own: the operator (`cso`) and its image do not carry it.
+
+mod demo;
+mod dev;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cso-dev",
+    version,
+    about = "Local control planes and the demo for the cluster stack operator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a management and a workload control plane (etcd + kube-apiserver on loopback) and keep them
+    /// running until SIGINT or SIGTERM.
+    Up {
+        /// Where to keep their files; `management.kubeconfig` and `workload.kubeconfig` are written here.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Show what the control planes started by `cso-dev up --dir DIR` serve: version and CRDs.
+    Status {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// The operator's main job on an embedded default: local management and workload control planes, the
+    /// bundled ferrol stack, a ClusterStack, its ClusterClasses, a Cluster and its addons; prints what was
+    /// created and stops.
+    Demo {
+        /// Where to keep the control planes' files (cleaned first).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Where the example releases are (default: the ones bundled in the repository).
+        #[arg(long)]
+        releases: Option<PathBuf>,
+    },
+}
+
+/// The kube client logs every failed request at ERROR before returning the error to its caller, which
+/// reports it; waiting for a control plane to answer would flood the log.
+const LOG_FILTER: &str = "info,kube_client::client::builder=off";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| LOG_FILTER.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Up { dir } => dev::up(&dir).await,
+        Command::Status { dir } => dev::status(&dir).await,
+        Command::Demo { dir, releases } => demo::demo(&dir, releases.as_deref()).await,
+    }
+}
