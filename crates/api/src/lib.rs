@@ -1,5 +1,6 @@
 //! The operator's API: the three `clusterstack.x-k8s.io/v1alpha1` CRDs, their conditions and constants, the
-//! Cluster API objects it reads, and the names and versions of releases (pure, no I/O).
+//! Cluster API objects it reads, the names and versions of releases, and the domain rules every part of the
+//! operator shares ([`rules`]) (pure, no I/O).
 
 pub mod capi;
 pub mod cluster_addon;
@@ -11,12 +12,14 @@ pub mod crd;
 pub mod manifest;
 pub mod names;
 pub mod release_id;
+pub mod rules;
 pub mod version;
 pub mod wait;
 
 pub use cluster_addon::{ClusterAddon, ClusterAddonSpec, ClusterAddonStatus};
 pub use cluster_stack::{ClusterStack, ClusterStackSpec, ClusterStackStatus};
 pub use cluster_stack_release::{ClusterStackRelease, ClusterStackReleaseSpec, ClusterStackReleaseStatus};
+pub use common::ObjectKey;
 pub use release_id::ReleaseId;
 pub use version::{Channel, KubernetesVersion, Version};
 

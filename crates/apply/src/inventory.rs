@@ -5,40 +5,8 @@ use std::collections::BTreeSet;
 
 use cso_api::common::Resource;
 
-/// The identity of an object in a cluster.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub group: String,
-    pub kind: String,
-    /// Empty for cluster-scoped objects.
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ObjectKey {
-    pub fn of(resource: &Resource) -> Self {
-        ObjectKey {
-            group: resource.group.clone(),
-            kind: resource.kind.clone(),
-            namespace: resource.namespace.clone(),
-            name: resource.name.clone(),
-        }
-    }
-}
-
-impl std::fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let group = if self.group.is_empty() {
-            String::new()
-        } else {
-            format!(".{}", self.group)
-        };
-        match self.namespace.as_str() {
-            "" => write!(f, "{}{group} {}", self.kind, self.name),
-            ns => write!(f, "{}{group} {ns}/{}", self.kind, self.name),
-        }
-    }
-}
+/// The identity of an object in a cluster (group, kind, namespace, name), shared with the whole operator.
+pub use cso_api::common::ObjectKey;
 
 /// The inventory entry naming a rendered object (as it was written: an empty namespace means the release's).
 /// A delete stage removes the objects so named as the prune removes stale entries.

@@ -1,6 +1,6 @@
 //! `clusteraddon.yaml` of new-style releases: the addon stages to run for each lifecycle hook.
 
-use std::{collections::BTreeMap, fmt, path::Path};
+use std::{collections::BTreeMap, path::Path};
 
 use cso_api::cluster_addon::StageAction;
 pub use cso_api::wait::{WaitCondition, WaitObject};
@@ -11,45 +11,15 @@ use crate::ReleaseError;
 /// The file name inside a release; its presence makes a release new-style.
 pub const ADDON_CONFIG_FILE: &str = "clusteraddon.yaml";
 
-/// The lifecycle hooks stages can belong to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Hook {
-    AfterControlPlaneInitialized,
-    BeforeClusterUpgrade,
-    AfterClusterUpgrade,
-}
-
-impl Hook {
-    pub const ALL: [Hook; 3] = [
-        Hook::AfterControlPlaneInitialized,
-        Hook::BeforeClusterUpgrade,
-        Hook::AfterClusterUpgrade,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Hook::AfterControlPlaneInitialized => "AfterControlPlaneInitialized",
-            Hook::BeforeClusterUpgrade => "BeforeClusterUpgrade",
-            Hook::AfterClusterUpgrade => "AfterClusterUpgrade",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Hook> {
-        Hook::ALL.into_iter().find(|h| h.as_str() == s)
-    }
-}
-
-impl fmt::Display for Hook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The lifecycle hooks, named once for the whole operator; stages belong to [`Hook::ADDON_STAGES`].
+pub use cso_api::rules::Hook;
 
 /// The stages of each hook, in order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AddonConfig {
     pub stages: BTreeMap<Hook, Vec<Stage>>,
-    /// Keys under `addonStages` that are not hooks (ignored, as the Go operator does; reported for warnings).
+    /// Keys under `addonStages` that are not hooks with addon stages (ignored, as the Go operator does;
+    /// reported for warnings). Cluster API hooks the operator does not run stages for are among them.
     pub ignored_keys: Vec<String>,
 }
 
@@ -83,7 +53,8 @@ impl AddonConfig {
             serde_saphyr::from_str(text).map_err(|e| invalid(format!("not a valid addon config: {e}")))?;
         let mut config = AddonConfig::default();
         for (key, stages) in raw.addon_stages {
-            let Some(hook) = Hook::parse(&key) else {
+            // Stages under a hook nothing runs them for would silently never run: reported instead.
+            let Some(hook) = Hook::parse(&key).filter(|h| h.has_addon_stages()) else {
                 config.ignored_keys.push(key);
                 continue;
             };
@@ -188,6 +159,22 @@ mod tests {
             StageAction::Delete
         );
         assert_eq!(config.ignored_keys, ["name"]);
+    }
+
+    #[test]
+    fn cluster_api_hooks_without_addon_stages_are_ignored_keys() {
+        let config = parse(
+            "addonStages:\n  BeforeClusterDelete:\n  - {name: x, action: delete}\n  BeforeWorkersUpgrade:\n  - {name: y, action: apply}\n",
+        )
+        .unwrap();
+        assert!(config.stages.is_empty());
+        assert_eq!(
+            config.ignored_keys,
+            ["BeforeClusterDelete", "BeforeWorkersUpgrade"]
+        );
+        for hook in Hook::ALL {
+            assert!(config.stages(hook).is_empty(), "{hook}");
+        }
     }
 
     #[test]

@@ -2,11 +2,15 @@
 //! `Cluster`, on the Go operator's paths so its `ValidatingWebhookConfiguration` works unchanged.
 //!
 //! The rules are pure functions over the objects (and, where needed, the Clusters or the release the
-//! request concerns), so each is unit-tested; the handlers only read what the rules need from the API.
+//! request concerns), so each is unit-tested; the handlers only read what the rules need from the API. The
+//! rules the controllers share (what a ClusterStack's spec means, which Clusters use a release or a stack)
+//! live in `cso_api::rules`; only what is the webhook's alone (immutability, references, upgrades) is here.
 //! Compared with the Go operator: only Clusters whose class is named like a cluster stack's are checked
 //! (others pass untouched), a Cluster update keeps its immutability checks even when the release cannot be
-//! read, versions are validated on update too and must belong to the channel, one non-conforming Cluster
-//! does not switch off the delete protection, and a ClusterAddon's `clusterRef` may leave out the namespace.
+//! read, versions are validated on update too and must belong to the channel, a ClusterStack's provider,
+//! name and Kubernetes version must make release names (the controller refuses them otherwise), one
+//! non-conforming Cluster does not switch off the delete protection, and a ClusterAddon's `clusterRef` may
+//! leave out the namespace.
 
 use std::sync::Arc;
 
@@ -14,7 +18,7 @@ use axum::{Json, Router, extract::State, routing::post};
 use cso_api::{
     ClusterAddon, ClusterStack, ClusterStackRelease, ReleaseId,
     capi::Cluster,
-    version::{KubernetesVersion, Version},
+    rules::{self, StackSpec},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -32,18 +36,7 @@ pub const CLUSTER_STACK_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-c
 pub const CLUSTER_STACK_RELEASE_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusterstackrelease";
 
 /// One rejected field.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: &'static str,
-    pub message: String,
-}
-
-fn field_error(field: &'static str, message: impl Into<String>) -> FieldError {
-    FieldError {
-        field,
-        message: message.into(),
-    }
-}
+pub use cso_api::rules::FieldError;
 
 /// The answer to one admission request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,30 +72,14 @@ impl Verdict {
 // ---------------------------------------------------------------------------------------------------------
 // The rules.
 
-/// ClusterStack create and update: versions parse and belong to the channel, a provider reference unless
+/// ClusterStack create and update: the spec means a stack ([`StackSpec::validate`]: release-name segments, a
+/// Kubernetes minor, versions that parse and belong to the channel), a provider reference unless
 /// `noProvider`; on update the stack's identity (provider, name, channel, Kubernetes minor) is immutable.
 pub fn cluster_stack(new: &ClusterStack, old: Option<&ClusterStack>) -> Vec<FieldError> {
     let spec = &new.spec;
-    let mut errors = Vec::new();
-    for text in &spec.versions {
-        match Version::parse_dot(text) {
-            Err(e) => errors.push(field_error(
-                "spec.versions",
-                format!("invalid version {text:?}: {e}"),
-            )),
-            Ok(version) if version.channel() != spec.channel => errors.push(field_error(
-                "spec.versions",
-                format!(
-                    "version {text:?} belongs to channel {}, but the ClusterStack follows channel {}",
-                    version.channel(),
-                    spec.channel
-                ),
-            )),
-            Ok(_) => {}
-        }
-    }
+    let mut errors = StackSpec::validate(new).err().unwrap_or_default();
     if spec.provider_ref.is_none() && !spec.no_provider {
-        errors.push(field_error(
+        errors.push(FieldError::new(
             "spec.providerRef",
             "empty provider ref, even though noProvider mode is turned off",
         ));
@@ -120,48 +97,11 @@ pub fn cluster_stack(new: &ClusterStack, old: Option<&ClusterStack>) -> Vec<Fiel
         ];
         for (field, changed) in immutable {
             if changed {
-                errors.push(field_error(field, "field is immutable"));
+                errors.push(FieldError::new(field, "field is immutable"));
             }
         }
     }
     errors
-}
-
-/// The Clusters (`namespace/name`) built from any release of `stack`: their class lives in the stack's
-/// namespace and names the same provider, stack, Kubernetes minor and channel (so hash builds count for a
-/// `custom` ClusterStack, which the Go operator never matches).
-pub fn cluster_stack_users(stack: &ClusterStack, clusters: &[Cluster]) -> Vec<String> {
-    let namespace = stack.namespace().unwrap_or_default();
-    let Ok(kubernetes) = KubernetesVersion::parse_dot(&stack.spec.kubernetes_version) else {
-        return vec![];
-    };
-    users(clusters, |id, class_namespace| {
-        class_namespace == namespace
-            && id.provider == stack.spec.provider
-            && id.name == stack.spec.name
-            && id.kubernetes == kubernetes
-            && id.channel() == stack.spec.channel
-    })
-}
-
-/// The Clusters (`namespace/name`) whose class is the one of release `release` (a tag) in `namespace`.
-pub fn release_users(namespace: &str, release: &str, clusters: &[Cluster]) -> Vec<String> {
-    let Ok(release) = ReleaseId::parse_tag(release) else {
-        return vec![];
-    };
-    users(clusters, |id, class_namespace| {
-        class_namespace == namespace && *id == release
-    })
-}
-
-fn users(clusters: &[Cluster], uses: impl Fn(&ReleaseId, &str) -> bool) -> Vec<String> {
-    let mut names: Vec<String> = clusters
-        .iter()
-        .filter(|c| c.stack_release().is_some_and(|(id, ns)| uses(&id, &ns)))
-        .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
-        .collect();
-    names.sort();
-    names
 }
 
 /// ClusterAddon create and update: the reference names a `Cluster` in the ClusterAddon's own namespace
@@ -170,10 +110,10 @@ pub fn cluster_addon(new: &ClusterAddon, old: Option<&ClusterAddon>) -> Vec<Fiel
     let reference = &new.spec.cluster_ref;
     let mut errors = Vec::new();
     if reference.name.as_deref().unwrap_or_default().is_empty() {
-        errors.push(field_error("spec.clusterRef.name", "must not be empty"));
+        errors.push(FieldError::new("spec.clusterRef.name", "must not be empty"));
     }
     if reference.kind.as_deref().is_some_and(|k| k != "Cluster") {
-        errors.push(field_error("spec.clusterRef.kind", "kind must be Cluster"));
+        errors.push(FieldError::new("spec.clusterRef.kind", "kind must be Cluster"));
     }
     let own_namespace = new.namespace().unwrap_or_default();
     if reference
@@ -181,7 +121,7 @@ pub fn cluster_addon(new: &ClusterAddon, old: Option<&ClusterAddon>) -> Vec<Fiel
         .as_deref()
         .is_some_and(|ns| !ns.is_empty() && ns != own_namespace)
     {
-        errors.push(field_error(
+        errors.push(FieldError::new(
             "spec.clusterRef.namespace",
             "cluster and clusterAddon need to be in same namespace",
         ));
@@ -189,10 +129,10 @@ pub fn cluster_addon(new: &ClusterAddon, old: Option<&ClusterAddon>) -> Vec<Fiel
     if let Some(old) = old {
         let before = &old.spec.cluster_ref;
         if before.name != reference.name {
-            errors.push(field_error("spec.clusterRef.name", "field is immutable"));
+            errors.push(FieldError::new("spec.clusterRef.name", "field is immutable"));
         }
         if before.kind.as_deref().unwrap_or("Cluster") != reference.kind.as_deref().unwrap_or("Cluster") {
-            errors.push(field_error("spec.clusterRef.kind", "field is immutable"));
+            errors.push(FieldError::new("spec.clusterRef.kind", "field is immutable"));
         }
     }
     errors
@@ -215,7 +155,7 @@ pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) ->
     let Some((id, _)) = new.stack_release() else {
         return match old_release {
             // Leaving the cluster stack is a different stack: refused like any other change of stack.
-            Some((before, _)) => Verdict::Invalid(vec![field_error(
+            Some((before, _)) => Verdict::Invalid(vec![FieldError::new(
                 "spec.topology.class",
                 format!(
                     "the Cluster uses cluster stack {}; its class must stay one of that stack's, \
@@ -229,7 +169,7 @@ pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) ->
     let mut errors = Vec::new();
     if let Some((before, _)) = &old_release {
         if before.provider != id.provider {
-            errors.push(field_error(
+            errors.push(FieldError::new(
                 "spec.topology.class",
                 format!(
                     "provider name must not change. Got {}, want {}",
@@ -238,7 +178,7 @@ pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) ->
             ));
         }
         if before.name != id.name {
-            errors.push(field_error(
+            errors.push(FieldError::new(
                 "spec.topology.class",
                 format!(
                     "cluster stack name must not change. Got {}, want {}",
@@ -249,7 +189,7 @@ pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) ->
         let (from, to) = (before.kubernetes, id.kubernetes);
         let minor_step = i64::from(to.minor) - i64::from(from.minor);
         if to.major != from.major || !(0..=1).contains(&minor_step) {
-            errors.push(field_error(
+            errors.push(FieldError::new(
                 "spec.topology.class",
                 format!(
                     "kubernetes version must be the same or higher by one. Got {}, want {} or {}.{}",
@@ -277,7 +217,7 @@ pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) ->
         ReleaseLookup::Found { kubernetes_version } => {
             let got = new.topology_version().unwrap_or_default();
             if got != kubernetes_version {
-                errors.push(field_error(
+                errors.push(FieldError::new(
                     "spec.topology.version",
                     format!("clusterClass {class} expects Kubernetes version {kubernetes_version}, but got {got}"),
                 ));
@@ -399,7 +339,7 @@ async fn review_cluster_stack(State(state): State<Arc<Admission>>, Json(review):
                     let stack: ClusterStack = required(request.old_object.as_ref())?;
                     match clusters_or_warning(&state.client, "clusterstack").await {
                         Err(warning) => warning,
-                        Ok(clusters) => in_use("ClusterStack", cluster_stack_users(&stack, &clusters)),
+                        Ok(clusters) => in_use("ClusterStack", rules::stack_users(&clusters, &stack)),
                     }
                 }
                 _ => {
@@ -425,9 +365,12 @@ async fn review_cluster_stack_release(State(state): State<Arc<Admission>>, Json(
             Ok(
                 match clusters_or_warning(&state.client, "clusterstackrelease").await {
                     Err(warning) => warning,
+                    // A name that is not a release's cannot be a class's: nobody uses it.
                     Ok(clusters) => in_use(
                         "ClusterStackRelease",
-                        release_users(&namespace, &request.name, &clusters),
+                        ReleaseId::parse_tag(&request.name)
+                            .map(|release| rules::release_users(&clusters, &namespace, &release))
+                            .unwrap_or_default(),
                     ),
                 },
             )
@@ -553,6 +496,17 @@ mod tests {
     }
 
     #[test]
+    fn cluster_stack_identity_must_make_release_names() {
+        let mut bad = ferrol(json!(["v1"]));
+        bad.spec.provider = "dock-er".into();
+        bad.spec.kubernetes_version = "1.x".into();
+        assert_eq!(
+            fields(&cluster_stack(&bad, None)),
+            ["spec.provider", "spec.kubernetesVersion"]
+        );
+    }
+
+    #[test]
     fn cluster_stack_needs_a_provider_ref_unless_no_provider() {
         let without = stack(json!({"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27"}));
         assert_eq!(fields(&cluster_stack(&without, None)), ["spec.providerRef"]);
@@ -570,39 +524,6 @@ mod tests {
             fields(&cluster_stack(&new, Some(&old))),
             ["spec.versions", "spec.provider", "spec.kubernetesVersion"]
         );
-    }
-
-    #[test]
-    fn cluster_stack_users_are_clusters_of_any_version_of_the_stack() {
-        let stack = ferrol(json!(["v1"]));
-        let clusters = [
-            cluster_with("ns", "a", "docker-ferrol-1-27-v6", "v1.27.3"),
-            cluster_with("ns", "hash", "docker-ferrol-1-27-v0-sha.hipstsw", "v1.27.7"),
-            cluster_with("ns", "other-minor", "docker-ferrol-1-25-v1", "v1.25.1"),
-            cluster_with("ns", "odd", "test-cluster-class", "v1.27.3"),
-            cluster_with("elsewhere", "b", "docker-ferrol-1-27-v1", "v1.27.3"),
-            plain_cluster(),
-        ];
-        assert_eq!(cluster_stack_users(&stack, &clusters), ["ns/a"]);
-        let mut custom = ferrol(json!(["v0-sha.hipstsw"]));
-        custom.spec.channel = cso_api::Channel::Custom;
-        assert_eq!(cluster_stack_users(&custom, &clusters), ["ns/hash"]);
-    }
-
-    #[test]
-    fn release_users_ignore_non_conforming_classes() {
-        let clusters = [
-            cluster_with("ns", "odd", "test-cluster-class", "v1.27.3"),
-            cluster_with("ns", "a", "docker-ferrol-1-27-v1", "v1.27.3"),
-            cluster_with("ns", "b", "docker-ferrol-1-27-v2", "v1.27.3"),
-            cluster_with("ns", "hash", "docker-ferrol-1-27-v0-sha.hipstsw", "v1.27.7"),
-        ];
-        assert_eq!(release_users("ns", "docker-ferrol-1-27-v1", &clusters), ["ns/a"]);
-        assert_eq!(
-            release_users("ns", "docker-ferrol-1-27-v0-sha-hipstsw", &clusters),
-            ["ns/hash"]
-        );
-        assert!(release_users("other", "docker-ferrol-1-27-v1", &clusters).is_empty());
     }
 
     #[test]

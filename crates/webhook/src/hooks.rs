@@ -8,7 +8,11 @@
 //! class is not a cluster stack's are never held up.
 
 use axum::{Json, Router, extract::State, routing::post};
-use cso_api::{ClusterAddon, ReleaseId, capi::Cluster, conditions::ConditionsExt, names::condition};
+use cso_api::{
+    ClusterAddon, ReleaseId,
+    capi::Cluster,
+    rules::{AppliedAddons, Hook},
+};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -21,23 +25,16 @@ const PREFIX: &str = "/hooks.runtime.cluster.x-k8s.io/v1alpha1";
 /// How long Cluster API waits before asking `BeforeClusterUpgrade` again while the addons are not done.
 pub const RETRY_AFTER_SECONDS: i32 = 10;
 
-/// The handlers this extension offers: (name, hook, path segment of the hook).
-const HANDLERS: [(&str, &str, &str); 3] = [
-    (
-        "before-cluster-upgrade",
-        "BeforeClusterUpgrade",
-        "beforeclusterupgrade",
-    ),
+/// The handlers this extension offers: (handler name, hook). Their paths are
+/// `{PREFIX}/<hook's path segment>/<handler name>`; the names are the Go operator's, so existing
+/// `ExtensionConfig`s and Cluster API's recorded handler names stay valid.
+const HANDLERS: [(&str, Hook); 3] = [
+    ("before-cluster-upgrade", Hook::BeforeClusterUpgrade),
     (
         "after-control-plane-initialized",
-        "AfterControlPlaneInitialized",
-        "aftercontrolplaneinitialized",
+        Hook::AfterControlPlaneInitialized,
     ),
-    (
-        "after-cluster-upgrade",
-        "AfterClusterUpgrade",
-        "afterclusterupgrade",
-    ),
+    ("after-cluster-upgrade", Hook::AfterClusterUpgrade),
 ];
 
 /// The part of a hook request the handlers read.
@@ -61,7 +58,7 @@ pub struct HookResponse {
 }
 
 impl HookResponse {
-    fn new(hook: &str, outcome: Outcome) -> Self {
+    fn new(hook: Hook, outcome: Outcome) -> Self {
         let (status, message, retry) = match outcome {
             Outcome::Done => ("Success", String::new(), None),
             Outcome::Retry(message) => ("Success", message, Some(RETRY_AFTER_SECONDS)),
@@ -105,12 +102,10 @@ pub fn after_control_plane_initialized(addon: &ClusterAddon) -> Step {
 }
 
 /// `BeforeClusterUpgrade` to `target` (the Cluster's new class): done once the addons of that class are
-/// applied; otherwise start the upgrade stages (unless a hook runs) and ask Cluster API to wait.
+/// ([`AppliedAddons::done_for`]); otherwise start the upgrade stages (unless a hook runs) and ask Cluster API
+/// to wait.
 pub fn before_cluster_upgrade(addon: &ClusterAddon, target: &ReleaseId) -> Step {
-    let applied = ReleaseId::parse_cluster_class(&addon.spec.cluster_stack).ok();
-    let ready = addon.status.as_ref().is_some_and(|s| s.ready)
-        && addon.is_condition_true(condition::HELM_CHART_APPLIED);
-    if addon.spec.hook.is_empty() && applied.as_ref() == Some(target) && ready {
+    if AppliedAddons::of(addon).done_for(target) {
         return Step::Answer(Outcome::Done);
     }
     let waiting = Outcome::Retry(format!(
@@ -137,8 +132,8 @@ pub fn after_cluster_upgrade(addon: &ClusterAddon) -> Step {
 /// The routes of the hook server.
 pub fn router(client: Client) -> Router {
     let mut router = Router::new().route(&format!("{PREFIX}/discovery"), post(discovery));
-    for (name, hook, segment) in HANDLERS {
-        let path = format!("{PREFIX}/{segment}/{name}");
+    for (name, hook) in HANDLERS {
+        let path = format!("{PREFIX}/{}/{name}", hook.path_segment());
         router = router.route(
             &path,
             post(
@@ -154,10 +149,10 @@ pub fn router(client: Client) -> Router {
 async fn discovery() -> Json<serde_json::Value> {
     let handlers: Vec<serde_json::Value> = HANDLERS
         .iter()
-        .map(|(name, hook, _)| {
+        .map(|(name, hook)| {
             json!({
                 "name": name,
-                "requestHook": {"apiVersion": API_VERSION, "hook": hook},
+                "requestHook": {"apiVersion": API_VERSION, "hook": hook.as_str()},
                 "timeoutSeconds": 10,
                 "failurePolicy": "Fail",
             })
@@ -168,13 +163,14 @@ async fn discovery() -> Json<serde_json::Value> {
     )
 }
 
-async fn handle(client: &Client, hook: &str, request: HookRequest) -> HookResponse {
+async fn handle(client: &Client, hook: Hook, request: HookRequest) -> HookResponse {
     let outcome = match answer(client, hook, request).await {
         Ok(outcome) => outcome,
         Err(message) => {
-            tracing::warn!(hook, %message, "hook call failed");
-            if hook == "BeforeClusterUpgrade" {
-                // Blocking: hold the upgrade rather than let it run without its addons.
+            tracing::warn!(%hook, %message, "hook call failed");
+            // Hold the upgrade rather than let it run without its addons. `AfterClusterUpgrade` blocks only
+            // since Cluster API 1.12 (before, a retry would be ignored), so it still answers with a failure.
+            if hook == Hook::BeforeClusterUpgrade {
                 Outcome::Retry(message)
             } else {
                 Outcome::Failure(message)
@@ -184,7 +180,7 @@ async fn handle(client: &Client, hook: &str, request: HookRequest) -> HookRespon
     HookResponse::new(hook, outcome)
 }
 
-async fn answer(client: &Client, hook: &str, request: HookRequest) -> Result<Outcome, String> {
+async fn answer(client: &Client, hook: Hook, request: HookRequest) -> Result<Outcome, String> {
     let cluster = request.cluster.ok_or("the request names no cluster")?;
     let namespace = cluster.namespace().ok_or("the cluster has no namespace")?;
     let cluster_name = cluster.name_any();
@@ -202,9 +198,11 @@ async fn answer(client: &Client, hook: &str, request: HookRequest) -> Result<Out
         return Err(format!("ClusterAddon {namespace}/{name} does not exist yet"));
     };
     let step = match hook {
-        "AfterControlPlaneInitialized" => after_control_plane_initialized(&addon),
-        "BeforeClusterUpgrade" => before_cluster_upgrade(&addon, &target),
-        _ => after_cluster_upgrade(&addon),
+        Hook::AfterControlPlaneInitialized => after_control_plane_initialized(&addon),
+        Hook::BeforeClusterUpgrade => before_cluster_upgrade(&addon, &target),
+        Hook::AfterClusterUpgrade => after_cluster_upgrade(&addon),
+        // Only the handlers above are routed.
+        other => return Err(format!("hook {other} is not served")),
     };
     match step {
         Step::Answer(outcome) => Ok(outcome),
@@ -213,14 +211,14 @@ async fn answer(client: &Client, hook: &str, request: HookRequest) -> Result<Out
             // what it did on the next call.
             let patch = json!({
                 "metadata": {"resourceVersion": addon.resource_version()},
-                "spec": {"hook": hook},
+                "spec": {"hook": hook.as_str()},
             });
             match addons
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => {
-                    tracing::info!(cluster_addon = %name, %namespace, hook, "hook started");
+                    tracing::info!(cluster_addon = %name, %namespace, %hook, "hook started");
                     Ok(outcome)
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -234,7 +232,7 @@ async fn answer(client: &Client, hook: &str, request: HookRequest) -> Result<Out
 
 #[cfg(test)]
 mod tests {
-    use cso_api::ClusterAddonStatus;
+    use cso_api::{ClusterAddonStatus, conditions::ConditionsExt, names::condition};
 
     use super::*;
 
@@ -306,9 +304,35 @@ mod tests {
     }
 
     #[test]
+    fn handlers_keep_the_go_operators_names_and_paths() {
+        let served: Vec<(String, &str)> = HANDLERS
+            .iter()
+            .map(|(name, hook)| (format!("{PREFIX}/{}/{name}", hook.path_segment()), hook.as_str()))
+            .collect();
+        assert_eq!(
+            served,
+            [
+                (
+                    "/hooks.runtime.cluster.x-k8s.io/v1alpha1/beforeclusterupgrade/before-cluster-upgrade".into(),
+                    "BeforeClusterUpgrade"
+                ),
+                (
+                    "/hooks.runtime.cluster.x-k8s.io/v1alpha1/aftercontrolplaneinitialized/after-control-plane-initialized"
+                        .into(),
+                    "AfterControlPlaneInitialized"
+                ),
+                (
+                    "/hooks.runtime.cluster.x-k8s.io/v1alpha1/afterclusterupgrade/after-cluster-upgrade".into(),
+                    "AfterClusterUpgrade"
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn responses_have_the_runtime_sdk_shape() {
         let response = serde_json::to_value(HookResponse::new(
-            "BeforeClusterUpgrade",
+            Hook::BeforeClusterUpgrade,
             Outcome::Retry("not yet".into()),
         ))
         .unwrap();
@@ -318,7 +342,7 @@ mod tests {
                    "message": "not yet", "retryAfterSeconds": 10})
         );
         let failure = serde_json::to_value(HookResponse::new(
-            "AfterClusterUpgrade",
+            Hook::AfterClusterUpgrade,
             Outcome::Failure("x".into()),
         ))
         .unwrap();

@@ -6,7 +6,7 @@ pub mod oci;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc, time::Duration};
 
-use cso_api::{Channel, KubernetesVersion, ReleaseId};
+use cso_api::{Channel, ReleaseId};
 use futures::future::BoxFuture;
 
 /// A source of releases. Listing returns every tag; downloading writes one release's files into an empty
@@ -177,24 +177,9 @@ impl SourceError {
     }
 }
 
-/// One cluster stack for one Kubernetes minor: what a ClusterStack follows.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StackKey {
-    pub provider: String,
-    pub name: String,
-    pub kubernetes: KubernetesVersion,
-}
-
-impl StackKey {
-    /// `docker-ferrol-1-27-`: every tag of the stack starts with it.
-    pub fn tag_prefix(&self) -> String {
-        format!("{}-{}-{}-", self.provider, self.name, self.kubernetes.to_dash())
-    }
-
-    pub fn contains(&self, id: &ReleaseId) -> bool {
-        id.provider == self.provider && id.name == self.name && id.kubernetes == self.kubernetes
-    }
-}
+/// One cluster stack for one Kubernetes minor: what a ClusterStack follows (defined with the other shared
+/// rules in `cso_api`).
+pub use cso_api::rules::StackKey;
 
 /// The releases of `stack` in `tags` on `channel`, oldest first. Tags of other stacks are skipped without a
 /// word; tags with the stack's prefix that do not parse are skipped with a debug log.
@@ -219,6 +204,8 @@ pub fn releases_of(tags: &[String], stack: &StackKey, channel: Channel) -> Vec<R
 
 #[cfg(test)]
 mod tests {
+    use cso_api::KubernetesVersion;
+
     use super::*;
 
     #[test]

@@ -1,0 +1,21 @@
+//! The domain rules that more than one part of the operator needs, in one pure place: the ClusterStack
+//! controller, the admission webhooks, the hook server and `cso render` call these instead of restating them,
+//! so they cannot drift apart (they did: the webhook compared channels, the controller did not).
+//!
+//! - [`stack`]: what a ClusterStack's spec means ([`StackSpec`], [`StackKey`]) and which releases it owns;
+//! - [`users`]: which Clusters use which release;
+//! - [`hooks`]: the Cluster API lifecycle hooks ([`Hook`]);
+//! - [`addons`]: what a ClusterAddon records as applied, and whether that is done ([`AppliedAddons`]).
+//!
+//! The identity of an applied object, [`crate::common::ObjectKey`], lives beside the inventory entry it keys.
+//! Nothing here talks to a cluster: every function takes the objects it reads.
+
+pub mod addons;
+pub mod hooks;
+pub mod stack;
+pub mod users;
+
+pub use addons::AppliedAddons;
+pub use hooks::Hook;
+pub use stack::{FieldError, StackKey, StackSpec};
+pub use users::{release_users, releases_in_use, stack_users};
