@@ -350,3 +350,318 @@ pub(crate) fn stage_after_apply(
         (true, false) => Some("created"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use cso_api::{common::Resource, conditions::ConditionStatus};
+    use cso_apply::{Failure, ObjectKey};
+    use rstest::rstest;
+
+    use super::*;
+    use crate::cluster_addon::decision::Decision;
+
+    const INTERVALS: Intervals = Intervals {
+        workload_retry: Duration::from_secs(10),
+        resync: Duration::from_secs(300),
+    };
+
+    fn id(tag: &str) -> ReleaseId {
+        ReleaseId::parse_tag(tag).unwrap()
+    }
+
+    /// A ClusterAddon that applied `class` (dot form) with addon version `version` (empty: never installed).
+    fn addon(class: &str, version: &str, complete: bool) -> ClusterAddon {
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        addon.spec.cluster_stack = class.into();
+        addon.spec.version = version.into();
+        if complete {
+            addon.mark_true(condition::HELM_CHART_APPLIED);
+        }
+        addon
+    }
+
+    /// Progress up to a release `tag` with addon version `version`.
+    fn ready(tag: &str, version: &str, staged: bool) -> Progress {
+        Progress {
+            cluster: ClusterState::Uses(id(tag)),
+            workload: WorkloadState::Ready,
+            release: ReleaseState::Ready {
+                addon_version: version.into(),
+                staged,
+            },
+            ..Progress::default()
+        }
+    }
+
+    fn report(failures: &[&str]) -> ApplyReport {
+        ApplyReport {
+            resources: vec![Resource {
+                group: "apps".into(),
+                version: "v1".into(),
+                kind: "Deployment".into(),
+                namespace: "kube-system".into(),
+                name: "metrics-server".into(),
+                ..Default::default()
+            }],
+            applied: 3,
+            pruned: vec![ObjectKey {
+                group: String::new(),
+                kind: "ConfigMap".into(),
+                namespace: "kube-system".into(),
+                name: "old".into(),
+            }],
+            failures: failures
+                .iter()
+                .map(|e| Failure {
+                    key: ObjectKey {
+                        group: "apps".into(),
+                        kind: "Deployment".into(),
+                        namespace: "kube-system".into(),
+                        name: "web".into(),
+                    },
+                    error: (*e).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn condition_of(addon: &ClusterAddon, type_: &str) -> Option<(ConditionStatus, Option<String>)> {
+        addon.get_condition(type_).map(|c| (c.status, c.reason.clone()))
+    }
+
+    fn with(mut progress: Progress, f: impl FnOnce(&mut Progress)) -> Progress {
+        f(&mut progress);
+        progress
+    }
+
+    #[rstest]
+    #[case::nothing_known(Progress::default(), Step::ReadCluster)]
+    #[case::cluster_gone(Progress { cluster: ClusterState::Gone, ..Progress::default() }, Step::Conclude)]
+    #[case::not_a_stack_class(
+        Progress { cluster: ClusterState::NotOurs { cluster: "c1".into() }, ..Progress::default() },
+        Step::Conclude
+    )]
+    #[case::workload_unknown(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::Unknown), Step::ConnectWorkload)]
+    #[case::no_kubeconfig(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NoKubeconfig("no Secret".into())),
+        Step::Conclude
+    )]
+    #[case::not_ready(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NotReady("503".into())),
+        Step::Conclude
+    )]
+    #[case::release_unknown(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.release = ReleaseState::Unknown), Step::FetchRelease)]
+    #[case::first_install_renders(ready("docker-ferrol-1-27-v1", "v1", false), Step::Render)]
+    #[case::rendered_applies(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.rendered = Some(Ok(2))), Step::Apply)]
+    #[case::render_failed(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.rendered = Some(Err((reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, "x".into())))),
+        Step::Conclude
+    )]
+    #[case::applied(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&[])) }),
+        Step::Conclude
+    )]
+    #[case::staged_first_install(ready("docker-ferrol-1-27-v1", "v1", true), Step::RunStages(Decision::Apply { upgrade: false }))]
+    fn next_step_of_a_first_install(#[case] progress: Progress, #[case] expected: Step) {
+        assert_eq!(next_step(&progress, &addon("", "", false)), expected);
+    }
+
+    #[rstest]
+    #[case::same_addons_other_class("docker-ferrol-1-27-v3", "v2", false, Step::Conclude)]
+    #[case::same_addons_resync_due("docker-ferrol-1-27-v3", "v2", true, Step::Render)]
+    #[case::new_addon_version("docker-ferrol-1-27-v3", "v3", false, Step::Render)]
+    #[case::new_kubernetes_minor("docker-ferrol-1-28-v1", "v2", false, Step::Render)]
+    fn next_step_after_an_install(
+        #[case] tag: &str,
+        #[case] version: &str,
+        #[case] due: bool,
+        #[case] expected: Step,
+    ) {
+        let installed = addon("docker-ferrol-1-27-v2", "v2", true);
+        let progress = with(ready(tag, version, false), |p| p.resync_due = due);
+        assert_eq!(next_step(&progress, &installed), expected);
+    }
+
+    #[rstest]
+    #[case::not_ours(
+        Progress { cluster: ClusterState::NotOurs { cluster: "c1".into() }, ..Progress::default() },
+        (ConditionStatus::False, reason::NO_CLUSTER_STACK_CLASS),
+        Outcome::Requeue(None)
+    )]
+    #[case::no_kubeconfig(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NoKubeconfig("no Secret".into())),
+        (ConditionStatus::False, reason::CONTROL_PLANE_NOT_READY),
+        Outcome::Requeue(Some(INTERVALS.workload_retry))
+    )]
+    #[case::not_ready(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NotReady("503".into())),
+        (ConditionStatus::False, reason::CONTROL_PLANE_NOT_READY),
+        Outcome::Requeue(Some(INTERVALS.workload_retry))
+    )]
+    fn waiting_for_the_cluster_says_why(
+        #[case] progress: Progress,
+        #[case] (status, expected_reason): (ConditionStatus, &str),
+        #[case] outcome: Outcome,
+    ) {
+        let mut a = addon("", "", false);
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert_eq!(conclusion.outcome, outcome);
+        assert_eq!(
+            condition_of(&a, condition::CLUSTER_READY),
+            Some((status, Some(expected_reason.to_owned())))
+        );
+        assert!(conclusion.events.0.is_empty());
+        assert_eq!(conclusion.spec, SpecUpdate::default(), "nothing recorded");
+    }
+
+    #[test]
+    fn a_release_that_cannot_be_fetched_is_reported_on_the_cluster_addon() {
+        let error = cso_release::CacheError::Source {
+            tag: "docker-ferrol-1-27-v9".into(),
+            source_kind: "github",
+            error: cso_release::SourceError::NotFound {
+                what: "release".into(),
+            },
+        };
+        let progress = with(ready("docker-ferrol-1-27-v9", "v1", false), |p| {
+            p.release = ReleaseState::Failed {
+                failure: FetchFailure::of(&error),
+                message: error.to_string(),
+            }
+        });
+        let mut a = addon("", "", false);
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(matches!(conclusion.outcome, Outcome::Retry(_)));
+        assert_eq!(conclusion.events.reasons(), [event::RELEASE_DOWNLOAD_FAILED]);
+        assert!(a.is_condition_true(condition::CLUSTER_READY));
+        assert_eq!(
+            condition_of(&a, condition::CLUSTER_STACK_RELEASE_DOWNLOADED),
+            Some((ConditionStatus::False, Some(reason::RELEASE_NOT_FOUND.to_owned())))
+        );
+    }
+
+    #[test]
+    fn the_same_addons_on_another_class_are_recorded_without_a_render() {
+        let mut a = addon("docker-ferrol-1-27-v2", "v2", true);
+        a.spec.hook = "BeforeClusterUpgrade".into();
+        let conclusion = conclude(&ready("docker-ferrol-1-27-v3", "v2", false), &mut a, INTERVALS);
+        assert_eq!(conclusion.outcome, Outcome::Requeue(Some(INTERVALS.resync)));
+        assert_eq!(
+            conclusion.spec,
+            SpecUpdate {
+                cluster_stack: Some("docker-ferrol-1-27-v3".into()),
+                hook: Some(String::new()),
+                ..Default::default()
+            },
+            "the class is recorded and the hook set by the hook server is done"
+        );
+        assert!(a.status.as_ref().unwrap().ready);
+        assert!(
+            !conclusion.applied_all,
+            "nothing was applied: the resync clock keeps running"
+        );
+    }
+
+    #[test]
+    fn a_render_failure_is_reported_and_an_upgrade_is_not_ready() {
+        let progress = with(ready("docker-ferrol-1-27-v3", "v3", false), |p| {
+            p.rendered = Some(Err((
+                reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED,
+                "no .Cluster.spec".into(),
+            )))
+        });
+        let mut a = addon("docker-ferrol-1-27-v2", "v2", true);
+        a.status.get_or_insert_with(Default::default).ready = true;
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(matches!(conclusion.outcome, Outcome::Retry(_)));
+        assert_eq!(
+            conclusion.events.reasons(),
+            [reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED]
+        );
+        assert_eq!(
+            condition_of(&a, condition::HELM_CHART_TEMPLATED),
+            Some((
+                ConditionStatus::False,
+                Some(reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED.to_owned())
+            ))
+        );
+        assert!(
+            !a.status.as_ref().unwrap().ready,
+            "an upgrade that did not happen is not ready"
+        );
+        assert_eq!(
+            conclusion.spec,
+            SpecUpdate::default(),
+            "nothing recorded as applied"
+        );
+    }
+
+    #[test]
+    fn a_partial_apply_keeps_its_inventory_and_is_retried() {
+        let progress = with(ready("docker-ferrol-1-27-v1", "v1", false), |p| {
+            p.rendered = Some(Ok(4));
+            p.applied = Some(report(&["admission webhook denied"]));
+        });
+        let mut a = addon("", "", false);
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(matches!(&conclusion.outcome, Outcome::Retry(m) if m.contains("denied")));
+        assert_eq!(conclusion.events.reasons(), [event::FAILED_TO_APPLY_OBJECTS]);
+        assert_eq!(a.status.as_ref().unwrap().resources.len(), 1);
+        assert_eq!(conclusion.spec, SpecUpdate::default());
+        assert!(!conclusion.applied_all);
+    }
+
+    #[rstest]
+    #[case::first_install("", "", None, Some("created"), true)]
+    #[case::upgrade("docker-ferrol-1-27-v1", "v1", Some("created"), Some("upgraded"), true)]
+    #[case::resync_after_upgrade("docker-ferrol-1-27-v2", "v2", Some("upgraded"), None, false)]
+    #[case::resync_of_an_unannotated_install("docker-ferrol-1-27-v2", "v2", None, Some("created"), false)]
+    fn a_complete_apply_records_what_was_applied(
+        #[case] class: &str,
+        #[case] version: &str,
+        #[case] annotation: Option<&str>,
+        #[case] stage: Option<&str>,
+        #[case] announced: bool,
+    ) {
+        let mut a = addon(class, version, !class.is_empty());
+        if let Some(annotation) = annotation {
+            a.metadata.annotations = Some(BTreeMap::from([(
+                STAGE_ANNOTATION.to_owned(),
+                annotation.to_owned(),
+            )]));
+        }
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+            p.resync_due = true;
+            p.rendered = Some(Ok(4));
+            p.applied = Some(report(&[]));
+        });
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert_eq!(conclusion.outcome, Outcome::Requeue(Some(INTERVALS.resync)));
+        assert!(conclusion.applied_all);
+        assert_eq!(
+            conclusion.spec,
+            SpecUpdate {
+                cluster_stack: Some("docker-ferrol-1-27-v2".into()),
+                version: Some("v2".into()),
+                hook: Some(String::new()),
+                stage: stage.map(|s| match s {
+                    "created" => "created",
+                    _ => "upgraded",
+                }),
+            }
+        );
+        assert_eq!(
+            conclusion
+                .events
+                .reasons()
+                .contains(&event::CLUSTER_ADDON_APPLIED),
+            announced,
+            "installs and upgrades are announced, drift corrections are not"
+        );
+        assert!(a.is_condition_true(condition::HELM_CHART_APPLIED));
+        assert!(a.status.as_ref().unwrap().ready);
+    }
+}

@@ -408,3 +408,434 @@ fn set_phase(addon: &mut ClusterAddon, index: usize, phase: StagePhase) {
 pub(crate) fn applies(stage: &Stage) -> bool {
     stage.action == StageAction::Apply
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use cso_api::conditions::ConditionStatus;
+    use rstest::rstest;
+
+    use super::*;
+
+    fn stage(name: &str, action: StageAction) -> Stage {
+        Stage {
+            name: name.into(),
+            action,
+            wait_for_pre_condition: None,
+            wait_for_post_condition: None,
+        }
+    }
+
+    fn two_stages() -> Vec<Stage> {
+        vec![
+            stage("ngnix", StageAction::Apply),
+            stage("metrics-server", StageAction::Apply),
+        ]
+    }
+
+    fn addon(hook: &str, class: &str, phases: &[StagePhase]) -> ClusterAddon {
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        addon.spec.hook = hook.into();
+        addon.spec.cluster_stack = class.into();
+        let stages = two_stages();
+        addon.status = Some(ClusterAddonStatus {
+            stages: phases
+                .iter()
+                .zip(&stages)
+                .map(|(phase, s)| StageStatus {
+                    name: s.name.clone(),
+                    action: Some(s.action),
+                    phase: *phase,
+                })
+                .collect(),
+            ..Default::default()
+        });
+        addon
+    }
+
+    fn resource(kind: &str, namespace: &str, name: &str) -> Resource {
+        Resource {
+            group: String::new(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[rstest]
+    #[case::hook_given(
+        "BeforeClusterUpgrade",
+        "docker-ferrol-1-27-v1",
+        Decision::RecordOnly,
+        None,
+        HookChoice::Run(Hook::BeforeClusterUpgrade)
+    )]
+    #[case::unknown_hook("BeforeEverything", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeEverything".into()))]
+    #[case::same_addons(
+        "",
+        "docker-ferrol-1-27-v1",
+        Decision::RecordOnly,
+        None,
+        HookChoice::RecordOnly
+    )]
+    #[case::first_install("", "", Decision::Apply { upgrade: false }, None, HookChoice::Run(Hook::AfterControlPlaneInitialized))]
+    #[case::upgrade("", "docker-ferrol-1-27-v1", Decision::Apply { upgrade: true }, Some("created"), HookChoice::Run(Hook::BeforeClusterUpgrade))]
+    #[case::resync_after_install("", "docker-ferrol-1-27-v1", Decision::Apply { upgrade: false }, Some("created"), HookChoice::Reapply(Hook::AfterControlPlaneInitialized))]
+    #[case::resync_after_upgrade("", "docker-ferrol-1-27-v1", Decision::Apply { upgrade: false }, Some("upgraded"), HookChoice::Reapply(Hook::BeforeClusterUpgrade))]
+    fn the_hook_to_run(
+        #[case] hook: &str,
+        #[case] class: &str,
+        #[case] decision: Decision,
+        #[case] last_stage: Option<&str>,
+        #[case] expected: HookChoice,
+    ) {
+        assert_eq!(
+            choose_hook(&addon(hook, class, &[]), decision, last_stage),
+            expected
+        );
+    }
+
+    #[rstest]
+    #[case::not_started("", &[], StageStep::Start)]
+    #[case::other_hook_recorded("AfterClusterUpgrade", &[StagePhase::Done, StagePhase::Done], StageStep::Start)]
+    #[case::stages_changed("AfterControlPlaneInitialized", &[StagePhase::Pending], StageStep::Start)]
+    #[case::pending("AfterControlPlaneInitialized", &[StagePhase::Pending, StagePhase::Pending], StageStep::CheckPre(0))]
+    #[case::waiting_before("AfterControlPlaneInitialized", &[StagePhase::WaitingForPreCondition, StagePhase::Pending], StageStep::CheckPre(0))]
+    #[case::interrupted_apply("AfterControlPlaneInitialized", &[StagePhase::ApplyingOrDeleting, StagePhase::Pending], StageStep::Work(0))]
+    #[case::waiting_after("AfterControlPlaneInitialized", &[StagePhase::WaitingForPostCondition, StagePhase::Pending], StageStep::CheckPost(0))]
+    #[case::second_stage("AfterControlPlaneInitialized", &[StagePhase::Done, StagePhase::ApplyingOrDeleting], StageStep::Work(1))]
+    #[case::all_done("AfterControlPlaneInitialized", &[StagePhase::Done, StagePhase::Done], StageStep::Finished)]
+    fn the_next_stage_step_resumes_where_the_record_stopped(
+        #[case] hook: &str,
+        #[case] phases: &[StagePhase],
+        #[case] expected: StageStep,
+    ) {
+        let a = addon(hook, "", phases);
+        assert_eq!(
+            next_step(&a, Hook::AfterControlPlaneInitialized, &two_stages()),
+            expected
+        );
+    }
+
+    #[test]
+    fn starting_a_hook_makes_every_stage_pending_and_not_ready() {
+        let mut a = addon("", "docker-ferrol-1-27-v1", &[StagePhase::Done, StagePhase::Done]);
+        a.mark_true(condition::HELM_CHART_APPLIED);
+        a.status.as_mut().unwrap().ready = true;
+        start(&mut a, Hook::BeforeClusterUpgrade, &two_stages());
+        assert_eq!(a.spec.hook, "BeforeClusterUpgrade");
+        let status = a.status.clone().unwrap();
+        assert!(!status.ready);
+        assert!(status.stages.iter().all(|s| s.phase == StagePhase::Pending));
+        assert!(a.get_condition(condition::HELM_CHART_APPLIED).is_none());
+        assert_eq!(
+            next_step(&a, Hook::BeforeClusterUpgrade, &two_stages()),
+            StageStep::CheckPre(0)
+        );
+    }
+
+    #[rstest]
+    #[case::pre_holds(true, Check::Holds, StagePhase::ApplyingOrDeleting, Flow::Continue, None)]
+    #[case::post_holds(false, Check::Holds, StagePhase::Done, Flow::Continue, None)]
+    #[case::pre_waits(
+        true,
+        Check::Waiting("no object".into()),
+        StagePhase::WaitingForPreCondition,
+        Flow::Wait,
+        Some(reason::FAILED_TO_EVALUATE_PRE_CONDITION)
+    )]
+    #[case::post_waits(
+        false,
+        Check::Waiting("false".into()),
+        StagePhase::WaitingForPostCondition,
+        Flow::Wait,
+        Some(reason::FAILED_TO_EVALUATE_POST_CONDITION)
+    )]
+    fn a_condition_moves_the_stage_on_or_holds_it(
+        #[case] pre: bool,
+        #[case] check: Check,
+        #[case] phase: StagePhase,
+        #[case] flow: Flow,
+        #[case] condition_reason: Option<&str>,
+    ) {
+        let before = if pre {
+            StagePhase::Pending
+        } else {
+            StagePhase::WaitingForPostCondition
+        };
+        let mut a = addon("AfterControlPlaneInitialized", "", &[before, StagePhase::Pending]);
+        let mut events = Events::default();
+        assert_eq!(after_check(&mut a, 0, pre, check, &mut events), flow);
+        assert_eq!(a.status.as_ref().unwrap().stages[0].phase, phase);
+        assert_eq!(
+            a.get_condition(condition::EVALUATED_CEL)
+                .and_then(|c| c.reason.as_deref()),
+            condition_reason
+        );
+        assert!(events.0.is_empty(), "waiting is not news");
+    }
+
+    #[test]
+    fn a_condition_that_cannot_be_evaluated_fails_the_stage_once() {
+        let mut a = addon(
+            "AfterControlPlaneInitialized",
+            "",
+            &[StagePhase::Pending, StagePhase::Pending],
+        );
+        let mut events = Events::default();
+        let broken = || Check::Broken("undeclared reference to 'x'".into());
+        assert!(
+            matches!(after_check(&mut a, 0, true, broken(), &mut events), Flow::Fail(m) if m.contains("pre condition of stage \"ngnix\""))
+        );
+        after_check(&mut a, 0, true, broken(), &mut events);
+        assert_eq!(
+            events.reasons(),
+            [event::STAGE_FAILED],
+            "one event for the same problem"
+        );
+        assert_eq!(
+            a.status.as_ref().unwrap().stages[0].phase,
+            StagePhase::Pending,
+            "never counted as done"
+        );
+        let cel = a.get_condition(condition::EVALUATED_CEL).unwrap();
+        assert_eq!(
+            (cel.status, cel.severity),
+            (ConditionStatus::False, Some(Severity::Error))
+        );
+    }
+
+    #[rstest]
+    #[case::chart_missing(
+        StageWork::ChartMissing,
+        condition::HELM_CHART_FOUND,
+        reason::HELM_CHART_MISSING
+    )]
+    #[case::not_rendered(
+        StageWork::NotRendered(reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, "parse error".into()),
+        condition::HELM_CHART_TEMPLATED,
+        reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED
+    )]
+    #[case::apply_failed(
+        StageWork::Applied { resources: vec![resource("ConfigMap", "kube-system", "a")], failures: Some("denied".into()) },
+        condition::HELM_CHART_APPLIED,
+        reason::FAILED_TO_APPLY_OBJECTS
+    )]
+    #[case::delete_failed(
+        StageWork::Deleted { targets: vec![], failures: Some("forbidden".into()) },
+        condition::HELM_CHART_DELETED,
+        reason::FAILED_TO_DELETE_OBJECTS
+    )]
+    fn a_failing_stage_is_reported_and_stays_where_it_was(
+        #[case] work: StageWork,
+        #[case] condition_type: &str,
+        #[case] expected_reason: &str,
+    ) {
+        let mut a = addon(
+            "AfterControlPlaneInitialized",
+            "",
+            &[StagePhase::ApplyingOrDeleting, StagePhase::Pending],
+        );
+        let mut inventory = StageInventory::new();
+        let mut events = Events::default();
+        let flow = after_stage_work(
+            &mut a,
+            0,
+            &two_stages()[0],
+            work,
+            &mut inventory,
+            "kube-system",
+            true,
+            &mut events,
+        );
+        assert!(matches!(flow, Flow::Fail(_)));
+        assert_eq!(
+            a.get_condition(condition_type).and_then(|c| c.reason.as_deref()),
+            Some(expected_reason)
+        );
+        assert_eq!(events.reasons(), [event::STAGE_FAILED]);
+        assert_eq!(
+            a.status.as_ref().unwrap().stages[0].phase,
+            StagePhase::ApplyingOrDeleting
+        );
+    }
+
+    #[test]
+    fn an_applied_stage_records_its_inventory_and_waits_for_its_post_condition() {
+        let mut a = addon(
+            "AfterControlPlaneInitialized",
+            "",
+            &[StagePhase::ApplyingOrDeleting, StagePhase::Pending],
+        );
+        a.mark_false(
+            condition::HELM_CHART_TEMPLATED,
+            "x",
+            Severity::Error,
+            "old failure",
+        );
+        let mut inventory =
+            StageInventory::from([("other".to_owned(), vec![resource("Secret", "kube-system", "s")])]);
+        let mut events = Events::default();
+        let work = StageWork::Applied {
+            resources: vec![resource("ConfigMap", "kube-system", "a")],
+            failures: None,
+        };
+        let flow = after_stage_work(
+            &mut a,
+            0,
+            &two_stages()[0],
+            work,
+            &mut inventory,
+            "kube-system",
+            true,
+            &mut events,
+        );
+        assert_eq!(flow, Flow::Continue);
+        assert_eq!(
+            a.status.as_ref().unwrap().stages[0].phase,
+            StagePhase::WaitingForPostCondition
+        );
+        assert_eq!(
+            a.status.as_ref().unwrap().resources.len(),
+            2,
+            "every stage's objects"
+        );
+        assert!(
+            a.get_condition(condition::HELM_CHART_TEMPLATED).is_none(),
+            "the old failure is over"
+        );
+        assert!(events.0.is_empty());
+    }
+
+    #[test]
+    fn a_reapply_moves_no_stage_and_announces_no_failure() {
+        let mut a = addon("", "docker-ferrol-1-27-v1", &[]);
+        let mut inventory = StageInventory::new();
+        let mut events = Events::default();
+        let work = StageWork::Applied {
+            resources: vec![],
+            failures: Some("denied".into()),
+        };
+        let flow = after_stage_work(
+            &mut a,
+            0,
+            &two_stages()[0],
+            work,
+            &mut inventory,
+            "kube-system",
+            false,
+            &mut events,
+        );
+        assert!(matches!(flow, Flow::Fail(_)));
+        assert!(events.0.is_empty());
+    }
+
+    #[test]
+    fn a_delete_stage_drops_the_deleted_objects_from_every_stage_record() {
+        let mut a = addon(
+            "BeforeClusterUpgrade",
+            "",
+            &[StagePhase::ApplyingOrDeleting, StagePhase::Pending],
+        );
+        let mut inventory = StageInventory::from([
+            (
+                "ngnix".to_owned(),
+                vec![
+                    resource("Deployment", "kube-system", "web"),
+                    resource("Service", "kube-system", "web"),
+                ],
+            ),
+            (
+                "metrics-server".to_owned(),
+                vec![resource("Deployment", "monitoring", "web")],
+            ),
+        ]);
+        let mut events = Events::default();
+        // The chart renders the Deployment without a namespace: the default one is meant.
+        let work = StageWork::Deleted {
+            targets: vec![resource("Deployment", "", "web")],
+            failures: None,
+        };
+        let delete = stage("ngnix", StageAction::Delete);
+        let flow = after_stage_work(
+            &mut a,
+            0,
+            &delete,
+            work,
+            &mut inventory,
+            "kube-system",
+            true,
+            &mut events,
+        );
+        assert_eq!(flow, Flow::Continue);
+        assert_eq!(inventory["ngnix"], [resource("Service", "kube-system", "web")]);
+        assert_eq!(
+            inventory["metrics-server"],
+            [resource("Deployment", "monitoring", "web")],
+            "a same-named object of another namespace is not the one deleted"
+        );
+    }
+
+    #[rstest]
+    #[case::same(
+        resource("Secret", "kube-system", "s"),
+        resource("Secret", "kube-system", "s"),
+        true
+    )]
+    #[case::default_namespace(resource("Secret", "", "s"), resource("Secret", "kube-system", "s"), true)]
+    #[case::cluster_scoped(resource("ClusterRole", "", "r"), resource("ClusterRole", "", "r"), true)]
+    #[case::other_namespace(resource("Secret", "", "s"), resource("Secret", "monitoring", "s"), false)]
+    #[case::other_kind(
+        resource("ConfigMap", "kube-system", "s"),
+        resource("Secret", "kube-system", "s"),
+        false
+    )]
+    #[case::other_name(
+        resource("Secret", "kube-system", "t"),
+        resource("Secret", "kube-system", "s"),
+        false
+    )]
+    fn object_identity_of_a_rendered_target(
+        #[case] target: Resource,
+        #[case] record: Resource,
+        #[case] same: bool,
+    ) {
+        assert_eq!(names_same_object(&target, &record, "kube-system"), same);
+    }
+
+    #[test]
+    fn charts_the_release_no_longer_has_are_found_and_their_failure_reported() {
+        let inventory = StageInventory::from([
+            ("ngnix".to_owned(), vec![resource("Secret", "kube-system", "s")]),
+            ("old-csi".to_owned(), vec![resource("Secret", "kube-system", "t")]),
+        ]);
+        let remaining: BTreeSet<&str> = ["ngnix", "metrics-server"].into();
+        assert_eq!(charts_gone(&inventory, &remaining), ["old-csi"]);
+        let mut a = addon("", "", &[]);
+        let mut events = Events::default();
+        assert!(
+            matches!(after_gone_chart_failed(&mut a, "old-csi", "forbidden", &mut events), Flow::Fail(m) if m == "stage old-csi of the old release: forbidden")
+        );
+        assert_eq!(events.reasons(), [event::FAILED_TO_DELETE_OBJECTS]);
+    }
+
+    #[rstest]
+    #[case::install(Hook::AfterControlPlaneInitialized, "created")]
+    #[case::upgrade(Hook::BeforeClusterUpgrade, "upgraded")]
+    #[case::after_upgrade(Hook::AfterClusterUpgrade, "upgraded")]
+    fn a_finished_hook_is_ready_and_recorded(#[case] hook: Hook, #[case] stage: &str) {
+        let mut a = addon(hook.as_str(), "", &[StagePhase::Done, StagePhase::Done]);
+        a.mark_false(condition::HELM_CHART_DELETED, "x", Severity::Warning, "old");
+        let inventory =
+            StageInventory::from([("ngnix".to_owned(), vec![resource("Secret", "kube-system", "s")])]);
+        assert_eq!(finish(&mut a, hook, &inventory), stage);
+        let status = a.status.clone().unwrap();
+        assert!(status.ready && status.stages.is_empty());
+        assert_eq!(status.resources.len(), 1);
+        assert!(a.is_condition_true(condition::HELM_CHART_APPLIED));
+        assert!(a.get_condition(condition::HELM_CHART_DELETED).is_none());
+    }
+}

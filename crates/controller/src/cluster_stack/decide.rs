@@ -315,3 +315,327 @@ pub(crate) fn conclude(
     };
     (events, outcome)
 }
+
+#[cfg(test)]
+mod tests {
+    use cso_api::{
+        Channel, ClusterStackReleaseStatus, KubernetesVersion, Version, conditions::ConditionStatus,
+    };
+    use cso_release::StackKey;
+    use rstest::rstest;
+
+    use super::*;
+
+    const POLL: Duration = Duration::from_secs(300);
+
+    fn spec(versions: &[&str], auto_subscribe: bool) -> StackSpec {
+        StackSpec {
+            stack: StackKey {
+                provider: "docker".into(),
+                name: "ferrol".into(),
+                kubernetes: KubernetesVersion { major: 1, minor: 27 },
+            },
+            channel: Channel::Stable,
+            versions: versions.iter().map(|v| Version::parse_dot(v).unwrap()).collect(),
+            auto_subscribe,
+        }
+    }
+
+    fn release(version: &str, ready: bool) -> ClusterStackRelease {
+        let mut release =
+            ClusterStackRelease::new(&format!("docker-ferrol-1-27-{version}"), Default::default());
+        release.status = Some(ClusterStackReleaseStatus {
+            ready,
+            kubernetes_version: "v1.27.3".into(),
+            ..Default::default()
+        });
+        if ready {
+            release.mark_true(condition::HELM_CHART_APPLIED);
+        } else {
+            release.mark_false(
+                condition::HELM_CHART_APPLIED,
+                "Rendering",
+                Severity::Info,
+                "not yet",
+            );
+        }
+        release.set_summary();
+        release
+    }
+
+    fn id(version: &str) -> ReleaseId {
+        ReleaseId::parse_tag(&format!("docker-ferrol-1-27-{version}")).unwrap()
+    }
+
+    fn observed(versions: &[&str], releases: Vec<ClusterStackRelease>, source: SourceListing) -> Observed {
+        Observed {
+            spec: spec(versions, !matches!(source, SourceListing::NotAsked)),
+            releases,
+            source,
+            in_use: BTreeSet::new(),
+        }
+    }
+
+    fn stack() -> ClusterStack {
+        ClusterStack::new(
+            "ferrol",
+            cso_api::ClusterStackSpec {
+                provider: "docker".into(),
+                name: "ferrol".into(),
+                kubernetes_version: "1.27".into(),
+                channel: Channel::Stable,
+                versions: Vec::new(),
+                auto_subscribe: false,
+                no_provider: true,
+                provider_ref: None,
+            },
+        )
+    }
+
+    fn condition_of(stack: &ClusterStack, type_: &str) -> Option<(ConditionStatus, Option<String>)> {
+        stack.get_condition(type_).map(|c| (c.status, c.reason.clone()))
+    }
+
+    #[test]
+    fn actions_create_the_missing_update_the_existing_and_delete_the_rest() {
+        let o = observed(
+            &["v2", "v3"],
+            vec![release("v1", false), release("v2", true)],
+            SourceListing::NotAsked,
+        );
+        let a = actions(&o, false);
+        assert_eq!(
+            a.delete,
+            ["docker-ferrol-1-27-v1"],
+            "v1 is not ready, not in use, not listed"
+        );
+        assert_eq!(
+            a.ensure,
+            [
+                Ensure {
+                    name: "docker-ferrol-1-27-v2".into(),
+                    existing: Some(None)
+                },
+                Ensure {
+                    name: "docker-ferrol-1-27-v3".into(),
+                    existing: None
+                },
+            ]
+        );
+        assert!(a.provider_objects);
+        assert!(!actions(&o, true).provider_objects);
+    }
+
+    #[rstest]
+    #[case::listed(SourceListing::Latest(Some(id("v4"))), true)]
+    #[case::failed(SourceListing::Failed { message: "down".into(), retry_after: None }, false)]
+    #[case::unconfigured(SourceListing::Unconfigured("no token".into()), false)]
+    fn only_a_listed_remote_release_is_subscribed(#[case] source: SourceListing, #[case] wanted: bool) {
+        let a = actions(&observed(&[], vec![release("v1", true)], source), true);
+        assert_eq!(a.ensure.iter().any(|e| e.name == "docker-ferrol-1-27-v4"), wanted);
+        assert!(
+            a.delete.is_empty(),
+            "the newest ready release stays whatever the source says"
+        );
+    }
+
+    #[rstest]
+    #[case::not_asked(SourceListing::NotAsked, None, None, Outcome::Requeue(None))]
+    #[case::listed(
+        SourceListing::Latest(None),
+        Some((ConditionStatus::True, None)),
+        Some((ConditionStatus::True, None)),
+        Outcome::Requeue(Some(POLL))
+    )]
+    #[case::unconfigured(
+        SourceListing::Unconfigured("GIT_ACCESS_TOKEN is not set".into()),
+        Some((ConditionStatus::False, Some(reason::FAILED_CREATE_ASSETS_CLIENT.to_owned()))),
+        None,
+        Outcome::Retry("GIT_ACCESS_TOKEN is not set".into())
+    )]
+    #[case::failed(
+        SourceListing::Failed { message: "503".into(), retry_after: None },
+        None,
+        Some((ConditionStatus::False, Some(reason::FAILED_TO_SYNC.to_owned()))),
+        Outcome::Retry("503".into())
+    )]
+    #[case::rate_limited(
+        SourceListing::Failed { message: "rate limited".into(), retry_after: Some(Duration::from_millis(10)) },
+        None,
+        Some((ConditionStatus::False, Some(reason::FAILED_TO_SYNC.to_owned()))),
+        Outcome::Requeue(Some(Duration::from_secs(1)))
+    )]
+    fn the_source_listing_sets_its_conditions_and_the_next_poll(
+        #[case] source: SourceListing,
+        #[case] assets_client: Option<(ConditionStatus, Option<String>)>,
+        #[case] releases_synced: Option<(ConditionStatus, Option<String>)>,
+        #[case] outcome: Outcome,
+    ) {
+        let o = observed(&["v1"], vec![release("v1", true)], source);
+        let a = actions(&o, true);
+        let mut s = stack();
+        let (events, got) = conclude(&mut s, &o, &a, &Done::default(), POLL);
+        assert_eq!(got, outcome);
+        assert_eq!(
+            condition_of(&s, condition::ASSETS_CLIENT_API_AVAILABLE),
+            assets_client
+        );
+        assert_eq!(condition_of(&s, condition::RELEASES_SYNCED), releases_synced);
+        let failures = [assets_client, releases_synced]
+            .iter()
+            .filter(|c| matches!(c, Some((ConditionStatus::False, _))))
+            .count();
+        assert_eq!(events.0.len(), failures, "one event per failing source condition");
+    }
+
+    #[test]
+    fn usable_versions_and_the_summary_come_from_what_exists_after_the_act_step() {
+        let o = observed(
+            &["v3"],
+            vec![release("v1", true), release("v2", true), release("v3", true)],
+            SourceListing::NotAsked,
+        );
+        let a = actions(&o, true);
+        assert_eq!(a.delete, ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"]);
+        let done = Done {
+            deleted: vec!["docker-ferrol-1-27-v1".into()],
+            not_deleted: vec![("docker-ferrol-1-27-v2".into(), "forbidden".into())],
+            ..Default::default()
+        };
+        let mut s = stack();
+        let (events, outcome) = conclude(&mut s, &o, &a, &done, POLL);
+        let status = s.status.clone().unwrap();
+        assert_eq!(
+            status.usable_versions, "v2, v3",
+            "v2 could not be deleted: it still exists and is ready"
+        );
+        assert_eq!(status.latest_release, "docker-ferrol-1-27-v3 | v1.27.3");
+        assert_eq!(
+            events.reasons(),
+            [
+                event::CLUSTER_STACK_RELEASE_DELETED,
+                event::FAILED_TO_DELETE_CLUSTER_STACK_RELEASE
+            ]
+        );
+        assert!(matches!(outcome, Outcome::Retry(m) if m.contains("failed to delete docker-ferrol-1-27-v2")));
+        assert_eq!(
+            condition_of(&s, condition::CLUSTER_STACK_RELEASES_SYNCED),
+            Some((
+                ConditionStatus::False,
+                Some(reason::FAILED_TO_CREATE_OR_UPDATE.to_owned())
+            ))
+        );
+        assert!(s.is_condition_true(condition::CLUSTER_STACK_RELEASE_AVAILABLE));
+    }
+
+    #[test]
+    fn a_release_created_in_this_pass_is_summarised_without_a_status() {
+        let o = observed(&["v1", "v2"], vec![release("v1", true)], SourceListing::NotAsked);
+        let a = actions(&o, true);
+        let mut s = stack();
+        let (_, outcome) = conclude(&mut s, &o, &a, &Done::default(), POLL);
+        assert_eq!(outcome, Outcome::Requeue(None));
+        let summary = &s.status.as_ref().unwrap().summary;
+        assert_eq!(
+            summary
+                .iter()
+                .map(|e| (e.name.as_str(), e.ready))
+                .collect::<Vec<_>>(),
+            [("v1", true), ("v2", false)]
+        );
+        assert!(s.is_condition_true(condition::CLUSTER_STACK_RELEASES_SYNCED));
+        assert_eq!(
+            condition_of(&s, condition::PROVIDER_CLUSTER_STACK_RELEASES_SYNCED),
+            None,
+            "noProvider"
+        );
+    }
+
+    #[test]
+    fn no_ready_release_is_said() {
+        let o = observed(&["v1"], vec![release("v1", false)], SourceListing::NotAsked);
+        let mut s = stack();
+        conclude(&mut s, &o, &actions(&o, true), &Done::default(), POLL);
+        assert_eq!(s.status.as_ref().unwrap().latest_release, "");
+        assert_eq!(
+            condition_of(&s, condition::CLUSTER_STACK_RELEASE_AVAILABLE),
+            Some((ConditionStatus::False, Some(reason::NO_READY_RELEASE.to_owned())))
+        );
+    }
+
+    #[rstest]
+    #[case::created(Done { provider_created: vec!["r".into()], ..Default::default() }, Some((ConditionStatus::True, None)), vec![event::CREATE_PROVIDER_STACK_RELEASE])]
+    #[case::updated(Done { provider_updated: vec!["r".into()], ..Default::default() }, Some((ConditionStatus::True, None)), vec![event::UPDATE_PROVIDER_STACK_RELEASE])]
+    #[case::template_missing(
+        Done { provider_failed: vec![(true, "template not found".into())], ..Default::default() },
+        Some((ConditionStatus::False, Some(reason::PROVIDER_TEMPLATE_NOT_FOUND.to_owned()))),
+        vec![]
+    )]
+    #[case::write_failed(
+        Done { provider_failed: vec![(false, "conflict".into())], ..Default::default() },
+        Some((ConditionStatus::False, Some(reason::FAILED_TO_CREATE_OR_UPDATE.to_owned()))),
+        vec![]
+    )]
+    fn provider_objects_are_reported(
+        #[case] done: Done,
+        #[case] expected: Option<(ConditionStatus, Option<String>)>,
+        #[case] events: Vec<&str>,
+    ) {
+        let o = observed(&["v1"], vec![release("v1", true)], SourceListing::NotAsked);
+        let mut s = stack();
+        let (got, outcome) = conclude(&mut s, &o, &actions(&o, false), &done, POLL);
+        assert_eq!(
+            condition_of(&s, condition::PROVIDER_CLUSTER_STACK_RELEASES_SYNCED),
+            expected
+        );
+        assert_eq!(got.reasons(), events);
+        assert_eq!(
+            matches!(outcome, Outcome::Retry(_)),
+            !done.provider_failed.is_empty()
+        );
+    }
+
+    #[test]
+    fn a_release_that_cannot_be_created_is_retried() {
+        let o = observed(&["v1"], vec![], SourceListing::NotAsked);
+        let done = Done {
+            not_ensured: vec![("docker-ferrol-1-27-v1".into(), "quota".into())],
+            ..Default::default()
+        };
+        let mut s = stack();
+        let (_, outcome) = conclude(&mut s, &o, &actions(&o, true), &done, POLL);
+        assert!(
+            matches!(outcome, Outcome::Retry(m) if m == "failed to create or update docker-ferrol-1-27-v1: quota")
+        );
+    }
+
+    #[test]
+    fn an_invalid_spec_waits_for_a_change() {
+        let mut s = stack();
+        assert_eq!(
+            conclude_invalid(&mut s, "spec.versions: \"x\": bad"),
+            Outcome::Requeue(None)
+        );
+        assert_eq!(
+            condition_of(&s, condition::CLUSTER_STACK_RELEASES_SYNCED),
+            Some((ConditionStatus::False, Some(reason::INVALID_SPEC.to_owned())))
+        );
+    }
+
+    #[test]
+    fn releases_in_use_are_kept_and_created() {
+        let mut o = observed(
+            &["v2"],
+            vec![release("v1", false), release("v2", true)],
+            SourceListing::NotAsked,
+        );
+        o.in_use = [id("v1"), id("v5")].into();
+        let a = actions(&o, true);
+        assert!(a.delete.is_empty(), "v1 is used by a Cluster");
+        assert!(
+            a.ensure
+                .iter()
+                .any(|e| e.name == "docker-ferrol-1-27-v5" && e.existing.is_none())
+        );
+    }
+}

@@ -376,3 +376,488 @@ impl FetchFailure {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use cso_api::{
+        common::Resource,
+        conditions::{ConditionStatus, READY},
+    };
+    use cso_apply::{Failure, ObjectKey};
+
+    use super::*;
+
+    const RESYNC: Duration = Duration::from_secs(300);
+    const TAG: &str = "docker-ferrol-1-27-v1";
+
+    fn release() -> ClusterStackRelease {
+        ClusterStackRelease::new(TAG, Default::default())
+    }
+
+    fn progress() -> Progress {
+        Progress::new(Ok(ReleaseId::parse_tag(TAG).unwrap()), false, false)
+    }
+
+    fn ready_files() -> Files {
+        Files::Ready {
+            kubernetes: "v1.27.3".into(),
+            downloaded_now: false,
+        }
+    }
+
+    fn report(failures: &[&str]) -> ApplyReport {
+        ApplyReport {
+            resources: vec![Resource {
+                group: "cluster.x-k8s.io".into(),
+                version: "v1beta1".into(),
+                kind: "ClusterClass".into(),
+                namespace: "ns".into(),
+                name: "docker-ferrol-1-27-v1".into(),
+                ..Default::default()
+            }],
+            applied: 1,
+            failures: failures
+                .iter()
+                .map(|e| Failure {
+                    key: ObjectKey {
+                        group: String::new(),
+                        kind: "ConfigMap".into(),
+                        namespace: "ns".into(),
+                        name: "x".into(),
+                    },
+                    error: (*e).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn condition_of(release: &ClusterStackRelease, type_: &str) -> (ConditionStatus, Option<String>) {
+        let c = release.get_condition(type_).expect(type_);
+        (c.status, c.reason.clone())
+    }
+
+    fn failed(status: ConditionStatus, reason: &str) -> (ConditionStatus, Option<String>) {
+        (status, Some(reason.to_owned()))
+    }
+
+    #[test]
+    fn next_step_walks_fetch_provider_render_apply() {
+        let announced = {
+            let mut r = release();
+            r.mark_false(
+                condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
+                Severity::Info,
+                "x",
+            );
+            r
+        };
+        let fresh = release();
+        let with = |f: &dyn Fn(&mut Progress)| {
+            let mut p = progress();
+            f(&mut p);
+            p
+        };
+        let cases: Vec<(&str, Progress, &ClusterStackRelease, Step)> = vec![
+            (
+                "a name that does not parse",
+                with(&|p| p.id = Err("bad".into())),
+                &announced,
+                Step::Conclude,
+            ),
+            ("nothing known yet", progress(), &announced, Step::LookInCache),
+            (
+                "missing, not announced yet",
+                with(&|p| p.files = Files::Missing),
+                &fresh,
+                Step::Conclude,
+            ),
+            (
+                "missing, announced",
+                with(&|p| p.files = Files::Missing),
+                &announced,
+                Step::Download,
+            ),
+            (
+                "fetch failed",
+                with(&|p| {
+                    p.files = Files::Failed {
+                        failure: FetchFailure::of(&io_error()),
+                        message: "x".into(),
+                    }
+                }),
+                &announced,
+                Step::Conclude,
+            ),
+            (
+                "files here, provider not checked",
+                with(&|p| {
+                    p.files = ready_files();
+                    p.has_provider = true;
+                }),
+                &announced,
+                Step::CheckProvider,
+            ),
+            (
+                "provider not ready",
+                with(&|p| {
+                    p.files = ready_files();
+                    p.has_provider = true;
+                    p.provider = Some(Ok(false));
+                }),
+                &announced,
+                Step::Conclude,
+            ),
+            (
+                "provider ready",
+                with(&|p| {
+                    p.files = ready_files();
+                    p.has_provider = true;
+                    p.provider = Some(Ok(true));
+                }),
+                &announced,
+                Step::Render,
+            ),
+            (
+                "no provider mode",
+                with(&|p| p.files = ready_files()),
+                &announced,
+                Step::Render,
+            ),
+            (
+                "rendered",
+                with(&|p| {
+                    p.files = ready_files();
+                    p.rendered = Some(Ok(3));
+                }),
+                &announced,
+                Step::Apply,
+            ),
+            (
+                "render failed",
+                with(&|p| {
+                    p.files = ready_files();
+                    p.rendered = Some(Err("x".into()));
+                }),
+                &announced,
+                Step::Conclude,
+            ),
+            (
+                "applied",
+                with(&|p| {
+                    p.files = ready_files();
+                    p.rendered = Some(Ok(3));
+                    p.applied = Some(report(&[]));
+                }),
+                &announced,
+                Step::Conclude,
+            ),
+        ];
+        for (name, progress, release, expected) in cases {
+            assert_eq!(next_step(&progress, release), expected, "{name}");
+        }
+    }
+
+    fn io_error() -> CacheError {
+        CacheError::Io {
+            path: PathBuf::from("/x"),
+            source: std::io::Error::other("disk"),
+        }
+    }
+
+    #[test]
+    fn next_step_of_a_deletion_waits_for_users_then_deletes() {
+        let deleting = |id: Result<ReleaseId, String>, users: Option<Vec<&str>>, deleted: bool| {
+            let mut p = Progress::new(id, true, false);
+            p.users = users.map(|u| u.iter().map(|s| (*s).to_owned()).collect());
+            p.deleted = deleted.then(|| report(&[]));
+            p
+        };
+        let id = || Ok(ReleaseId::parse_tag(TAG).unwrap());
+        let cases = [
+            ("users not read yet", deleting(id(), None, false), Step::FindUsers),
+            (
+                "in use",
+                deleting(id(), Some(vec!["ns/c1"]), false),
+                Step::Conclude,
+            ),
+            ("unused", deleting(id(), Some(vec![]), false), Step::Delete),
+            ("deleted", deleting(id(), Some(vec![]), true), Step::Conclude),
+            (
+                "a name that does not parse has no users",
+                deleting(Err("bad".into()), None, false),
+                Step::Delete,
+            ),
+        ];
+        for (name, progress, expected) in cases {
+            assert_eq!(next_step(&progress, &release()), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_name_that_does_not_parse_waits_for_a_change() {
+        let mut r = release();
+        let mut p = progress();
+        p.id = Err("not a release name".into());
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert_eq!(outcome, Outcome::Requeue(None));
+        assert!(events.0.is_empty());
+        assert_eq!(
+            condition_of(&r, condition::CLUSTER_STACK_RELEASE_DOWNLOADED),
+            failed(ConditionStatus::False, reason::ISSUE_WITH_RELEASE_ASSETS)
+        );
+    }
+
+    #[test]
+    fn a_missing_release_is_announced_once_and_fetched_at_once() {
+        let mut r = release();
+        let mut p = progress();
+        p.files = Files::Missing;
+        let (_, outcome) = conclude(&p, &mut r, RESYNC);
+        assert_eq!(outcome, Outcome::Requeue(Some(Duration::ZERO)));
+        assert_eq!(
+            condition_of(&r, condition::CLUSTER_STACK_RELEASE_DOWNLOADED),
+            failed(ConditionStatus::False, reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET)
+        );
+        assert_eq!(
+            next_step(&p, &r),
+            Step::Download,
+            "announced: the next pass downloads"
+        );
+    }
+
+    #[test]
+    fn fetch_failures_are_reported_once_and_rate_limits_honoured() {
+        let not_found = CacheError::Source {
+            tag: TAG.into(),
+            source_kind: "github",
+            error: SourceError::NotFound {
+                what: "release".into(),
+            },
+        };
+        let mut r = release();
+        let mut p = progress();
+        p.files = Files::Failed {
+            failure: FetchFailure::of(&not_found),
+            message: not_found.to_string(),
+        };
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(_)));
+        assert_eq!(events.reasons(), [event::RELEASE_DOWNLOAD_FAILED]);
+        assert_eq!(
+            condition_of(&r, condition::CLUSTER_STACK_RELEASE_DOWNLOADED),
+            failed(ConditionStatus::False, reason::RELEASE_NOT_FOUND)
+        );
+        let (again, _) = conclude(&p, &mut r, RESYNC);
+        assert!(again.0.is_empty(), "the same failure again: no second event");
+
+        let limited = CacheError::Source {
+            tag: TAG.into(),
+            source_kind: "github",
+            error: SourceError::RateLimited {
+                url: "u".into(),
+                retry_after: Some(Duration::from_secs(42)),
+            },
+        };
+        p.files = Files::Failed {
+            failure: FetchFailure::of(&limited),
+            message: limited.to_string(),
+        };
+        let (_, outcome) = conclude(&p, &mut release(), RESYNC);
+        assert_eq!(
+            outcome,
+            Outcome::Requeue(Some(Duration::from_secs(42))),
+            "no backoff: the source's time"
+        );
+    }
+
+    #[test]
+    fn fetch_failures_map_to_conditions() {
+        let source = |error| CacheError::Source {
+            tag: TAG.into(),
+            source_kind: "oci",
+            error,
+        };
+        let cases = [
+            (
+                source(SourceError::Config("OCI_REGISTRY is not set".into())),
+                (
+                    condition::ASSETS_CLIENT_API_AVAILABLE,
+                    reason::FAILED_CREATE_ASSETS_CLIENT,
+                    event::FAILED_CREATE_ASSETS_CLIENT,
+                ),
+            ),
+            (
+                source(SourceError::NotFound { what: "tag".into() }),
+                (
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::RELEASE_NOT_FOUND,
+                    event::RELEASE_DOWNLOAD_FAILED,
+                ),
+            ),
+            (
+                source(SourceError::Network {
+                    url: "u".into(),
+                    message: "refused".into(),
+                }),
+                (
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::RELEASE_ASSETS_NOT_DOWNLOADED_YET,
+                    event::RELEASE_DOWNLOAD_FAILED,
+                ),
+            ),
+            (
+                io_error(),
+                (
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::ISSUE_WITH_RELEASE_ASSETS,
+                    event::RELEASE_DOWNLOAD_FAILED,
+                ),
+            ),
+        ];
+        for (error, (condition, reason, event)) in cases {
+            let failure = FetchFailure::of(&error);
+            assert_eq!(
+                (failure.condition, failure.reason, failure.event),
+                (condition, reason, event),
+                "{error}"
+            );
+            assert_eq!(failure.retry_after, None);
+        }
+    }
+
+    #[test]
+    fn a_provider_object_that_is_not_ready_or_missing_stops_before_rendering() {
+        let mut p = progress();
+        p.files = ready_files();
+        p.has_provider = true;
+        p.provider = Some(Ok(false));
+        let mut r = release();
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert_eq!(
+            outcome,
+            Outcome::Requeue(Some(RESYNC)),
+            "the provider watch brings it back sooner"
+        );
+        assert!(events.0.is_empty());
+        assert_eq!(
+            condition_of(&r, condition::PROVIDER_CLUSTER_STACK_RELEASE_READY),
+            failed(ConditionStatus::False, reason::PROCESS_ONGOING)
+        );
+        assert!(r.is_condition_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED));
+
+        p.provider = Some(Err("the provider object X ns/x does not exist".into()));
+        let mut r = release();
+        let (_, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(m) if m.contains("does not exist")));
+        assert_eq!(
+            condition_of(&r, condition::PROVIDER_CLUSTER_STACK_RELEASE_READY),
+            failed(ConditionStatus::False, reason::PROVIDER_OBJECT_NOT_FOUND)
+        );
+    }
+
+    #[test]
+    fn a_render_failure_is_reported_with_an_event() {
+        let mut p = progress();
+        p.files = ready_files();
+        p.rendered = Some(Err("the cluster-class chart rendered no objects".into()));
+        let mut r = release();
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(_)));
+        assert_eq!(events.reasons(), [event::FAILED_TO_RENDER_CHART]);
+        assert_eq!(
+            condition_of(&r, condition::HELM_CHART_APPLIED),
+            failed(ConditionStatus::False, reason::FAILED_TO_RENDER_CHART)
+        );
+        assert!(!r.status.as_ref().unwrap().ready);
+    }
+
+    #[test]
+    fn the_status_follows_what_the_apply_reported() {
+        let mut p = progress();
+        p.files = Files::Ready {
+            kubernetes: "v1.27.3".into(),
+            downloaded_now: true,
+        };
+        p.rendered = Some(Ok(1));
+        p.applied = Some(report(&["forbidden"]));
+        let mut r = release();
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(m) if m.contains("forbidden")));
+        assert_eq!(events.reasons(), [event::FAILED_TO_APPLY_OBJECTS]);
+        let status = r.status.clone().unwrap();
+        assert_eq!(
+            status.resources.len(),
+            1,
+            "the inventory is kept even when an object failed"
+        );
+        assert!(!status.ready);
+        assert_eq!(
+            condition_of(&r, condition::HELM_CHART_APPLIED),
+            failed(ConditionStatus::False, reason::OBJECTS_APPLYING_ONGOING)
+        );
+
+        p.applied = Some(report(&[]));
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert_eq!(outcome, Outcome::Requeue(Some(RESYNC)));
+        assert!(events.0.is_empty());
+        let status = r.status.clone().unwrap();
+        assert!(status.ready);
+        assert_eq!(status.kubernetes_version, "v1.27.3");
+        for c in [
+            condition::HELM_CHART_APPLIED,
+            condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+            condition::PROVIDER_CLUSTER_STACK_RELEASE_READY,
+            condition::ASSETS_CLIENT_API_AVAILABLE,
+        ] {
+            assert!(r.is_condition_true(c), "{c}");
+        }
+        r.set_summary();
+        assert!(r.is_condition_true(READY));
+    }
+
+    #[test]
+    fn deletion_waits_while_clusters_use_the_class() {
+        let mut p = Progress::new(Ok(ReleaseId::parse_tag(TAG).unwrap()), true, false);
+        p.users = Some(vec!["team/c1".into(), "team/c2".into()]);
+        let mut r = release();
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert_eq!(outcome, Outcome::Requeue(Some(RESYNC)));
+        assert_eq!(events.0.len(), 1);
+        assert_eq!(events.0[0].kind, Kind::Normal);
+        assert!(
+            events.0[0].note.contains("team/c1, team/c2"),
+            "{}",
+            events.0[0].note
+        );
+        assert_eq!(
+            condition_of(&r, condition::CLUSTER_CLASS_UNUSED),
+            failed(ConditionStatus::False, reason::CLUSTER_CLASS_IN_USE)
+        );
+    }
+
+    #[test]
+    fn deletion_removes_the_finalizer_only_when_every_object_is_gone() {
+        let mut p = Progress::new(Ok(ReleaseId::parse_tag(TAG).unwrap()), true, false);
+        p.users = Some(Vec::new());
+        p.deleted = Some(report(&["conflict"]));
+        let mut r = release();
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(_)));
+        assert_eq!(events.reasons(), [event::FAILED_TO_DELETE_OBJECTS]);
+        assert!(r.is_condition_true(condition::CLUSTER_CLASS_UNUSED));
+        assert_eq!(
+            r.status.as_ref().unwrap().resources.len(),
+            1,
+            "what is left stays recorded"
+        );
+
+        p.deleted = Some(ApplyReport::default());
+        let (_, outcome) = conclude(&p, &mut r, RESYNC);
+        assert_eq!(outcome, Outcome::Deleted);
+        assert!(r.status.as_ref().unwrap().resources.is_empty());
+    }
+}
