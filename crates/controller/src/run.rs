@@ -112,7 +112,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                     .state()
                     .iter()
                     .filter(|s| s.namespace().as_deref() == Some(class_namespace.as_str()))
-                    .filter(|s| cluster_stack::stack_spec(s).is_ok_and(|spec| spec.owns(&id)))
+                    .filter(|s| cso_api::rules::StackSpec::parse(s).is_ok_and(|spec| spec.owns(&id)))
                     .map(|s| ObjectRef::from_obj(s.as_ref()))
                     .collect::<Vec<_>>()
             },

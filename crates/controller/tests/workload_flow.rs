@@ -939,3 +939,92 @@ async fn delete_stages_and_dropped_charts_remove_their_objects() {
     operator.stop().await;
     own.stop();
 }
+
+/// Values templates see the whole Cluster as the management cluster has it (labels, networks, topology
+/// variables), and its control plane, not the operator's typed view: the Go operator passes the full objects
+/// and real stacks template such fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let own = workload_plane("workload-whole-cluster").await;
+    let ns = cso_testenv::namespace(&client, "whole-cluster").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    std::fs::write(
+        dir.path()
+            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+        r#"values: |
+  metrics-server:
+    commonLabels:
+      clusterAddonVersion: "v1"
+    deploymentAnnotations:
+      cso.test/name: '{{ .Cluster.metadata.name }}'
+      cso.test/team: '{{ .Cluster.metadata.labels.team }}'
+      cso.test/pod-cidrs: '{{ join "," .Cluster.spec.clusterNetwork.pods.cidrBlocks }}'
+      cso.test/variables: '{{ toJson .Cluster.spec.topology.variables }}'
+      cso.test/control-plane-replicas: '{{ .ControlPlane.spec.replicas }}'
+"#,
+    )
+    .unwrap();
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c9", own.kubeconfig_yaml())
+        .await
+        .unwrap();
+
+    let control_plane = kube::discovery::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "controlplane.cluster.x-k8s.io",
+        "v1beta1",
+        "KubeadmControlPlane",
+    ));
+    let create = |resource: kube::discovery::ApiResource, object: serde_json::Value| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let object: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+            dynamic(&client, &ns, &resource)
+                .create(&Default::default(), &object)
+                .await
+                .unwrap();
+        }
+    };
+    create(
+        control_plane,
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "KubeadmControlPlane",
+               "metadata": {"name": "c9-cp"},
+               "spec": {"version": "v1.27.3", "replicas": 3, "kubeadmConfigSpec": {},
+                        "machineTemplate": {"infrastructureRef": {
+                            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                            "kind": "DockerMachineTemplate", "name": "c9-cp"}}}}),
+    )
+    .await;
+    create(
+        capi("Cluster"),
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+               "metadata": {"name": "c9", "labels": {"team": "blue"}},
+               "spec": {
+                   "clusterNetwork": {"pods": {"cidrBlocks": ["10.244.0.0/16", "fd00::/104"]}},
+                   "topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3",
+                                "variables": [{"name": "region", "value": "eu-north"}]},
+                   "controlPlaneEndpoint": {"host": "c9.example.test", "port": 6443},
+                   "controlPlaneRef": {"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                                       "kind": "KubeadmControlPlane", "name": "c9-cp"}}}),
+    )
+    .await;
+
+    ready_addon(&client, &ns, "c9", "docker-ferrol-1-27-v1").await;
+    let metrics = kube_system(&own).await.get("metrics-server").await.unwrap();
+    let annotation = |key: &str| metrics.annotations().get(key).cloned().unwrap_or_default();
+    assert_eq!(annotation("cso.test/name"), "c9", "{:?}", metrics.annotations());
+    assert_eq!(annotation("cso.test/team"), "blue");
+    assert_eq!(annotation("cso.test/pod-cidrs"), "10.244.0.0/16,fd00::/104");
+    assert_eq!(
+        annotation("cso.test/variables"),
+        r#"[{"name":"region","value":"eu-north"}]"#
+    );
+    assert_eq!(annotation("cso.test/control-plane-replicas"), "3");
+    operator.stop().await;
+    own.stop();
+}

@@ -14,7 +14,7 @@ use cso_api::{
 use cso_apply::ApplyReport;
 use kube::ResourceExt;
 
-use super::decision::{Applied, Decision, decide};
+use super::decision::{Decision, decide};
 use crate::{
     cluster_stack_release::FetchFailure,
     events::{Events, Kind},
@@ -94,7 +94,7 @@ pub(crate) fn decision(
     addon_version: &str,
     resync_due: bool,
 ) -> Decision {
-    let applied = Applied::of(&addon.spec.cluster_stack, &addon.spec.version);
+    let applied = cso_api::rules::AppliedAddons::recorded(&addon.spec.cluster_stack, &addon.spec.version);
     let complete = addon.is_condition_true(condition::HELM_CHART_APPLIED);
     decide(&applied, target, addon_version, complete, resync_due)
 }

@@ -5,25 +5,7 @@
 //! Kubernetes minor) changes nothing and renders nothing; anything else is an upgrade. A periodic re-apply
 //! corrects drift; an incomplete apply is retried.
 
-use cso_api::ReleaseId;
-
-/// What the ClusterAddon records as applied (`spec.clusterStack`, `spec.version`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Applied {
-    /// The class whose addons were last applied completely; `None` before the first install.
-    pub class: Option<ReleaseId>,
-    /// Their addon version (dash form).
-    pub version: String,
-}
-
-impl Applied {
-    pub fn of(cluster_stack: &str, version: &str) -> Self {
-        Applied {
-            class: ReleaseId::parse_cluster_class(cluster_stack).ok(),
-            version: version.to_owned(),
-        }
-    }
-}
+use cso_api::{ReleaseId, rules::AppliedAddons};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -36,17 +18,16 @@ pub enum Decision {
 /// Decides for the `target` release with addon version `target_addons`. `complete`: the last apply
 /// succeeded; `due`: the periodic re-apply is due.
 pub fn decide(
-    applied: &Applied,
+    applied: &AppliedAddons,
     target: &ReleaseId,
     target_addons: &str,
     complete: bool,
     due: bool,
 ) -> Decision {
-    let Some(class) = &applied.class else {
+    if applied.class.is_none() {
         return Decision::Apply { upgrade: false };
-    };
-    let same_addons =
-        class.same_stack(target) && class.kubernetes == target.kubernetes && applied.version == target_addons;
+    }
+    let same_addons = applied.same_addons(target, target_addons);
     if same_addons && complete && !due {
         Decision::RecordOnly
     } else {
@@ -66,7 +47,7 @@ mod tests {
 
     #[test]
     fn first_install_applies() {
-        let fresh = Applied::of("", "");
+        let fresh = AppliedAddons::recorded("", "");
         assert_eq!(
             decide(&fresh, &id("docker-ferrol-1-27-v1"), "v1", false, true),
             Decision::Apply { upgrade: false }
@@ -75,7 +56,7 @@ mod tests {
 
     #[test]
     fn same_addons_on_another_class_change_nothing_until_the_resync() {
-        let v2 = Applied::of("docker-ferrol-1-27-v2", "v2");
+        let v2 = AppliedAddons::recorded("docker-ferrol-1-27-v2", "v2");
         assert_eq!(
             decide(&v2, &id("docker-ferrol-1-27-v3"), "v2", true, false),
             Decision::RecordOnly
@@ -98,7 +79,7 @@ mod tests {
 
     #[test]
     fn another_addon_version_kubernetes_minor_or_stack_is_an_upgrade() {
-        let v1 = Applied::of("docker-ferrol-1-27-v1", "v1");
+        let v1 = AppliedAddons::recorded("docker-ferrol-1-27-v1", "v1");
         let upgrade = Decision::Apply { upgrade: true };
         assert_eq!(
             decide(&v1, &id("docker-ferrol-1-27-v2"), "v2", true, false),
@@ -111,7 +92,7 @@ mod tests {
         );
         assert_eq!(decide(&v1, &id("docker-scs-1-27-v1"), "v1", true, false), upgrade);
         // Hash versions in dot form, as spec.clusterStack holds them.
-        let custom = Applied::of("docker-ferrol-1-27-v0-sha.hipstsw", "v0-sha-hipstsw");
+        let custom = AppliedAddons::recorded("docker-ferrol-1-27-v0-sha.hipstsw", "v0-sha-hipstsw");
         assert_eq!(
             decide(
                 &custom,

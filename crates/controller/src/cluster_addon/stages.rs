@@ -40,7 +40,8 @@ pub(crate) enum HookChoice {
 /// `ClusterAddonStage` annotation (which hook ran last: `upgraded` means the upgrade's).
 pub(crate) fn choose_hook(addon: &ClusterAddon, decision: Decision, last_stage: Option<&str>) -> HookChoice {
     if !addon.spec.hook.is_empty() {
-        return match Hook::parse(&addon.spec.hook) {
+        // Only hooks a release can name stages for run stages (others are not hooks of ours).
+        return match Hook::parse(&addon.spec.hook).filter(|hook| hook.has_addon_stages()) {
             Some(hook) => HookChoice::Run(hook),
             None => HookChoice::Unknown(addon.spec.hook.clone()),
         };
@@ -474,6 +475,7 @@ mod tests {
         HookChoice::Run(Hook::BeforeClusterUpgrade)
     )]
     #[case::unknown_hook("BeforeEverything", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeEverything".into()))]
+    #[case::hook_without_stages("BeforeClusterDelete", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeClusterDelete".into()))]
     #[case::same_addons(
         "",
         "docker-ferrol-1-27-v1",

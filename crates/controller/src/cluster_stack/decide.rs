@@ -10,11 +10,12 @@ use cso_api::{
     common::ObjectReference,
     conditions::{ConditionsExt, Severity},
     names::{condition, event, reason},
+    rules::StackSpec,
 };
 use kube::ResourceExt;
 
 use super::{
-    plan::{ExistingRelease, Plan, StackSpec, plan},
+    plan::{ExistingRelease, Plan, plan},
     summary::release_summary,
 };
 use crate::events::{Events, Kind};
@@ -318,10 +319,10 @@ pub(crate) fn conclude(
 
 #[cfg(test)]
 mod tests {
+    use cso_api::rules::StackKey;
     use cso_api::{
         Channel, ClusterStackReleaseStatus, KubernetesVersion, Version, conditions::ConditionStatus,
     };
-    use cso_release::StackKey;
     use rstest::rstest;
 
     use super::*;

@@ -13,10 +13,9 @@ pub mod summary;
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use cso_api::{
-    ClusterStack, ClusterStackRelease, GROUP, ReleaseId, Version, conditions::ConditionsExt, names::event,
-};
-use cso_release::{SourceError, StackKey, source::releases_of};
+use cso_api::rules::StackSpec;
+use cso_api::{ClusterStack, ClusterStackRelease, GROUP, conditions::ConditionsExt, names::event};
+use cso_release::{SourceError, source::releases_of};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
@@ -27,14 +26,13 @@ use serde_json::json;
 
 use self::{
     decide::{Actions, Done, Observed, Outcome, SourceListing, actions, conclude, conclude_invalid},
-    plan::StackSpec,
     provider::{ProviderChange, ProviderError, sync_provider_object},
 };
 use crate::{
     Context, Error,
     context::object_key,
     filter::{is_paused, propagated_labels},
-    in_use::{list_clusters, releases_in_use},
+    in_use::list_clusters,
     patch,
 };
 
@@ -54,7 +52,7 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Resul
         return Ok(Action::await_change());
     }
     let mut working = stack.clone();
-    let (events, outcome) = match stack_spec(&stack) {
+    let (events, outcome) = match StackSpec::parse(&stack) {
         Err(message) => (Default::default(), conclude_invalid(&mut working, &message)),
         Ok(spec) => {
             let observed = observe(&stack, spec, &ctx).await?;
@@ -85,37 +83,6 @@ pub fn error_policy(stack: Arc<ClusterStack>, error: &Error, ctx: Arc<Context>) 
     let delay = ctx.retry_delay(&object_key(stack.as_ref()));
     tracing::warn!(cluster_stack = %stack.name_any(), namespace = ?stack.namespace(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-/// The spec as a [`StackSpec`], or why it is not one.
-pub fn stack_spec(stack: &ClusterStack) -> Result<StackSpec, String> {
-    let spec = &stack.spec;
-    let probe = ReleaseId::from_stack_spec(&spec.provider, &spec.name, &spec.kubernetes_version, "v1")
-        .map_err(|e| e.to_string())?;
-    let versions = spec
-        .versions
-        .iter()
-        .map(|v| {
-            let version = Version::parse_dot(v).map_err(|e| format!("spec.versions: {v:?}: {e}"))?;
-            if version.channel() != spec.channel {
-                return Err(format!(
-                    "spec.versions: {v:?} is not a version of channel {}",
-                    spec.channel.as_str()
-                ));
-            }
-            Ok(version)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(StackSpec {
-        stack: StackKey {
-            provider: probe.provider,
-            name: probe.name,
-            kubernetes: probe.kubernetes,
-        },
-        channel: spec.channel,
-        versions,
-        auto_subscribe: spec.auto_subscribe,
-    })
 }
 
 /// Whether `release` belongs to the ClusterStack `stack_name` (by owner reference; the uid is not compared,
@@ -152,7 +119,9 @@ async fn observe(stack: &ClusterStack, spec: StackSpec, ctx: &Context) -> Result
         SourceListing::NotAsked
     };
     let clusters = list_clusters(ctx).await?;
-    let in_use = releases_in_use(&clusters, &namespace).into_keys().collect();
+    let in_use = cso_api::rules::releases_in_use(&clusters, &namespace)
+        .into_keys()
+        .collect();
     Ok(Observed {
         spec,
         releases: owned,

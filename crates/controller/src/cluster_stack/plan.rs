@@ -9,29 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use cso_api::{Channel, ReleaseId, Version};
-use cso_release::StackKey;
-
-/// The stack a ClusterStack follows, from its spec.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StackSpec {
-    pub stack: StackKey,
-    pub channel: Channel,
-    pub versions: Vec<Version>,
-    pub auto_subscribe: bool,
-}
-
-impl StackSpec {
-    fn release(&self, version: &Version) -> Option<ReleaseId> {
-        let stack = &self.stack;
-        ReleaseId::new(&stack.provider, &stack.name, stack.kubernetes, version.clone()).ok()
-    }
-
-    /// Whether `id` is a release of this stack (any version, any channel).
-    pub fn owns(&self, id: &ReleaseId) -> bool {
-        self.stack.contains(id)
-    }
-}
+use cso_api::{ReleaseId, rules::StackSpec};
 
 /// A ClusterStackRelease that exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,7 +30,7 @@ pub struct Plan {
 }
 
 /// Plans the releases of `spec`. `latest_remote` is the newest release of the channel at the source (already
-/// filtered to this stack and channel); `in_use` are the classes Clusters use (any stack: others are ignored).
+/// filtered to this stack and channel); `in_use` are the classes Clusters use (any stack or channel: only those the stack owns count).
 pub fn plan(
     spec: &StackSpec,
     existing: &[ExistingRelease],
@@ -61,12 +39,12 @@ pub fn plan(
 ) -> Plan {
     let latest_ready = existing
         .iter()
-        .filter(|r| r.ready && spec.owns(&r.id) && r.id.channel() == spec.channel)
+        .filter(|r| r.ready && spec.owns(&r.id))
         .map(|r| r.id.clone())
         .max();
     let mut wanted: BTreeSet<ReleaseId> = spec.versions.iter().filter_map(|v| spec.release(v)).collect();
     if spec.auto_subscribe
-        && let Some(remote) = latest_remote.filter(|r| spec.owns(r) && r.channel() == spec.channel)
+        && let Some(remote) = latest_remote.filter(|r| spec.owns(r))
     {
         wanted.insert(remote.clone());
     }
@@ -94,6 +72,7 @@ pub fn plan(
 
 #[cfg(test)]
 mod tests {
+    use cso_api::{Channel, Version, rules::StackKey};
     use proptest::prelude::*;
 
     use super::*;

@@ -34,7 +34,7 @@ use crate::{
     applier::{Target, Work},
     context::object_key,
     filter::is_paused,
-    in_use::{list_clusters, releases_in_use},
+    in_use::list_clusters,
     patch, rendering,
 };
 
@@ -176,10 +176,7 @@ impl Driver<'_> {
             Step::FindUsers => {
                 let id = progress.id.clone().map_err(Error::Internal)?;
                 let clusters = list_clusters(self.ctx).await?;
-                let users = releases_in_use(&clusters, &namespace)
-                    .remove(&id)
-                    .unwrap_or_default();
-                progress.users = Some(users.into_iter().collect());
+                progress.users = Some(cso_api::rules::release_users(&clusters, &namespace, &id));
             }
             Step::Delete => {
                 // From the inventory, with no render: works when the files are gone or never came.
