@@ -1,6 +1,7 @@
 //! What every reconciler shares, assembled from the operator's parts: the management client, the release
 //! cache, the chart renderer, the apply engine, the event recorder, the settings, and a per-object retry
-//! backoff.
+//! backoff. State that only one controller keeps (the ClusterAddon's resync clock, the ClusterStackRelease's
+//! provider-object watches) lives in that controller's own context, beside a shared `Context`.
 
 use std::{
     collections::HashMap,
@@ -9,22 +10,19 @@ use std::{
     time::Duration,
 };
 
-use cso_api::ClusterStackRelease;
 use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
-use futures::Stream;
 use kube::{
     Client, Resource, ResourceExt,
     runtime::{
         controller::Action,
         events::{Event, EventType, Recorder, Reporter},
-        reflector::ObjectRef,
     },
 };
 
+use crate::Operator;
 use crate::metrics::{MeteredRenderer, TargetCluster};
-use crate::{Operator, provider_watch::ProviderWatches};
 
 /// Connecting to a workload cluster may take this long; an unreachable one costs no more.
 const WORKLOAD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -78,26 +76,23 @@ impl Default for Settings {
     }
 }
 
-/// Shared by all reconcilers.
+/// The parts every reconciler shares (nothing of one controller alone).
 pub struct Context {
-    pub client: Client,
-    pub releases: Arc<ReleaseCache>,
-    pub renderer: Arc<dyn ChartRenderer>,
+    pub(crate) client: Client,
+    pub(crate) releases: Arc<ReleaseCache>,
+    pub(crate) renderer: Arc<dyn ChartRenderer>,
     /// Applies to the management cluster.
-    pub engine: ApplyEngine,
-    pub discovery: Arc<ClusterDiscovery>,
+    pub(crate) engine: ApplyEngine,
+    pub(crate) discovery: Arc<ClusterDiscovery>,
     /// Clients (and apply engines) of workload clusters.
-    pub workloads: WorkloadClients,
+    pub(crate) workloads: WorkloadClients,
     /// Renders values templates over the Cluster.
-    pub values: Arc<ValuesTemplater>,
-    pub metrics: Arc<crate::Metrics>,
-    pub settings: Settings,
-    pub(crate) provider_watches: ProviderWatches,
+    pub(crate) values: Arc<ValuesTemplater>,
+    pub(crate) metrics: Arc<crate::Metrics>,
+    pub(crate) settings: Settings,
     recorder: Recorder,
     backoff: Backoff,
     in_flight: InFlight,
-    /// When each ClusterAddon last applied all its objects, for drift correction.
-    addons_applied: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -110,13 +105,8 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// The context of `operator`'s parts, and the triggers of the provider-object watches it starts.
-    pub(crate) fn assemble(
-        operator: Operator,
-    ) -> std::io::Result<(
-        Self,
-        impl Stream<Item = ObjectRef<ClusterStackRelease>> + Send + 'static,
-    )> {
+    /// The context of `operator`'s parts.
+    pub(crate) fn assemble(operator: Operator) -> std::io::Result<Self> {
         let Operator {
             client,
             releases,
@@ -133,8 +123,6 @@ impl Context {
             WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
                 .taking_over_from(take_over_from)
                 .with_limits(settings.client_limits);
-        let (provider_watches, provider_triggers) =
-            ProviderWatches::new(client.clone(), settings.namespace.clone());
         metrics.watch_cache(releases.clone());
         let renderer: Arc<dyn ChartRenderer> = Arc::new(MeteredRenderer::new(renderer, metrics.clone()));
         let reporter = Reporter {
@@ -152,12 +140,10 @@ impl Context {
             values,
             metrics,
             settings,
-            provider_watches,
             backoff: Backoff::default(),
             in_flight: InFlight::default(),
-            addons_applied: Mutex::default(),
         };
-        Ok((ctx, provider_triggers))
+        Ok(ctx)
     }
 
     /// Runs `reconcile` of `object` for `controller`: recorded in the metrics, and stopped after the reconcile
@@ -275,22 +261,6 @@ impl Context {
     /// The delay before retrying `key` after its `n`-th failure in a row: 5 s doubling up to 5 minutes.
     pub(crate) fn retry_delay(&self, key: &str) -> Duration {
         self.backoff.next(key)
-    }
-
-    /// Whether the ClusterAddon `key` is due for a full re-apply (drift correction).
-    pub(crate) fn addon_apply_due(&self, key: &str) -> bool {
-        self.addons_applied
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .is_none_or(|at| at.elapsed() >= self.settings.resync_interval)
-    }
-
-    pub(crate) fn addon_applied(&self, key: &str) {
-        self.addons_applied
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_owned(), std::time::Instant::now());
     }
 }
 

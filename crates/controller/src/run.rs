@@ -22,8 +22,12 @@ use kube::{
 };
 
 use crate::{
-    Context, Settings, cluster_addon, cluster_addon_create, cluster_stack, cluster_stack_release,
+    Context, Settings,
+    cluster_addon::{self, AddonContext},
+    cluster_addon_create, cluster_stack,
+    cluster_stack_release::{self, ReleaseContext},
     filter::watcher_config,
+    provider_watch::ProviderWatches,
 };
 
 /// What the operator is made of.
@@ -63,15 +67,15 @@ impl Operator {
     /// The context the reconcilers share, for calling a reconciler directly (the watches of provider
     /// objects it starts trigger nothing). [`run`] builds its own.
     pub fn context(self) -> std::io::Result<Arc<Context>> {
-        Context::assemble(self).map(|(ctx, _)| Arc::new(ctx))
+        Context::assemble(self).map(Arc::new)
     }
 }
 
-/// Runs the ClusterStack and ClusterStackRelease controllers until `shutdown` completes; reconciles in
-/// flight are given [`STOP_GRACE`] to finish.
+/// Runs the four controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) until
+/// `shutdown` completes; reconciles in flight are given [`STOP_GRACE`] to finish.
 pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let (ctx, provider_triggers) = match Context::assemble(operator) {
-        Ok((ctx, triggers)) => (Arc::new(ctx), triggers),
+    let ctx = match Context::assemble(operator) {
+        Ok(ctx) => Arc::new(ctx),
         Err(e) => {
             tracing::error!(error = %e, "cannot create a private directory for workload kubeconfigs");
             return;
@@ -79,6 +83,10 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     };
     let client = ctx.client.clone();
     let settings = ctx.settings.clone();
+    let (provider_watches, provider_triggers) =
+        ProviderWatches::new(client.clone(), settings.namespace.clone());
+    let release_ctx = ReleaseContext::new(ctx.clone(), provider_watches);
+    let addon_ctx = AddonContext::new(ctx.clone());
     let shutdown = shutdown.boxed().shared();
     let config = watcher_config(&settings);
     let namespace = &settings.namespace;
@@ -179,7 +187,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         .run(
             cluster_stack_release::reconcile,
             cluster_stack_release::error_policy,
-            ctx.clone(),
+            release_ctx,
         )
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -263,7 +271,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         )
         .with_config(Config::default().concurrency(settings.cluster_addon_concurrency))
         .graceful_shutdown_on(shutdown.clone())
-        .run(cluster_addon::reconcile, cluster_addon::error_policy, ctx.clone())
+        .run(cluster_addon::reconcile, cluster_addon::error_policy, addon_ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "ClusterAddon controller");

@@ -463,7 +463,7 @@ async fn a_reconcile_handed_an_old_copy_does_not_run_finished_stages_again() {
         dir.path().join("cluster-stacks"),
     ));
     let (parts, _) = support::operator(&client, &ns, dir.path(), source, |_| {});
-    let ctx = parts.context().unwrap();
+    let ctx = cso_controller::cluster_addon::AddonContext::new(parts.context().unwrap());
     cso_controller::cluster_addon::reconcile(Arc::new(old), ctx)
         .await
         .unwrap();

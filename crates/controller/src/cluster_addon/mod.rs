@@ -16,7 +16,11 @@ pub mod decision;
 mod staged;
 pub(crate) mod stages;
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use cso_api::{
     ClusterAddon,
@@ -48,13 +52,63 @@ use crate::{
     patch, rendering,
 };
 
-/// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
-/// the reconcile timeout).
-pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
-    Context::bounded("clusteraddon", addon, ctx, reconcile_object).await
+/// The ClusterAddon controller's context: the shared [`Context`] and when each ClusterAddon last applied
+/// all its objects (the clock of drift correction).
+#[derive(Debug)]
+pub struct AddonContext {
+    shared: Arc<Context>,
+    resync: ResyncClock,
 }
 
-async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Result<Action, Error> {
+impl AddonContext {
+    pub fn new(shared: Arc<Context>) -> Arc<Self> {
+        Arc::new(AddonContext {
+            shared,
+            resync: ResyncClock::default(),
+        })
+    }
+}
+
+impl std::ops::Deref for AddonContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
+
+/// When each object last applied everything it has; a full re-apply is due a resync interval later.
+#[derive(Debug, Default)]
+struct ResyncClock(Mutex<HashMap<String, Instant>>);
+
+impl ResyncClock {
+    fn due(&self, key: &str, interval: Duration) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_none_or(|at| at.elapsed() >= interval)
+    }
+
+    fn applied(&self, key: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), Instant::now());
+    }
+}
+
+/// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
+/// the reconcile timeout).
+pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
+    let shared = ctx.shared.clone();
+    Context::bounded("clusteraddon", addon, shared, move |addon, _| {
+        reconcile_object(addon, ctx)
+    })
+    .await
+}
+
+async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
     let api: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
     let Some(addon) = patch::current(&api, queued.as_ref()).await? else {
         return Ok(Action::await_change());
@@ -73,7 +127,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Resul
 
     let key = object_key(&addon);
     let mut progress = Progress {
-        resync_due: ctx.addon_apply_due(&key),
+        resync_due: ctx.resync.due(&key, ctx.settings.resync_interval),
         ..Progress::default()
     };
     let mut driver = Driver {
@@ -113,7 +167,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<Context>) -> Resul
         applied_all,
     } = conclusion;
     if applied_all {
-        ctx.addon_applied(&key);
+        ctx.resync.applied(&key);
     }
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
@@ -137,7 +191,7 @@ fn cluster_name(addon: &ClusterAddon) -> String {
         .unwrap_or_else(|| addon.name_any().trim_start_matches("cluster-addon-").to_owned())
 }
 
-pub fn error_policy(addon: Arc<ClusterAddon>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(addon: Arc<ClusterAddon>, error: &Error, ctx: Arc<AddonContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(addon.as_ref()));
     tracing::warn!(cluster_addon = %addon.name_any(), namespace = ?addon.namespace(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)

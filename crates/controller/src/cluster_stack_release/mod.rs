@@ -35,16 +35,50 @@ use crate::{
     context::object_key,
     filter::is_paused,
     in_use::list_clusters,
-    patch, rendering,
+    patch,
+    provider_watch::ProviderWatches,
+    rendering,
 };
+
+/// The ClusterStackRelease controller's context: the shared [`Context`] and the watches of the provider
+/// objects its releases name.
+#[derive(Debug)]
+pub struct ReleaseContext {
+    shared: Arc<Context>,
+    provider_watches: ProviderWatches,
+}
+
+impl ReleaseContext {
+    pub(crate) fn new(shared: Arc<Context>, provider_watches: ProviderWatches) -> Arc<Self> {
+        Arc::new(ReleaseContext {
+            shared,
+            provider_watches,
+        })
+    }
+}
+
+impl std::ops::Deref for ReleaseContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
 
 /// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`, bounded by
 /// the reconcile timeout).
-pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
-    Context::bounded("clusterstackrelease", release, ctx, reconcile_object).await
+pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<ReleaseContext>) -> Result<Action, Error> {
+    let shared = ctx.shared.clone();
+    Context::bounded("clusterstackrelease", release, shared, move |release, _| {
+        reconcile_object(release, ctx)
+    })
+    .await
 }
 
-async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_object(
+    queued: Arc<ClusterStackRelease>,
+    ctx: Arc<ReleaseContext>,
+) -> Result<Action, Error> {
     let api: Api<ClusterStackRelease> =
         Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
     let Some(release) = patch::current(&api, queued.as_ref()).await? else {
@@ -101,7 +135,7 @@ async fn reconcile_object(queued: Arc<ClusterStackRelease>, ctx: Arc<Context>) -
 }
 
 /// Retry after a failed reconcile, with per-object backoff.
-pub fn error_policy(release: Arc<ClusterStackRelease>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(release: Arc<ClusterStackRelease>, error: &Error, ctx: Arc<ReleaseContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(release.as_ref()));
     tracing::warn!(release = %release.name_any(), namespace = ?release.namespace(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
@@ -109,7 +143,7 @@ pub fn error_policy(release: Arc<ClusterStackRelease>, error: &Error, ctx: Arc<C
 
 /// Carries out the steps; keeps what they produce that the decisions do not need (files, objects).
 struct Driver<'a> {
-    ctx: &'a Context,
+    ctx: &'a ReleaseContext,
     release: &'a ClusterStackRelease,
     files: Option<Arc<Release>>,
     manifests: Vec<Manifest>,
@@ -209,7 +243,7 @@ impl Driver<'_> {
 async fn provider_ready(
     release: &ClusterStackRelease,
     reference: &ObjectReference,
-    ctx: &Context,
+    ctx: &ReleaseContext,
 ) -> Result<bool, String> {
     let api_version = reference.api_version.clone().unwrap_or_default();
     let kind = reference.kind.clone().unwrap_or_default();
