@@ -12,7 +12,7 @@ use cso_api::{
     cluster_addon::StageAction,
 };
 use cso_release::{AddonStyle, Release, addon_config::Hook, archive::UnpackLimits};
-use cso_render::{ChartRenderer, Manifest, RenderRequest, ValuesTemplater, parse_manifests};
+use cso_render::{ChartRenderer, Manifest, ValuesTemplater};
 use serde_json::{Value, json};
 
 use crate::rendering::{self, ADDON_NAMESPACE};
@@ -105,7 +105,7 @@ pub async fn render(
             namespace: namespace.to_owned(),
         },
         action: StageAction::Apply,
-        manifests: manifests(renderer, rendering::cluster_class_request(release, namespace)).await?,
+        manifests: rendering::render(renderer, rendering::cluster_class_request(release, namespace)).await?,
         labels: rendering::release_labels(release.id.tag()),
     }];
     let addon = |title: String, action: StageAction, manifests: Vec<Manifest>| Part {
@@ -172,15 +172,15 @@ async fn addon_manifests(
     values_file: Option<&Path>,
     target: &ForCluster,
 ) -> Result<Vec<Manifest>, String> {
-    let values = match values_file {
-        Some(file) => Some(rendering::addon_values(templater, file, &target.template_data).await?),
-        None => None,
-    };
-    let request = rendering::addon_request(release, chart, values, target.workload_kubeconfig.clone());
-    manifests(renderer, request).await
-}
-
-async fn manifests(renderer: &dyn ChartRenderer, request: RenderRequest) -> Result<Vec<Manifest>, String> {
-    let text = renderer.render(request).await.map_err(|e| e.to_string())?;
-    parse_manifests(&text).map_err(|e| e.to_string())
+    let values = values_file.map(|file| (file, &target.template_data));
+    rendering::render_addon_chart(
+        renderer,
+        templater,
+        release,
+        chart,
+        values,
+        target.workload_kubeconfig.clone(),
+    )
+    .await
+    .map_err(|e| e.to_string())
 }

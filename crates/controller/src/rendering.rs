@@ -54,6 +54,47 @@ pub fn addon_request(
     }
 }
 
+/// Why an addon chart did not render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AddonRenderError {
+    /// Its values file could not be templated.
+    Values(String),
+    /// The chart could not be rendered or its output parsed.
+    Chart(String),
+}
+
+impl std::fmt::Display for AddonRenderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddonRenderError::Values(message) | AddonRenderError::Chart(message) => f.write_str(message),
+        }
+    }
+}
+
+/// Renders the addon chart `chart` of `release` (the whole addon archive, or one stage's chart directory):
+/// with `values`, the values file templated over the data (`{Cluster, ControlPlane, InfraCluster}`); against
+/// the workload cluster of `target_kubeconfig` when given. The controllers and `cso render` both render
+/// addons through here.
+pub async fn render_addon_chart(
+    renderer: &dyn ChartRenderer,
+    templater: &ValuesTemplater,
+    release: &Release,
+    chart: &Path,
+    values: Option<(&Path, &Value)>,
+    target_kubeconfig: Option<PathBuf>,
+) -> Result<Vec<Manifest>, AddonRenderError> {
+    let values = match values {
+        Some((file, data)) => Some(
+            addon_values(templater, file, data)
+                .await
+                .map_err(AddonRenderError::Values)?,
+        ),
+        None => None,
+    };
+    let request = addon_request(release, chart, values, target_kubeconfig);
+    render(renderer, request).await.map_err(AddonRenderError::Chart)
+}
+
 /// Reads a values file and templates it over `data` (`{Cluster, ControlPlane, InfraCluster}`).
 pub async fn addon_values(templater: &ValuesTemplater, file: &Path, data: &Value) -> Result<String, String> {
     let text = tokio::fs::read_to_string(file)

@@ -339,8 +339,9 @@ impl Driver<'_> {
     }
 }
 
-/// Renders `chart` for the workload cluster: values from `values_file` (templated over the Cluster) if
-/// given, rendered against the workload cluster. On failure, the `HelmChartTemplated` reason and a message.
+/// Renders `chart` for the workload cluster: values from `values_file` (templated over the Cluster and
+/// the objects it references) if given, rendered against the workload cluster. On failure, the
+/// `HelmChartTemplated` reason and a message.
 pub(crate) async fn render_addon(
     ctx: &Context,
     cluster: &Cluster,
@@ -349,24 +350,29 @@ pub(crate) async fn render_addon(
     chart: &std::path::Path,
     values_file: Option<&std::path::Path>,
 ) -> Result<Vec<Manifest>, (&'static str, String)> {
-    let values = match values_file {
-        Some(file) => {
-            let overwrite = |message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message);
-            let data = template_data(&ctx.discovery, cluster)
+    let overwrite = |message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message);
+    let data = match values_file {
+        Some(_) => Some(
+            template_data(&ctx.discovery, cluster)
                 .await
-                .map_err(|e| overwrite(e.to_string()))?;
-            Some(
-                rendering::addon_values(&ctx.values, file, &data)
-                    .await
-                    .map_err(overwrite)?,
-            )
-        }
+                .map_err(|e| overwrite(e.to_string()))?,
+        ),
         None => None,
     };
-    let request = rendering::addon_request(release, chart, values, Some(workload.kubeconfig_path.clone()));
-    rendering::render(ctx.renderer.as_ref(), request)
-        .await
-        .map_err(|message| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message))
+    let values = values_file.zip(data.as_ref());
+    rendering::render_addon_chart(
+        ctx.renderer.as_ref(),
+        &ctx.values,
+        release,
+        chart,
+        values,
+        Some(workload.kubeconfig_path.clone()),
+    )
+    .await
+    .map_err(|e| match e {
+        rendering::AddonRenderError::Values(message) => overwrite(message),
+        rendering::AddonRenderError::Chart(message) => (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message),
+    })
 }
 
 /// Writes the spec fields and the stage annotation that changed (merge patch on fields we own).
