@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the tools the tests and `cso dev up` need, cached outside the repo.
+# Installs the tools the tests and `cso-dev up` need, cached outside the repo.
 #
 #   kube-apiserver  built from the k8s.io/kubernetes Go module (wrapper module in hack/testenv/kube-apiserver)
 #   helm            built from helm.sh/helm/v3 on the Go module proxy (what the image ships)
@@ -11,7 +11,7 @@
 #
 # Idempotent: each tool is built only when its cached binary is missing. A cold kube-apiserver build takes
 # 10-20 minutes and 2-4 GiB of memory on 2 cores; with a warm cache this script finishes in seconds.
-# Prints the environment (`KEY=value` lines) that the tests and `cso dev` read when called with --env.
+# Prints the environment (`KEY=value` lines) that the tests and `cso-dev` read when called with --env.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.35.4}"

@@ -1,8 +1,10 @@
-//! The operator's reconcilers. Each follows dereference -> validate -> build (pure) -> apply -> status;
-//! the pure parts live beside them and are tested without a cluster.
+//! The operator's reconcilers. Each reads its object, observes what it needs, decides in pure functions
+//! (the next step, then the status, events and retry from what happened; table tests beside them) and acts
+//! through one applier (`applier`); the status is written once, from what the act step reported.
+//! `docs/architecture.md` shows the data flow module by module.
 //!
 //! [`run`] starts the controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) on
-//! one [`Context`] and runs them until shutdown.
+//! one shared [`Context`] and runs them until shutdown.
 
 mod applier;
 pub mod cluster_addon;

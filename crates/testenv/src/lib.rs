@@ -1,7 +1,7 @@
-//! Real local Kubernetes control planes (etcd + kube-apiserver on loopback) for the tests and `cso dev`.
+//! Real local Kubernetes control planes (etcd + kube-apiserver on loopback) for the tests and `cso-dev`.
 //!
 //! Tests share one control plane per test binary ([`shared_management`]) and isolate themselves by
-//! namespace ([`namespace`]); `cso dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
+//! namespace ([`namespace`]); `cso-dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
 //! [`registry::Registry`] is a real OCI registry.
 
 pub mod control_plane;

@@ -4,12 +4,12 @@
 //! longer has. A class change that keeps the addon version and the Kubernetes minor changes nothing; the
 //! objects are re-applied every resync interval, so deleted or edited addon objects come back.
 //!
-//! Shape: the reconcile reads its object, [`decide::next_step`] (pure) names the next step and the driver
+//! Shape: the reconcile reads its object, `decide::next_step` (pure) names the next step and the driver
 //! here carries it out (read the Cluster, connect to the workload cluster, fetch the release, render, apply
-//! through [`crate::applier`]) until nothing is left; [`decide::conclude`] (pure) turns what happened into
+//! through `crate::applier`) until nothing is left; `decide::conclude` (pure) turns what happened into
 //! the status, the recorded spec fields, the events and the retry. Releases with one addon chart
 //! (`cluster-addon-values.yaml`) end there; multi-stage releases (`clusteraddon.yaml`, stages per lifecycle
-//! hook) continue in [`staged`], driven by the pure stage machine of [`stages`].
+//! hook) continue in `staged`, driven by the pure stage machine of `stages`.
 
 pub(crate) mod decide;
 pub mod decision;

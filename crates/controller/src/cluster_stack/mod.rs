@@ -2,8 +2,8 @@
 //! newest remote release with auto-subscribe, the newest ready one, every one a Cluster uses), deletes the
 //! others, creates the provider objects in provider mode, and reports it all in the status.
 //!
-//! Shape: [`observe`] reads everything the decision needs, [`decide::actions`] (pure) names the writes, the
-//! act step here makes them and records what happened in [`decide::Done`], and [`decide::conclude`] (pure)
+//! Shape: `observe` reads everything the decision needs, `decide::actions` (pure) names the writes, the
+//! act step here makes them and records what happened in `decide::Done`, and `decide::conclude` (pure)
 //! turns that into the status, the events and the retry; the status is written once.
 
 pub(crate) mod decide;

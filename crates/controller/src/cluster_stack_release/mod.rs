@@ -3,9 +3,9 @@
 //! comes back), with the inventory in `status.resources`. Deleting waits while a Cluster uses the class,
 //! then deletes every object of the inventory, without needing the release's files.
 //!
-//! Shape: the reconcile reads its object, then [`decide::next_step`] (pure) names the next step and the
-//! driver here carries it out (a read, a download, a render, an apply through [`crate::applier`]),
-//! recording what happened in [`decide::Progress`], until nothing is left to do; [`decide::conclude`]
+//! Shape: the reconcile reads its object, then `decide::next_step` (pure) names the next step and the
+//! driver here carries it out (a read, a download, a render, an apply through `crate::applier`),
+//! recording what happened in `decide::Progress`, until nothing is left to do; `decide::conclude`
 //! (pure) turns what happened into the status, the events and the retry, and the status is written once.
 
 pub(crate) mod decide;
