@@ -1,10 +1,13 @@
 //! One discovery cache per cluster: kinds are resolved once and asked again only when unknown (a CRD that
-//! was just installed, or a kind the cluster does not serve).
+//! was just installed, or a kind the cluster does not serve). [`ClusterDiscovery::get_object`] reads one
+//! object of any kind through it, named the way Cluster API references name objects.
 
 use std::{collections::HashMap, sync::RwLock};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
 use kube::{
-    Client,
+    Api, Client,
+    api::DynamicObject,
     core::GroupVersionKind,
     discovery::{ApiCapabilities, ApiResource, Scope},
 };
@@ -21,11 +24,47 @@ pub enum DiscoveryError {
     },
 }
 
+/// `group/version/Kind`; the parts that are empty (the core group, or a version not known yet because a
+/// reference named only the group) are left out.
 fn describe(gvk: &GroupVersionKind) -> String {
-    if gvk.group.is_empty() {
-        format!("{}/{}", gvk.version, gvk.kind)
-    } else {
-        format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind)
+    [gvk.group.as_str(), gvk.version.as_str(), gvk.kind.as_str()]
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// How a reference names the API of the object it points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiRef<'a> {
+    /// A full `apiVersion`: `group/version`, or just `version` for the core group (`v1`). Cluster API
+    /// `v1beta1` references have this shape.
+    Version(&'a str),
+    /// Only the API group (Cluster API `v1beta2` references, `apiGroup`): the object is read in the version
+    /// the cluster prefers for that group.
+    Group(&'a str),
+}
+
+/// Why [`ClusterDiscovery::get_object`] could not read an object.
+#[derive(Debug, thiserror::Error)]
+pub enum GetObjectError {
+    /// The cluster does not serve the kind (or its group), or discovery failed.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// The kind is served but the read failed (not a 404: a missing object is `Ok(None)`).
+    #[error("failed to read {kind} {}: {error}", describe_object(namespace.as_deref(), name))]
+    Read {
+        kind: String,
+        namespace: Option<String>,
+        name: String,
+        error: kube::Error,
+    },
+}
+
+fn describe_object(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_owned(),
     }
 }
 
@@ -90,6 +129,85 @@ impl ClusterDiscovery {
             .unwrap_or_else(|p| p.into_inner())
             .insert(gvk.clone(), kind.clone());
         Ok(kind)
+    }
+
+    /// The version the cluster prefers for API `group` (the one `kubectl get` would show), e.g. `v1beta2`
+    /// for `cluster.x-k8s.io` on Cluster API 1.11 and later, `v1beta1` before.
+    ///
+    /// Asked of the cluster every time, not cached: it changes when a CRD gains or loses a version (a Cluster
+    /// API upgrade), and it is needed only when reading objects named by group alone, one request beside
+    /// the read itself. `kind` only names what was looked for in a [`DiscoveryError`]: a group the cluster
+    /// does not serve is [`DiscoveryError::UnknownKind`] with an empty version.
+    pub async fn preferred_version(&self, group: &str, kind: &str) -> Result<String, DiscoveryError> {
+        let unversioned = GroupVersionKind::gvk(group, "", kind);
+        if group.is_empty() {
+            // The core group has one version; `/api` lists it, there is no `/apis/` document for it.
+            return Ok("v1".to_owned());
+        }
+        let request = http::Request::get(format!("/apis/{group}"))
+            .body(Vec::new())
+            .map_err(|e| DiscoveryError::Failed {
+                gvk: unversioned.clone(),
+                error: kube::Error::HttpError(e),
+            })?;
+        let document: APIGroup = match self.client.request(request).await {
+            Ok(document) => document,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err(DiscoveryError::UnknownKind(unversioned));
+            }
+            Err(error) => {
+                return Err(DiscoveryError::Failed {
+                    gvk: unversioned,
+                    error,
+                });
+            }
+        };
+        document
+            .preferred_version
+            .map(|v| v.version)
+            .or_else(|| document.versions.first().map(|v| v.version.clone()))
+            .ok_or(DiscoveryError::UnknownKind(unversioned))
+    }
+
+    /// Reads the object `kind` `namespace/name` in the API `api` names, as the API server returns it.
+    ///
+    /// `Ok(None)` when the object does not exist. A kind the cluster does not serve (its CRD is not
+    /// installed) is [`DiscoveryError::UnknownKind`], so callers can tell "not there yet" from a failure.
+    /// `namespace` is ignored for a cluster-scoped kind; for a namespaced kind without one, the client's
+    /// default namespace is used, as kubectl does. With [`ApiRef::Group`] the kind must be served in the
+    /// group's preferred version (as Cluster API requires of the objects its references name). A kind whose
+    /// CRD was removed after it was resolved reads as `Ok(None)`: the API server answers 404 either way.
+    pub async fn get_object(
+        &self,
+        api: ApiRef<'_>,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, GetObjectError> {
+        let gvk = match api {
+            ApiRef::Version(api_version) => {
+                let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+                GroupVersionKind::gvk(group, version, kind)
+            }
+            ApiRef::Group(group) => {
+                let version = self.preferred_version(group, kind).await?;
+                GroupVersionKind::gvk(group, &version, kind)
+            }
+        };
+        let resolved = self.resolve(&gvk).await?;
+        let objects: Api<DynamicObject> = match (resolved.namespaced, namespace) {
+            (true, Some(namespace)) => {
+                Api::namespaced_with(self.client.clone(), namespace, &resolved.resource)
+            }
+            (true, None) => Api::default_namespaced_with(self.client.clone(), &resolved.resource),
+            (false, _) => Api::all_with(self.client.clone(), &resolved.resource),
+        };
+        objects.get_opt(name).await.map_err(|error| GetObjectError::Read {
+            kind: kind.to_owned(),
+            namespace: namespace.filter(|_| resolved.namespaced).map(str::to_owned),
+            name: name.to_owned(),
+            error,
+        })
     }
 
     /// Drops a kind from the cache (after the cluster said it does not know it any more).

@@ -1,96 +1,136 @@
 //! The data values templates see: `{Cluster, ControlPlane, InfraCluster}`, the full objects (metadata, spec,
 //! status) read from the management cluster. The control plane and infrastructure objects are the ones the
 //! Cluster references, looked up in the Cluster's namespace, as the Go operator does.
+//!
+//! The Cluster is read again here, whole, rather than taken from the caller's typed view: that view keeps only
+//! the few fields the operator itself needs, while stacks template any field (`spec.clusterNetwork`,
+//! `metadata.labels`, `spec.topology.variables`, `status`, ...).
 
-use cso_api::capi::{CapiReference, Cluster};
-use kube::{Api, api::DynamicObject, core::GroupVersionKind};
+use cso_api::capi::{CAPI_GROUP, CapiReference, Cluster};
+use kube::api::DynamicObject;
 use serde_json::{Map, Value};
 
-use crate::{ClusterDiscovery, discovery::DiscoveryError};
+use crate::{
+    ClusterDiscovery,
+    discovery::{ApiRef, DiscoveryError, GetObjectError},
+};
 
 /// Why the template data could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateDataError {
-    #[error("{what} {kind} {namespace}/{name} referenced by the Cluster was not found")]
+    #[error("{what} ({kind} {namespace}/{name}) was not found")]
     Missing {
         what: &'static str,
         kind: String,
         namespace: String,
         name: String,
     },
-    #[error("failed to read {what} of the Cluster: {message}")]
+    #[error("failed to read {what}: {message}")]
     Read { what: &'static str, message: String },
 }
 
-/// Reads the Cluster's references and builds the template data.
+/// Reads the Cluster, whole, and the objects it references, and builds the template data.
+///
+/// `cluster` only says which Cluster: it is read again from the API server in the version the server
+/// prefers (`v1beta2` on Cluster API 1.11 and later, `v1beta1` before), so templates see what `kubectl get`
+/// shows. Its `controlPlaneRef` and `infrastructureRef` (either reference shape) are taken from that fresh
+/// copy; a reference the Cluster does not have leaves its key out, as in the Go operator.
 pub async fn template_data(
     discovery: &ClusterDiscovery,
     cluster: &Cluster,
 ) -> Result<Value, TemplateDataError> {
     let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let full = read(
+        discovery,
+        "the Cluster",
+        ApiRef::Group(CAPI_GROUP),
+        "Cluster",
+        &namespace,
+        &name,
+    )
+    .await?;
     let mut data = Map::new();
-    let cluster_value = serde_json::to_value(cluster).map_err(|e| TemplateDataError::Read {
-        what: "the Cluster",
-        message: e.to_string(),
-    })?;
-    data.insert("Cluster".into(), cluster_value);
-    for (key, what, reference) in [
-        ("ControlPlane", "control plane", &cluster.spec.control_plane_ref),
+    for (key, what, field) in [
+        ("ControlPlane", "the Cluster's control plane", "controlPlaneRef"),
         (
             "InfraCluster",
-            "infrastructure cluster",
-            &cluster.spec.infrastructure_ref,
+            "the Cluster's infrastructure cluster",
+            "infrastructureRef",
         ),
     ] {
-        if let Some(reference) = reference {
-            data.insert(key.into(), fetch(discovery, what, reference, &namespace).await?);
+        let Some(reference) = full.get("spec").and_then(|spec| spec.get(field)) else {
+            continue;
+        };
+        if reference.is_null() {
+            continue;
         }
+        let reference: CapiReference =
+            serde_json::from_value(reference.clone()).map_err(|e| TemplateDataError::Read {
+                what,
+                message: format!("spec.{field} of the Cluster is not a reference: {e}"),
+            })?;
+        let api = match (&reference.api_version, &reference.api_group) {
+            (Some(api_version), _) if !api_version.is_empty() => ApiRef::Version(api_version),
+            (_, Some(group)) if !group.is_empty() => ApiRef::Group(group),
+            _ => {
+                return Err(TemplateDataError::Read {
+                    what,
+                    message: format!(
+                        "spec.{field} ({} {}) names neither an apiVersion nor an apiGroup",
+                        reference.kind, reference.name
+                    ),
+                });
+            }
+        };
+        // Always the Cluster's namespace, whatever the reference says: the Go operator does the same, and
+        // Cluster API does not allow references across namespaces.
+        let object = read(discovery, what, api, &reference.kind, &namespace, &reference.name).await?;
+        data.insert(key.into(), object);
     }
+    data.insert("Cluster".into(), full);
     Ok(Value::Object(data))
 }
 
-async fn fetch(
+/// One object, as template data; a missing one is [`TemplateDataError::Missing`].
+async fn read(
     discovery: &ClusterDiscovery,
     what: &'static str,
-    reference: &CapiReference,
+    api: ApiRef<'_>,
+    kind: &str,
     namespace: &str,
+    name: &str,
 ) -> Result<Value, TemplateDataError> {
     let read_error = |message: String| TemplateDataError::Read { what, message };
-    let gvk = match (&reference.api_version, &reference.api_group) {
-        (Some(api_version), _) => {
-            let (group, version) = api_version.split_once('/').unwrap_or(("", api_version.as_str()));
-            GroupVersionKind::gvk(group, version, &reference.kind)
-        }
-        // `v1beta2` references name only the group: take the version the cluster prefers.
-        (None, Some(group)) => {
-            let preferred = kube::discovery::group(discovery.client(), group)
-                .await
-                .map_err(|e| read_error(e.to_string()))?;
-            let version = preferred.preferred_version_or_latest().to_owned();
-            GroupVersionKind::gvk(group, &version, &reference.kind)
-        }
-        (None, None) => {
-            return Err(read_error(format!(
-                "the reference to {} {} names no API group",
-                reference.kind, reference.name
-            )));
-        }
-    };
-    let kind = discovery.resolve(&gvk).await.map_err(|e| match e {
-        DiscoveryError::UnknownKind(_) => {
-            read_error(format!("the cluster does not serve {}", reference.kind))
-        }
-        other => read_error(other.to_string()),
-    })?;
-    let api: Api<DynamicObject> = Api::namespaced_with(discovery.client().clone(), namespace, &kind.resource);
-    match api.get_opt(&reference.name).await {
-        Ok(Some(object)) => serde_json::to_value(object).map_err(|e| read_error(e.to_string())),
+    match discovery.get_object(api, kind, Some(namespace), name).await {
+        Ok(Some(object)) => to_template_value(object).map_err(|e| read_error(e.to_string())),
         Ok(None) => Err(TemplateDataError::Missing {
             what,
-            kind: reference.kind.clone(),
+            kind: kind.to_owned(),
             namespace: namespace.to_owned(),
-            name: reference.name.clone(),
+            name: name.to_owned(),
         }),
-        Err(e) => Err(read_error(e.to_string())),
+        Err(GetObjectError::Discovery(DiscoveryError::UnknownKind(_))) => {
+            let api = match api {
+                ApiRef::Version(version) | ApiRef::Group(version) => version,
+            };
+            Err(read_error(format!("the cluster does not serve {kind} of {api}")))
+        }
+        Err(other) => Err(read_error(other.to_string())),
     }
+}
+
+/// The object as templates see it: `apiVersion`, `kind`, `metadata`, `spec`, `status`, ... with the keys the
+/// API server uses.
+///
+/// `metadata.managedFields` is left out. The Go operator's unstructured object has it, but it is the API
+/// server's record of which manager owns which field, not the object's state: no stack templates it, it
+/// holds timestamps that change with every write by any controller, and it is often larger than the rest of
+/// the object, which every template run would otherwise carry.
+fn to_template_value(object: DynamicObject) -> Result<Value, serde_json::Error> {
+    let mut value = serde_json::to_value(object)?;
+    if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("managedFields");
+    }
+    Ok(value)
 }

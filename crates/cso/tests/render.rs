@@ -323,3 +323,95 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
         "a preview deletes nothing"
     );
 }
+
+/// Values over fields of the Cluster that the operator's typed view does not keep: its labels, networks and
+/// topology variables, put into the metrics-server Deployment's annotations.
+const WHOLE_CLUSTER_VALUES: &str = r#"values: |
+  metrics-server:
+    commonLabels:
+      clusterAddonVersion: "v1"
+    deploymentAnnotations:
+      cso.test/name: '{{ .Cluster.metadata.name }}'
+      cso.test/team: '{{ .Cluster.metadata.labels.team }}'
+      cso.test/first-pod-cidr: '{{ index .Cluster.spec.clusterNetwork.pods.cidrBlocks 0 }}'
+      cso.test/pod-cidrs: '{{ join "," .Cluster.spec.clusterNetwork.pods.cidrBlocks }}'
+      cso.test/variables: '{{ toJson .Cluster.spec.topology.variables }}'
+"#;
+
+/// A copy of ferrol v1 in `dir` (named by its tag, as `cso render` requires) whose cluster-addon values are
+/// `values`.
+fn ferrol_v1_with_values(dir: &std::path::Path, values: &str) -> String {
+    let copy = dir.join("docker-ferrol-1-27-v1");
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(fixtures().join("docker-ferrol-1-27-v1")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(copy.join("cluster-addon-values.yaml"), values).unwrap();
+    copy.display().to_string()
+}
+
+/// The annotations of the Deployment `name` among the objects `cso render` printed in `section`.
+fn deployment_annotations(section: &str, name: &str) -> serde_json::Map<String, serde_json::Value> {
+    section
+        .split("\n---\n")
+        .skip(1)
+        .map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).unwrap())
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no Deployment {name} in:\n{section}"))["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_else(|| panic!("Deployment {name} has no annotations:\n{section}"))
+}
+
+#[test]
+fn values_templates_see_the_whole_cluster_from_a_file_or_the_example() {
+    let scratch = tempfile::tempdir().unwrap();
+    let release = ferrol_v1_with_values(scratch.path(), WHOLE_CLUSTER_VALUES);
+    let cluster_file = scratch.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster_file,
+        r#"apiVersion: cluster.x-k8s.io/v1beta1
+kind: Cluster
+metadata:
+  name: c7
+  namespace: team-a
+  labels: {team: blue}
+spec:
+  clusterNetwork:
+    pods: {cidrBlocks: [10.244.0.0/16, "fd00::/104"]}
+  topology:
+    class: docker-ferrol-1-27-v1
+    version: v1.27.3
+    variables:
+      - {name: region, value: eu-north}
+  controlPlaneEndpoint: {host: c7.example.test, port: 6443}
+"#,
+    )
+    .unwrap();
+    let output = cso_render(&[&release, "--cluster", cluster_file.to_str().unwrap()]);
+    let annotations = deployment_annotations(
+        section(&output, "addons -> workload cluster of team-a/c7"),
+        "metrics-server",
+    );
+    let annotation = |key: &str| annotations.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+    assert_eq!(annotation("cso.test/name"), "c7", "{annotations:?}");
+    assert_eq!(annotation("cso.test/team"), "blue", "{annotations:?}");
+    assert_eq!(annotation("cso.test/first-pod-cidr"), "10.244.0.0/16");
+    assert_eq!(annotation("cso.test/pod-cidrs"), "10.244.0.0/16,fd00::/104");
+    assert_eq!(
+        annotation("cso.test/variables"),
+        r#"[{"name":"region","value":"eu-north"}]"#
+    );
+
+    // Without a Cluster, the example stands in with the fields stacks commonly template.
+    let output = cso_render(&[&release]);
+    let annotations = deployment_annotations(
+        section(&output, "addons -> workload cluster of default/example"),
+        "metrics-server",
+    );
+    let annotation = |key: &str| annotations.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+    assert_eq!(annotation("cso.test/name"), "example", "{annotations:?}");
+    assert_eq!(annotation("cso.test/first-pod-cidr"), "192.168.0.0/16");
+    assert_eq!(annotation("cso.test/variables"), "[]");
+}
