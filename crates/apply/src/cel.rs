@@ -9,9 +9,11 @@
 use std::time::Duration;
 
 use cso_api::wait::WaitCondition;
-use kube::{Api, api::DynamicObject, core::GroupVersionKind};
 
-use crate::{ClusterDiscovery, discovery::DiscoveryError};
+use crate::{
+    ClusterDiscovery,
+    discovery::{ApiRef, DiscoveryError, GetObjectError},
+};
 
 const MAX_EXPRESSION_LEN: usize = 10_000;
 const EVALUATION_TIMEOUT: Duration = Duration::from_secs(2);
@@ -69,38 +71,21 @@ impl CompiledCondition {
     pub async fn evaluate(&self, discovery: &ClusterDiscovery) -> Result<CelOutcome, CelError> {
         let mut bound = Vec::new();
         for object in &self.condition.objects {
-            let (group, version) = object
-                .api_version
-                .split_once('/')
-                .unwrap_or(("", object.api_version.as_str()));
-            let gvk = GroupVersionKind::gvk(group, version, &object.kind);
             let described = if object.namespace.is_empty() {
                 format!("{} {}", object.kind, object.name)
             } else {
                 format!("{} {}/{}", object.kind, object.namespace, object.name)
             };
-            let kind = match discovery.resolve(&gvk).await {
-                Ok(kind) => kind,
-                Err(DiscoveryError::UnknownKind(_)) => {
-                    return Ok(CelOutcome::Waiting(format!(
-                        "the cluster does not serve {} yet",
-                        object.api_version
-                    )));
-                }
-                Err(e) => {
-                    return Err(CelError::Fetch {
-                        object: described,
-                        message: e.to_string(),
-                    });
-                }
-            };
-            let client = discovery.client().clone();
-            let api: Api<DynamicObject> = if kind.namespaced {
-                Api::namespaced_with(client, &object.namespace, &kind.resource)
-            } else {
-                Api::all_with(client, &kind.resource)
-            };
-            match api.get_opt(&object.name).await {
+            let namespace = (!object.namespace.is_empty()).then_some(object.namespace.as_str());
+            let read = discovery
+                .get_object(
+                    ApiRef::Version(&object.api_version),
+                    &object.kind,
+                    namespace,
+                    &object.name,
+                )
+                .await;
+            match read {
                 Ok(Some(found)) => {
                     let value = serde_json::to_value(&found).map_err(|e| CelError::Fetch {
                         object: described.clone(),
@@ -109,6 +94,12 @@ impl CompiledCondition {
                     bound.push((object.key.clone(), value));
                 }
                 Ok(None) => return Ok(CelOutcome::Waiting(format!("waiting for {described} to exist"))),
+                Err(GetObjectError::Discovery(DiscoveryError::UnknownKind(_))) => {
+                    return Ok(CelOutcome::Waiting(format!(
+                        "the cluster does not serve {} yet",
+                        object.api_version
+                    )));
+                }
                 Err(e) => {
                     return Err(CelError::Fetch {
                         object: described,

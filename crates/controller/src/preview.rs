@@ -7,10 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use cso_api::{
-    capi::{ApiEndpoint, Cluster, ClusterSpec, Topology},
-    cluster_addon::StageAction,
-};
+use cso_api::{capi::Cluster, cluster_addon::StageAction};
 use cso_release::{AddonStyle, Release, addon_config::Hook, archive::UnpackLimits};
 use cso_render::{ChartRenderer, Manifest, ValuesTemplater};
 use serde_json::{Value, json};
@@ -59,35 +56,47 @@ pub struct ForCluster {
 }
 
 impl ForCluster {
-    /// A Cluster known from a file only: the template data is the Cluster alone.
-    pub fn offline(cluster: Cluster) -> Self {
-        let template_data = json!({ "Cluster": cluster });
-        ForCluster {
-            cluster,
-            template_data,
-            workload_kubeconfig: None,
+    /// A Cluster known from a file only (`object`, as written): templates see the whole object, as they
+    /// would see the live Cluster (without `metadata.managedFields`, which template data leaves out); there
+    /// is no ControlPlane or InfraCluster without a management cluster to read them from.
+    pub fn offline(mut object: Value) -> Result<Self, String> {
+        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.remove("managedFields");
         }
+        let cluster: Cluster =
+            serde_json::from_value(object.clone()).map_err(|e| format!("not a Cluster: {e}"))?;
+        Ok(ForCluster {
+            cluster,
+            template_data: json!({ "Cluster": object }),
+            workload_kubeconfig: None,
+        })
     }
 
-    /// A stand-in Cluster of `release` in `namespace`, for a preview without a Cluster.
+    /// A stand-in Cluster of `release` in `namespace`, for a preview without a Cluster: the class, version
+    /// and endpoint, plus the fields stacks commonly template, so that e.g. `{{ index
+    /// .Cluster.spec.clusterNetwork.pods.cidrBlocks 0 }}` renders instead of failing on a field the example
+    /// lacks. The networks are kubeadm's defaults (services, DNS domain) and Cluster API's quick-start pod
+    /// network.
     pub fn example(release: &Release, namespace: &str) -> Self {
-        let mut cluster = Cluster::new(
-            "example",
-            ClusterSpec {
-                topology: Some(Topology {
-                    class: Some(release.id.cluster_class_name()),
-                    version: Some(release.metadata.kubernetes.clone()),
-                    ..Default::default()
-                }),
-                control_plane_endpoint: Some(ApiEndpoint {
-                    host: "example.cluster.invalid".into(),
-                    port: 6443,
-                }),
-                ..Default::default()
+        let object = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1",
+            "kind": "Cluster",
+            "metadata": {"name": "example", "namespace": namespace, "labels": {}},
+            "spec": {
+                "clusterNetwork": {
+                    "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                    "services": {"cidrBlocks": ["10.96.0.0/12"]},
+                    "serviceDomain": "cluster.local",
+                },
+                "controlPlaneEndpoint": {"host": "example.cluster.invalid", "port": 6443},
+                "topology": {
+                    "class": release.id.cluster_class_name(),
+                    "version": release.metadata.kubernetes,
+                    "variables": [],
+                },
             },
-        );
-        cluster.metadata.namespace = Some(namespace.to_owned());
-        Self::offline(cluster)
+        });
+        Self::offline(object).expect("the example is a Cluster")
     }
 }
 

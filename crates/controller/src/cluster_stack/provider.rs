@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use cso_api::{ClusterStack, common::ObjectReference};
+use cso_apply::discovery::{ApiRef, GetObjectError};
 use kube::{
     Api, ResourceExt,
     api::{DynamicObject, PostParams},
@@ -139,17 +140,21 @@ pub(crate) async fn sync_provider_object(
     };
     let described = format!("{api_version} {template_kind} {namespace}/{template_name}");
 
-    let template_gvk = GroupVersionKind::gvk(&group, &version, &template_kind);
-    let template_kind_resolved = ctx
+    let template = match ctx
         .discovery
-        .resolve(&template_gvk)
+        .get_object(
+            ApiRef::Version(&api_version),
+            &template_kind,
+            Some(&namespace),
+            &template_name,
+        )
         .await
-        .map_err(|e| ProviderError::TemplateNotFound(format!("{described}: {e}")))?;
-    let templates: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &template_kind_resolved.resource);
-    let template = match templates.get_opt(&template_name).await {
+    {
         Ok(Some(template)) => template,
         Ok(None) => return Err(ProviderError::TemplateNotFound(described)),
+        Err(GetObjectError::Discovery(e)) => {
+            return Err(ProviderError::TemplateNotFound(format!("{described}: {e}")));
+        }
         Err(e) => return Err(ProviderError::Failed(format!("failed to read {described}: {e}"))),
     };
     let template = serde_json::to_value(&template).map_err(|e| ProviderError::Failed(e.to_string()))?;
@@ -162,8 +167,14 @@ pub(crate) async fn sync_provider_object(
         .map_err(|e| ProviderError::Failed(e.to_string()))?;
     let objects: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &namespace, &object_kind.resource);
-    let existing = objects
-        .get_opt(name)
+    let existing = ctx
+        .discovery
+        .get_object(
+            ApiRef::Version(&api_version),
+            provider_kind(&template_kind),
+            Some(&namespace),
+            name,
+        )
         .await
         .map_err(|e| ProviderError::Failed(format!("failed to read the provider object {name}: {e}")))?
         .map(|o| serde_json::to_value(&o))

@@ -16,6 +16,7 @@ use cso_api::{
     ClusterStackRelease, ReleaseId, cluster_stack_release::CLUSTER_STACK_RELEASE_FINALIZER,
     common::ObjectReference, conditions::ConditionsExt,
 };
+use cso_apply::discovery::ApiRef;
 use cso_release::Release;
 use cso_render::Manifest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -254,9 +255,9 @@ async fn provider_ready(
     let gvk = GroupVersionKind::gvk(group, version, &kind);
     let resolved = ctx.discovery.resolve(&gvk).await.map_err(|e| e.to_string())?;
     ctx.provider_watches.ensure(&gvk, &resolved.resource);
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resolved.resource);
-    let object = api
-        .get_opt(&name)
+    let object = ctx
+        .discovery
+        .get_object(ApiRef::Version(&api_version), &kind, Some(&namespace), &name)
         .await
         .map_err(|e| format!("failed to read the provider object {kind} {namespace}/{name}: {e}"))?
         .ok_or_else(|| format!("the provider object {kind} {namespace}/{name} does not exist"))?;
@@ -277,6 +278,8 @@ async fn provider_ready(
             .cloned()
             .collect();
         updated.push(owner);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &namespace, &resolved.resource);
         api.patch(
             &name,
             &PatchParams::default(),

@@ -20,7 +20,7 @@ use cso_release::{
 };
 use cso_render::{Helm, ValuesTemplater};
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::cli::RenderArgs;
 
@@ -41,7 +41,7 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
         (Some(file), None, _) => (file_target(file)?, None),
         _ => {
             let namespace = args.namespace.as_deref().unwrap_or("default");
-            (example_target(&release, namespace)?, None)
+            (ForCluster::example(&release, namespace), None)
         }
     };
     let namespace = args
@@ -126,51 +126,14 @@ async fn live_target(
     Ok((target, workload))
 }
 
-/// A Cluster from the YAML file `file`. Templates see the whole object as written (every field, not only the
-/// few the typed view keeps), as they would see the live Cluster; there is no ControlPlane or InfraCluster
-/// without a management cluster to read them from.
+/// A Cluster from the YAML file `file`, whole (see [`ForCluster::offline`]).
 fn file_target(file: &str) -> anyhow::Result<ForCluster> {
     let text = std::fs::read_to_string(file).with_context(|| format!("failed to read the Cluster {file}"))?;
     let object: Value = serde_saphyr::from_str(&text).with_context(|| format!("{file} is not YAML"))?;
     if !object.is_object() {
         bail!("{file} is not a Cluster: not a YAML map");
     }
-    let cluster: Cluster =
-        serde_json::from_value(object.clone()).with_context(|| format!("{file} is not a Cluster"))?;
-    Ok(ForCluster {
-        cluster,
-        template_data: json!({ "Cluster": without_managed_fields(object) }),
-        workload_kubeconfig: None,
-    })
-}
-
-/// The stand-in Cluster of `release` when none is given, as a whole object: the typed example (class,
-/// version, endpoint) plus the fields stacks commonly template, so that e.g. `{{ index
-/// .Cluster.spec.clusterNetwork.pods.cidrBlocks 0 }}` renders instead of failing on a field the example
-/// lacks. The networks are kubeadm's defaults (services, DNS domain) and Cluster API's quick-start pod
-/// network.
-fn example_target(release: &Release, namespace: &str) -> anyhow::Result<ForCluster> {
-    let mut target = ForCluster::example(release, namespace);
-    let mut object = serde_json::to_value(&target.cluster)?;
-    object["metadata"]["labels"] = json!({});
-    object["spec"]["clusterNetwork"] = json!({
-        "pods": {"cidrBlocks": ["192.168.0.0/16"]},
-        "services": {"cidrBlocks": ["10.96.0.0/12"]},
-        "serviceDomain": "cluster.local",
-    });
-    object["spec"]["topology"]["variables"] = json!([]);
-    target.template_data = json!({ "Cluster": object });
-    Ok(target)
-}
-
-/// `object` without `metadata.managedFields`, which template data leaves out (see
-/// `cso_apply::template_data`): a file saved with `kubectl get --show-managed-fields` templates like the
-/// live object.
-fn without_managed_fields(mut object: Value) -> Value {
-    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-        metadata.remove("managedFields");
-    }
-    object
+    ForCluster::offline(object).map_err(|e| anyhow::anyhow!("{file} is {e}"))
 }
 
 /// `NAMESPACE/NAME` when `cluster` is not an existing file.
