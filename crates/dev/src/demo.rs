@@ -83,7 +83,10 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     steps.begin("starting the operator with the bundled ferrol stack (local source)");
     let release_dir = dir.join("releases");
     for tag in STACK_RELEASES {
-        copy_dir(&releases.join(tag), &release_dir.join("cluster-stacks").join(tag))?;
+        cso_release::release::copy_release_dir(
+            &releases.join(tag),
+            &release_dir.join("cluster-stacks").join(tag),
+        )?;
     }
     let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
     let operator = Operator {
@@ -266,16 +269,4 @@ async fn converge(client: &kube::Client) -> anyhow::Result<(Vec<String>, Vec<Vec
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Copies the files (not subdirectories: a release is flat) of `from` into `to`, creating it.
-fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from).with_context(|| format!("failed to read {}", from.display()))? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
-        }
-    }
-    Ok(())
 }

@@ -37,6 +37,19 @@ pub struct Release {
     pub cluster_addon_archive: PathBuf,
 }
 
+/// Copies the files of the release directory `from` into `to`, creating it (a release is flat: its
+/// files only; what unpacking wrote beside them is left behind).
+pub fn copy_release_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
 impl Release {
     /// Reads the release of `id` in `dir`: metadata, addon config or values, and the two archives' presence.
     pub fn load(dir: &Path, id: &ReleaseId) -> Result<Self, ReleaseError> {

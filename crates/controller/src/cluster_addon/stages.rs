@@ -455,6 +455,18 @@ mod tests {
         addon
     }
 
+    /// Stage 0 (`stage`) of `a` did `work`; objects without a namespace went to `kube-system`.
+    fn work_on_first_stage(
+        a: &mut ClusterAddon,
+        stage: &Stage,
+        work: StageWork,
+        inventory: &mut StageInventory,
+        advance: bool,
+        events: &mut Events,
+    ) -> Flow {
+        after_stage_work(a, 0, stage, work, inventory, "kube-system", advance, events)
+    }
+
     fn resource(kind: &str, namespace: &str, name: &str) -> Resource {
         Resource {
             group: String::new(),
@@ -643,16 +655,7 @@ mod tests {
         );
         let mut inventory = StageInventory::new();
         let mut events = Events::default();
-        let flow = after_stage_work(
-            &mut a,
-            0,
-            &two_stages()[0],
-            work,
-            &mut inventory,
-            "kube-system",
-            true,
-            &mut events,
-        );
+        let flow = work_on_first_stage(&mut a, &two_stages()[0], work, &mut inventory, true, &mut events);
         assert!(matches!(flow, Flow::Fail(_)));
         assert_eq!(
             a.get_condition(condition_type).and_then(|c| c.reason.as_deref()),
@@ -685,16 +688,7 @@ mod tests {
             resources: vec![resource("ConfigMap", "kube-system", "a")],
             failures: None,
         };
-        let flow = after_stage_work(
-            &mut a,
-            0,
-            &two_stages()[0],
-            work,
-            &mut inventory,
-            "kube-system",
-            true,
-            &mut events,
-        );
+        let flow = work_on_first_stage(&mut a, &two_stages()[0], work, &mut inventory, true, &mut events);
         assert_eq!(flow, Flow::Continue);
         assert_eq!(
             a.status.as_ref().unwrap().stages[0].phase,
@@ -721,16 +715,7 @@ mod tests {
             resources: vec![],
             failures: Some("denied".into()),
         };
-        let flow = after_stage_work(
-            &mut a,
-            0,
-            &two_stages()[0],
-            work,
-            &mut inventory,
-            "kube-system",
-            false,
-            &mut events,
-        );
+        let flow = work_on_first_stage(&mut a, &two_stages()[0], work, &mut inventory, false, &mut events);
         assert!(matches!(flow, Flow::Fail(_)));
         assert!(events.0.is_empty());
     }
@@ -762,16 +747,7 @@ mod tests {
             failures: None,
         };
         let delete = stage("ngnix", StageAction::Delete);
-        let flow = after_stage_work(
-            &mut a,
-            0,
-            &delete,
-            work,
-            &mut inventory,
-            "kube-system",
-            true,
-            &mut events,
-        );
+        let flow = work_on_first_stage(&mut a, &delete, work, &mut inventory, true, &mut events);
         assert_eq!(flow, Flow::Continue);
         assert_eq!(inventory["ngnix"], [resource("Service", "kube-system", "web")]);
         assert_eq!(

@@ -12,7 +12,7 @@ use cso_api::{
 use cso_apply::ApplyReport;
 use cso_release::{CacheError, SourceError};
 
-use crate::events::{Events, Kind};
+use crate::events::{Events, FalseCondition, Kind};
 
 /// What the reconcile knows, filled in step by step.
 #[derive(Clone, Debug)]
@@ -245,19 +245,15 @@ fn conclude_sync(
     let Some(report) = &progress.applied else {
         return Outcome::Retry("the cluster-class objects were not applied".into());
     };
-    status_of(release).resources = report.resources.clone();
-    if !report.is_complete() {
-        let message = report.failure_summary();
-        events.report_false(
-            release,
-            (
-                condition::HELM_CHART_APPLIED,
-                reason::OBJECTS_APPLYING_ONGOING,
-                Severity::Warning,
-            ),
-            &message,
-            (Kind::Warning, event::FAILED_TO_APPLY_OBJECTS),
-        );
+    let failed = (
+        (
+            condition::HELM_CHART_APPLIED,
+            reason::OBJECTS_APPLYING_ONGOING,
+            Severity::Warning,
+        ),
+        event::FAILED_TO_APPLY_OBJECTS,
+    );
+    if let Some(message) = record(release, report, failed, events) {
         return Outcome::Retry(message);
     }
     release.mark_true(condition::HELM_CHART_APPLIED);
@@ -296,22 +292,35 @@ fn conclude_deletion(
     let Some(report) = &progress.deleted else {
         return Outcome::Retry("the objects of the release were not deleted".into());
     };
-    status_of(release).resources = report.resources.clone();
-    if !report.is_complete() {
-        let message = report.failure_summary();
-        events.report_false(
-            release,
-            (
-                condition::HELM_CHART_DELETED,
-                reason::FAILED_TO_DELETE_OBJECTS,
-                Severity::Warning,
-            ),
-            &message,
-            (Kind::Warning, event::FAILED_TO_DELETE_OBJECTS),
-        );
+    let failed = (
+        (
+            condition::HELM_CHART_DELETED,
+            reason::FAILED_TO_DELETE_OBJECTS,
+            Severity::Warning,
+        ),
+        event::FAILED_TO_DELETE_OBJECTS,
+    );
+    if let Some(message) = record(release, report, failed, events) {
         return Outcome::Retry(message);
     }
     Outcome::Deleted
+}
+
+/// Records what `report` left in the cluster as the inventory; when an object failed, marks the `failed`
+/// condition False (announced by its event) and returns why.
+fn record(
+    release: &mut ClusterStackRelease,
+    report: &ApplyReport,
+    (condition, event_reason): (FalseCondition<'_>, &'static str),
+    events: &mut Events,
+) -> Option<String> {
+    status_of(release).resources = report.resources.clone();
+    if report.is_complete() {
+        return None;
+    }
+    let message = report.failure_summary();
+    events.report_false(release, condition, &message, (Kind::Warning, event_reason));
+    Some(message)
 }
 
 /// How a release that cannot be had is reported, on a ClusterStackRelease or a ClusterAddon.

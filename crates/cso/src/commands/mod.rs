@@ -33,16 +33,3 @@ pub(crate) async fn kube_client(
     };
     cso_apply::limited_client(config, limits).context("failed to build the Kubernetes client")
 }
-
-/// Copies the files (not subdirectories: a release is flat) of `from` into `to`, creating it.
-pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::Context;
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from).with_context(|| format!("failed to read {}", from.display()))? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
-        }
-    }
-    Ok(())
-}

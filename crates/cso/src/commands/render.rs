@@ -159,7 +159,8 @@ async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Relea
         let id = ReleaseId::parse_tag(&tag)
             .with_context(|| format!("the release directory must be named by its tag, not {tag:?}"))?;
         let copy = scratch.join(&tag);
-        super::copy_dir(dir, &copy)?;
+        cso_release::release::copy_release_dir(dir, &copy)
+            .with_context(|| format!("failed to copy {}", dir.display()))?;
         let release = Release::load(&copy, &id)?;
         release.verify_archives(UnpackLimits::default())?;
         return Ok(release);
