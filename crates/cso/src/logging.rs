@@ -2,13 +2,15 @@
 //! then the fields), so existing log pipelines keep parsing them; or text. `--log-level` means what it means
 //! for the Go operator; `RUST_LOG` overrides it for debugging.
 
-use std::fmt;
+use std::{fmt, io::IsTerminal};
 
 use serde_json::{Map, Value};
 use tracing::{Event, Subscriber, field::Field};
 use tracing_subscriber::{
-    fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, format::Writer},
+    EnvFilter,
+    fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter, format::Writer},
     registry::LookupSpan,
+    util::SubscriberInitExt,
 };
 
 /// The kube client logs every failed request at ERROR before returning the error to its caller, which
@@ -28,14 +30,30 @@ pub fn level_filter(log_level: &str) -> String {
 pub fn init(log_level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| level_filter(log_level).into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
     if json {
-        builder.event_format(GoStyleJson).init();
+        json_subscriber(filter, std::io::stderr).init();
     } else {
-        builder.init();
+        // Colours only for a person at a terminal; a file or a log collector gets plain text.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init();
     }
+}
+
+/// The subscriber of `--log-format=json`, writing to `writer`. Never with ANSI colour codes: the span fields
+/// of the `context` key are formatted by the text formatter, which would otherwise colour them.
+fn json_subscriber<W>(filter: EnvFilter, writer: W) -> impl Subscriber + Send + Sync + 'static
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(false)
+        .event_format(GoStyleJson)
+        .finish()
 }
 
 /// One JSON object per event, keys as the Go operator (zap) writes them.
@@ -105,5 +123,60 @@ impl tracing::field::Visit for FieldsToJson {
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
         self.0.insert(field.name().to_owned(), value.into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Collects what the subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'w> MakeWriter<'w> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'w self) -> Self::Writer {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn json_lines_are_plain_json_without_colour_codes() {
+        let captured = Captured::default();
+        let subscriber = json_subscriber(EnvFilter::new("info"), captured.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("reconcile", object = "ClusterAddon/ns/cluster-addon-c1");
+            let _entered = span.enter();
+            tracing::warn!(retry_in = 5, "reconcile failed");
+        });
+        let output = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        // Escape codes would appear JSON-escaped (`\u001b`) inside the strings.
+        assert!(
+            !output.contains('\u{1b}') && !output.to_lowercase().contains("\\u001b"),
+            "ANSI escape codes in {output}"
+        );
+        let line: Value = serde_json::from_str(output.trim()).unwrap();
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["message"], "reconcile failed");
+        assert_eq!(line["retry_in"], 5);
+        assert_eq!(
+            line["context"],
+            "reconcile{object=\"ClusterAddon/ns/cluster-addon-c1\"}"
+        );
     }
 }
