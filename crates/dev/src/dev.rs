@@ -60,7 +60,10 @@ pub async fn up(dir: &Path) -> anyhow::Result<()> {
             _ = interrupt.recv() => break Ok(()),
             _ = health.tick() => {
                 if let Err(e) = management.check_running().and_then(|()| workload.check_running()) {
-                    break Err(anyhow::Error::new(e).context("a control plane stopped on its own"));
+                    // Not restarted: see `cso-dev up --help`.
+                    break Err(anyhow::Error::new(e).context(
+                        "a control plane stopped on its own; both are stopped (a killed process is not restarted: run `cso-dev up` again)",
+                    ));
                 }
             }
         }

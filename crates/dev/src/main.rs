@@ -24,6 +24,11 @@ struct Cli {
 enum Command {
     /// Start a management and a workload control plane (etcd + kube-apiserver on loopback) and keep them
     /// running until SIGINT or SIGTERM.
+    ///
+    /// If any of their processes dies (a killed kube-apiserver or etcd), both control planes are stopped and
+    /// `up` exits non-zero: a killed process cannot be restarted (the test environment starts a control
+    /// plane only as a whole, and the next `up` starts afresh, without the old state). For fault tests, cut
+    /// the connection with a proxy in front of the API server instead of killing it.
     Up {
         /// Where to keep their files; `management.kubeconfig` and `workload.kubeconfig` are written here.
         #[arg(long)]
