@@ -30,6 +30,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         burst: args.burst,
     };
     let client = super::kube_client(args.kubeconfig.as_deref(), limits).await?;
+    // An API-server outage is said in the log (readiness does not follow it: see `endpoints`).
+    tokio::spawn(crate::endpoints::watch_api_server(
+        client.clone(),
+        crate::endpoints::API_PROBE_INTERVAL,
+    ));
 
     let kind: SourceKind = args.source.parse()?;
     let settings = SourceSettings {
