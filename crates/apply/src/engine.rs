@@ -5,7 +5,15 @@
 //!
 //! Objects keep their own `metadata.namespace`; only namespaced objects without one get the default (the
 //! release) namespace. Server-side apply of unchanged content is a no-op on the server: re-applying the
-//! same render changes no `resourceVersion`.
+//! same render changes no `resourceVersion`. Pod templates of the workload kinds carry the operator's label
+//! too, as the Go operator sets it, so that taking over from it changes no pod template.
+//!
+//! Namespaces are shared, so they follow stricter rules (decisions.md): a Namespace that exists when the
+//! engine applies it and does not carry the operator's label, and the system namespaces, are applied
+//! without the operator's labels and never pruned; a Namespace the engine created is pruned only when no
+//! object of the render lives in it and it holds no object the operator does not own. A prune the API
+//! server refuses (403, 405, 409) is reported in [`ApplyReport::refused`] and dropped from the inventory
+//! instead of failing every later apply.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -18,11 +26,13 @@ use cso_api::{
     common::{Resource, ResourceStatus},
     manifest::Manifest,
 };
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api,
-    api::{DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy},
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy},
     core::GroupVersionKind,
+    discovery::{Discovery, Scope, verbs},
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -30,7 +40,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     ClusterDiscovery,
     discovery::{DiscoveryError, ResolvedKind},
-    inventory::{ObjectKey, to_prune},
+    inventory::{self, ObjectKey, to_prune},
 };
 
 /// The field manager of the operator's server-side applies.
@@ -52,10 +62,16 @@ pub struct ApplyReport {
     pub resources: Vec<Resource>,
     pub applied: usize,
     pub pruned: Vec<ObjectKey>,
-    /// Objects in the old inventory that are gone or no longer carry the operator's label: dropped from
-    /// the inventory without deleting anything.
+    /// Objects in the old inventory that are gone or no longer carry the operator's label, and Namespaces
+    /// that are not the operator's to delete (see the module): dropped from the inventory without deleting
+    /// anything.
     pub released: Vec<ObjectKey>,
     pub failures: Vec<Failure>,
+    /// Stale objects whose deletion the API server refused for good (403 Forbidden, 405 Method Not Allowed,
+    /// 409 Conflict: a protected namespace, an admission policy, missing permissions). They are dropped from
+    /// the inventory (the operator will not try again) and do not make the apply incomplete: a refusal must
+    /// not hold up the rest of a release for ever. Logged as warnings.
+    pub refused: Vec<Failure>,
     /// Objects this engine had applied before and found recreated (another uid) or with a spec someone else
     /// changed (another generation): drift this apply corrected.
     pub drift_corrected: Vec<ObjectKey>,
@@ -195,11 +211,23 @@ impl ApplyEngine {
             ));
         }
 
-        for stale in to_prune(previous, &current) {
+        let previous = self.normalised(previous, default_namespace).await;
+        for stale in to_prune(&previous, &current) {
             let key = ObjectKey::of(stale);
-            match self.prune(stale, default_namespace).await {
+            match self.prune(stale, default_namespace, &current).await {
                 Ok(Pruned::Deleted) => report.pruned.push(key),
                 Ok(Pruned::Released) => report.released.push(key),
+                Ok(Pruned::Kept) => report.resources.push(resource(
+                    &key,
+                    &stale.version,
+                    ResourceStatus::Synced,
+                    String::new(),
+                )),
+                Ok(Pruned::Refused(error)) => {
+                    tracing::warn!(object = %key, %error,
+                        "the API server refused to delete a stale object; dropped from the inventory, left in place");
+                    report.refused.push(Failure { key, error });
+                }
                 Err(error) => {
                     report.failures.push(Failure {
                         key: key.clone(),
@@ -255,14 +283,40 @@ impl ApplyEngine {
             key.namespace.clear();
             metadata.remove("namespace");
         }
-        let object_labels = metadata
-            .entry("labels")
-            .or_insert_with(|| Value::Object(Default::default()));
-        if let Some(object_labels) = object_labels.as_object_mut() {
-            object_labels.insert(OWNED_LABEL.0.into(), Value::String(OWNED_LABEL.1.into()));
-            for (k, v) in labels {
-                object_labels.insert(k.clone(), Value::String(v.clone()));
+        let claim = if is_namespace_kind(&key.group, &key.kind) {
+            match self.claims_namespace(&key.name).await {
+                Ok(claim) => claim,
+                Err(error) => {
+                    return Prepared {
+                        key,
+                        version: version.to_owned(),
+                        kind: Some(kind),
+                        object,
+                        error: Some(error),
+                        drift_corrected: false,
+                    };
+                }
             }
+        } else {
+            true
+        };
+        if claim {
+            let object_labels = metadata
+                .entry("labels")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(object_labels) = object_labels.as_object_mut() {
+                object_labels.insert(OWNED_LABEL.0.into(), Value::String(OWNED_LABEL.1.into()));
+                for (k, v) in labels {
+                    object_labels.insert(k.clone(), Value::String(v.clone()));
+                }
+            }
+        } else if let Some(object_labels) = metadata.get_mut("labels").and_then(Value::as_object_mut) {
+            // A shared namespace: applied as rendered (a chart may need its labels, e.g. for pod
+            // security), but never marked as the operator's.
+            object_labels.remove(OWNED_LABEL.0);
+        }
+        if has_pod_template(&key.group, &key.kind) {
+            label_pod_template(&mut object);
         }
         Prepared {
             key,
@@ -272,6 +326,105 @@ impl ApplyEngine {
             error: None,
             drift_corrected: false,
         }
+    }
+
+    /// Whether the engine may mark Namespace `name` as the operator's: not a system namespace, and either
+    /// not there yet (this apply creates it) or already carrying the operator's label (created by the
+    /// operator, this one or the Go one). A Namespace someone else made is shared and never claimed.
+    /// Between this read and the apply someone could create it: the window is one request wide, and the
+    /// worst outcome is a namespace the operator will prune only once it holds nothing of anyone else.
+    async fn claims_namespace(&self, name: &str) -> Result<bool, String> {
+        if SYSTEM_NAMESPACES.contains(&name) {
+            return Ok(false);
+        }
+        let namespaces: Api<Namespace> = Api::all(self.discovery.client().clone());
+        match namespaces.get_opt(name).await {
+            Ok(None) => Ok(true),
+            Ok(Some(live)) => Ok(is_owned(live.metadata.labels.as_ref())),
+            Err(e) => Err(format!(
+                "failed to read the namespace to tell whether it existed before: {}",
+                api_error(&e)
+            )),
+        }
+    }
+
+    /// `previous` keyed as the engine keys objects ([`inventory::normalised`]): an entry's scope comes from
+    /// discovery; entries of kinds the cluster does not serve stay as they are.
+    pub(crate) async fn normalised(&self, previous: &[Resource], default_namespace: &str) -> Vec<Resource> {
+        let mut normalised = Vec::with_capacity(previous.len());
+        for entry in previous {
+            let gvk = GroupVersionKind::gvk(&entry.group, &entry.version, &entry.kind);
+            let namespaced = self.discovery.resolve(&gvk).await.ok().map(|k| k.namespaced);
+            normalised.push(inventory::normalised(entry, default_namespace, namespaced));
+        }
+        normalised
+    }
+
+    /// The first object in `namespace` that the operator does not own ([`counts_as_foreign`]), as
+    /// `Kind name`; `None` when there is none. Lists every namespaced kind that can be listed and deleted
+    /// (what deleting the namespace would delete) without the operator's label. A kind the operator may not
+    /// list counts as foreign (it cannot tell); a kind that vanished meanwhile is skipped.
+    async fn foreign_object_in(&self, namespace: &str) -> Result<Option<String>, String> {
+        let client = self.discovery.client().clone();
+        let discovery = match Discovery::new(client.clone()).run_aggregated().await {
+            Ok(discovery) => discovery,
+            Err(_) => Discovery::new(client.clone())
+                .run()
+                .await
+                .map_err(|e| format!("discovery failed: {}", api_error(&e)))?,
+        };
+        let not_ours = format!("{}!={}", OWNED_LABEL.0, OWNED_LABEL.1);
+        for group in discovery.groups() {
+            for (resource, capabilities) in group.resources_by_stability() {
+                if capabilities.scope != Scope::Namespaced
+                    || !capabilities.supports_operation(verbs::LIST)
+                    || !capabilities.supports_operation(verbs::DELETE)
+                {
+                    continue;
+                }
+                let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+                let mut params = ListParams::default().labels(&not_ours).limit(100);
+                loop {
+                    let page = match api.list_metadata(&params).await {
+                        Ok(page) => page,
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 405 => break,
+                        Err(kube::Error::Api(s)) if s.code == 403 => {
+                            return Ok(Some(format!(
+                                "{} (which the operator may not list)",
+                                resource.plural
+                            )));
+                        }
+                        Err(e) => {
+                            return Err(format!("failed to list {}: {}", resource.plural, api_error(&e)));
+                        }
+                    };
+                    let foreign = page.items.iter().find(|object| {
+                        counts_as_foreign(
+                            &resource.group,
+                            &resource.kind,
+                            object.metadata.name.as_deref().unwrap_or_default(),
+                            object
+                                .metadata
+                                .owner_references
+                                .as_ref()
+                                .is_some_and(|o| !o.is_empty()),
+                        )
+                    });
+                    if let Some(object) = foreign {
+                        return Ok(Some(format!(
+                            "{} {}",
+                            resource.kind,
+                            object.metadata.name.as_deref().unwrap_or_default()
+                        )));
+                    }
+                    match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                        Some(token) => params = params.continue_token(&token),
+                        None => break,
+                    }
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Takes over objects that other field managers applied (the Go operator applied with `kubectl`):
@@ -418,14 +571,25 @@ impl ApplyEngine {
         }
     }
 
-    async fn prune(&self, stale: &Resource, default_namespace: &str) -> Result<Pruned, String> {
-        let api = match self.prune_target(stale, default_namespace).await? {
+    async fn prune(
+        &self,
+        stale: &Resource,
+        default_namespace: &str,
+        current: &BTreeSet<ObjectKey>,
+    ) -> Result<Pruned, String> {
+        let api = match self.prune_target(stale, default_namespace, current).await? {
             PruneTarget::Delete(api) => api,
             PruneTarget::Absent => return Ok(Pruned::Released),
             PruneTarget::NotOurs => {
                 tracing::warn!(object = %ObjectKey::of(stale), "not pruning an object without the operator's label");
                 return Ok(Pruned::Released);
             }
+            PruneTarget::Shared(why) => {
+                tracing::info!(object = %ObjectKey::of(stale), reason = %why,
+                    "not pruning a shared namespace; released from the inventory");
+                return Ok(Pruned::Released);
+            }
+            PruneTarget::InUse => return Ok(Pruned::Kept),
         };
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
@@ -434,16 +598,24 @@ impl ApplyEngine {
         match api.delete(&stale.name, &params).await {
             Ok(_) => Ok(Pruned::Deleted),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(Pruned::Released),
+            Err(e @ kube::Error::Api(_)) if is_refusal(&e) => Ok(Pruned::Refused(api_error(&e))),
             Err(e) => Err(api_error(&e)),
         }
     }
 
-    /// What pruning `stale` comes to: only a live object carrying the operator's label is deleted.
+    /// What pruning `stale` comes to: only a live object carrying the operator's label is deleted, and a
+    /// Namespace only when it is not a system one, no object of the render (`current`) lives in it and it
+    /// holds nothing the operator does not own.
     pub(crate) async fn prune_target(
         &self,
         stale: &Resource,
         default_namespace: &str,
+        current: &BTreeSet<ObjectKey>,
     ) -> Result<PruneTarget, String> {
+        let namespace_kind = is_namespace_kind(&stale.group, &stale.kind);
+        if namespace_kind && SYSTEM_NAMESPACES.contains(&stale.name.as_str()) {
+            return Ok(PruneTarget::Shared("a system namespace".into()));
+        }
         let gvk = GroupVersionKind::gvk(&stale.group, &stale.version, &stale.kind);
         let kind = match self.discovery.resolve(&gvk).await {
             Ok(kind) => kind,
@@ -457,23 +629,43 @@ impl ApplyEngine {
         } else {
             stale.namespace.as_str()
         };
+        // Inventories are normalised before they are compared with the render, but discovery may have
+        // failed then: the render still having the object, named otherwise, leaves nothing to prune.
+        let effective = ObjectKey {
+            group: stale.group.clone(),
+            kind: stale.kind.clone(),
+            namespace: if kind.namespaced {
+                namespace.to_owned()
+            } else {
+                String::new()
+            },
+            name: stale.name.clone(),
+        };
+        if current.contains(&effective) {
+            return Ok(PruneTarget::Absent);
+        }
         let api = self.api(&kind, namespace);
         let live = match api.get_opt(&stale.name).await {
+            // Being deleted already: nothing left to do.
+            Ok(Some(live)) if live.metadata.deletion_timestamp.is_some() => return Ok(PruneTarget::Absent),
             Ok(Some(live)) => live,
             Ok(None) => return Ok(PruneTarget::Absent),
             Err(e) => return Err(api_error(&e)),
         };
-        let ours = live
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(OWNED_LABEL.0))
-            .is_some_and(|v| v == OWNED_LABEL.1);
-        Ok(if ours {
-            PruneTarget::Delete(Box::new(api))
-        } else {
-            PruneTarget::NotOurs
-        })
+        if !is_owned(live.metadata.labels.as_ref()) {
+            return Ok(PruneTarget::NotOurs);
+        }
+        if namespace_kind {
+            if current.iter().any(|key| key.namespace == stale.name) {
+                return Ok(PruneTarget::InUse);
+            }
+            if let Some(foreign) = self.foreign_object_in(&stale.name).await? {
+                return Ok(PruneTarget::Shared(format!(
+                    "it holds {foreign}, not the operator's"
+                )));
+            }
+        }
+        Ok(PruneTarget::Delete(Box::new(api)))
     }
 }
 
@@ -485,11 +677,88 @@ pub(crate) enum PruneTarget {
     Absent,
     /// It exists without the operator's label: left alone, dropped from the inventory.
     NotOurs,
+    /// A Namespace that is not the operator's to delete although labelled so (a system namespace, or one
+    /// holding objects the operator does not own; the reason): left alone, dropped from the inventory.
+    Shared(String),
+    /// A Namespace objects of the render still live in: left alone and kept in the inventory, to be pruned
+    /// once the render has nothing there.
+    InUse,
 }
 
 enum Pruned {
     Deleted,
     Released,
+    /// Stays in the inventory.
+    Kept,
+    /// The API server refused the deletion (the error).
+    Refused(String),
+}
+
+/// Namespaces every cluster has; never the operator's, whatever their labels say.
+const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+fn is_namespace_kind(group: &str, kind: &str) -> bool {
+    group.is_empty() && kind == "Namespace"
+}
+
+fn is_owned(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels
+        .and_then(|l| l.get(OWNED_LABEL.0))
+        .is_some_and(|v| v == OWNED_LABEL.1)
+}
+
+/// Whether the Go operator's `setLabel` labels the pod template of this kind too: Deployments,
+/// ReplicaSets, StatefulSets and DaemonSets (`apps`, and the long-gone `extensions`), and Jobs.
+fn has_pod_template(group: &str, kind: &str) -> bool {
+    match group {
+        "apps" | "extensions" => matches!(kind, "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet"),
+        "batch" => kind == "Job",
+        _ => false,
+    }
+}
+
+/// Puts the operator's label (only that one: the release label would change every pod template at every
+/// upgrade) on `spec.template.metadata.labels`, as the Go operator does.
+fn label_pod_template(object: &mut Value) {
+    let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let mut at = spec
+        .entry("template")
+        .or_insert_with(|| Value::Object(Default::default()));
+    for field in ["metadata", "labels"] {
+        let Some(map) = at.as_object_mut() else { return };
+        at = map
+            .entry(field)
+            .or_insert_with(|| Value::Object(Default::default()));
+        if at.is_null() {
+            *at = Value::Object(Default::default());
+        }
+    }
+    if let Some(labels) = at.as_object_mut() {
+        labels.insert(OWNED_LABEL.0.into(), Value::String(OWNED_LABEL.1.into()));
+    }
+}
+
+/// Whether an object without the operator's label in a Namespace the operator would prune keeps that
+/// Namespace: anything but what the cluster makes by itself in every namespace or from other objects —
+/// Events, the `kube-root-ca.crt` ConfigMap and the `default` ServiceAccount — and objects with owner
+/// references (Pods of ReplicaSets, EndpointSlices of Services, ...), which go with their owners; an owner
+/// that is not the operator's counts itself.
+fn counts_as_foreign(group: &str, kind: &str, name: &str, has_owners: bool) -> bool {
+    let generated = match (group, kind) {
+        ("" | "events.k8s.io", "Event") => true,
+        ("", "ConfigMap") => name == "kube-root-ca.crt",
+        ("", "ServiceAccount") => name == "default",
+        _ => false,
+    };
+    !generated && !has_owners
+}
+
+/// A refusal the API server will repeat: forbidden (by RBAC or admission, e.g. deleting `kube-system`),
+/// not allowed for the kind, or in conflict with the object's state.
+fn is_refusal(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if matches!(s.code, 403 | 405 | 409))
 }
 
 fn resource(key: &ObjectKey, version: &str, status: ResourceStatus, error: String) -> Resource {
@@ -508,5 +777,80 @@ pub(crate) fn api_error(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pod_templates_of_the_go_operators_kinds_get_the_label() {
+        for (group, kind) in [
+            ("apps", "Deployment"),
+            ("apps", "ReplicaSet"),
+            ("apps", "StatefulSet"),
+            ("apps", "DaemonSet"),
+            ("extensions", "Deployment"),
+            ("batch", "Job"),
+        ] {
+            assert!(has_pod_template(group, kind), "{group}/{kind}");
+        }
+        for (group, kind) in [("batch", "CronJob"), ("", "Pod"), ("", "ReplicationController")] {
+            assert!(
+                !has_pod_template(group, kind),
+                "{group}/{kind}: the Go operator leaves it"
+            );
+        }
+
+        let mut deployment =
+            json!({"spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {}}}});
+        label_pod_template(&mut deployment);
+        assert_eq!(
+            deployment["spec"]["template"]["metadata"]["labels"],
+            json!({"app": "web", "clusterstack.x-k8s.io/instance": "owned"})
+        );
+        let mut bare = json!({"spec": {"template": {"metadata": {"labels": null}}}});
+        label_pod_template(&mut bare);
+        assert_eq!(
+            bare["spec"]["template"]["metadata"]["labels"],
+            json!({"clusterstack.x-k8s.io/instance": "owned"})
+        );
+        let mut no_spec = json!({"metadata": {"name": "x"}});
+        label_pod_template(&mut no_spec);
+        assert_eq!(no_spec, json!({"metadata": {"name": "x"}}), "nothing invented");
+    }
+
+    #[test]
+    fn what_the_cluster_makes_in_every_namespace_is_not_foreign() {
+        assert!(!counts_as_foreign("", "Event", "x.123", false));
+        assert!(!counts_as_foreign("events.k8s.io", "Event", "x.123", false));
+        assert!(!counts_as_foreign("", "ConfigMap", "kube-root-ca.crt", false));
+        assert!(!counts_as_foreign("", "ServiceAccount", "default", false));
+        assert!(
+            !counts_as_foreign("", "Pod", "web-5d9c-abcde", true),
+            "owned by a ReplicaSet"
+        );
+        assert!(counts_as_foreign("", "ConfigMap", "grafana", false));
+        assert!(counts_as_foreign("", "ServiceAccount", "grafana", false));
+        assert!(counts_as_foreign("coordination.k8s.io", "Lease", "leader", false));
+    }
+
+    #[test]
+    fn refusals_are_told_from_passing_failures() {
+        let status = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for code in [403, 405, 409] {
+            assert!(is_refusal(&status(code)), "{code}");
+        }
+        for code in [404, 429, 500, 503] {
+            assert!(!is_refusal(&status(code)), "{code}");
+        }
     }
 }

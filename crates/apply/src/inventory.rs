@@ -22,14 +22,40 @@ pub fn resource_of(manifest: &cso_api::manifest::Manifest) -> Resource {
     }
 }
 
-/// What the previous inventory has and the new one does not: the objects to prune.
+/// `resource` as the engine keys it, given whether its kind is namespaced (`None`: unknown, left as it is).
+///
+/// Inventories may name an object otherwise than the engine does: the Go operator records the namespace as
+/// rendered, so `""` for a namespaced object the chart gave no namespace (it lives in the default one), and
+/// the chart's namespace for a cluster-scoped object that was given one (it has none). Compared as recorded,
+/// such entries do not match the render and the live object would be pruned although the render still has
+/// it.
+pub fn normalised(resource: &Resource, default_namespace: &str, namespaced: Option<bool>) -> Resource {
+    let mut resource = resource.clone();
+    match namespaced {
+        Some(true) if resource.namespace.is_empty() => resource.namespace = default_namespace.to_owned(),
+        Some(false) => resource.namespace.clear(),
+        _ => {}
+    }
+    resource
+}
+
+/// Whether an inventory entry names a Namespace.
+pub fn is_namespace(resource: &Resource) -> bool {
+    resource.group.is_empty() && resource.kind == "Namespace"
+}
+
+/// What the previous inventory has and the new one does not: the objects to prune, Namespaces last (their
+/// contents go first). `previous` must be [`normalised`].
 pub fn to_prune<'a>(previous: &'a [Resource], current: &BTreeSet<ObjectKey>) -> Vec<&'a Resource> {
     let mut seen = BTreeSet::new();
-    previous
+    let mut stale: Vec<&Resource> = previous
         .iter()
         .filter(|r| !current.contains(&ObjectKey::of(r)))
         .filter(|r| seen.insert(ObjectKey::of(r)))
-        .collect()
+        .collect();
+    // A stable sort: otherwise the inventory's order.
+    stale.sort_by_key(|r| is_namespace(r));
+    stale
 }
 
 #[cfg(test)]
@@ -61,6 +87,64 @@ mod tests {
             .map(|r| ObjectKey::of(r).to_string())
             .collect();
         assert_eq!(pruned, ["Deployment.apps kube-system/web"]);
+    }
+
+    #[test]
+    fn go_operator_entries_are_keyed_where_the_objects_live() {
+        let web = resource("apps", "Deployment", "", "web");
+        assert_eq!(
+            normalised(&web, "kube-system", Some(true)).namespace,
+            "kube-system"
+        );
+        let elsewhere = resource("apps", "Deployment", "monitoring", "web");
+        assert_eq!(
+            normalised(&elsewhere, "kube-system", Some(true)).namespace,
+            "monitoring"
+        );
+        let role = resource(
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "kube-system",
+            "reader",
+        );
+        assert_eq!(normalised(&role, "kube-system", Some(false)).namespace, "");
+        assert_eq!(
+            normalised(&web, "kube-system", None),
+            web,
+            "an unknown kind stays as it is"
+        );
+
+        // The Go operator's inventory of a release the render still has: nothing to prune.
+        let previous: Vec<Resource> = [web, role]
+            .iter()
+            .zip([Some(true), Some(false)])
+            .map(|(r, scope)| normalised(r, "kube-system", scope))
+            .collect();
+        let current: BTreeSet<ObjectKey> = [
+            ObjectKey::of(&resource("apps", "Deployment", "kube-system", "web")),
+            ObjectKey::of(&resource(
+                "rbac.authorization.k8s.io",
+                "ClusterRole",
+                "",
+                "reader",
+            )),
+        ]
+        .into();
+        assert!(to_prune(&previous, &current).is_empty());
+    }
+
+    #[test]
+    fn namespaces_are_pruned_after_their_contents() {
+        let previous = vec![
+            resource("", "Namespace", "", "made"),
+            resource("", "ConfigMap", "made", "a"),
+            resource("apps", "Deployment", "made", "b"),
+        ];
+        let names: Vec<&str> = to_prune(&previous, &BTreeSet::new())
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b", "made"]);
     }
 
     #[test]

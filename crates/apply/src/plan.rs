@@ -1,7 +1,9 @@
 //! What an apply would do, without doing it: each rendered object prepared exactly as the engine prepares
 //! it (namespace, labels), sent to the server as a server-side-apply dry run, and compared with the live
 //! object; plus the objects the previous inventory has and the render does not, each checked as the prune
-//! would check it (deleted only when it exists and carries the operator's label).
+//! would check it (one `prune_target` decision serves both: deleted only when it exists and carries the
+//! operator's label; a Namespace only when it is not a system one, nothing of the render lives in it and it
+//! holds nothing of anyone else's, so `kube-system` is never predicted to go).
 //! This is what `cso render --diff` shows.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,7 +29,8 @@ pub enum Change {
     Unchanged,
     /// In the previous inventory, not in the render, and carrying the operator's label: would be deleted.
     Prune,
-    /// In the previous inventory, not in the render, but without the operator's label: would be left alone.
+    /// In the previous inventory, not in the render, but not the operator's to delete (no operator's label,
+    /// or a Namespace that is shared or still holds objects of the render): would be left alone.
     Keep,
     /// In the previous inventory, not in the render, and already gone: nothing to do.
     Absent,
@@ -79,10 +82,11 @@ impl ApplyEngine {
                 change,
             });
         }
-        for stale in to_prune(previous, &current) {
-            let change = match self.prune_target(stale, default_namespace).await {
+        let previous = self.normalised(previous, default_namespace).await;
+        for stale in to_prune(&previous, &current) {
+            let change = match self.prune_target(stale, default_namespace, &current).await {
                 Ok(PruneTarget::Delete(_)) => Change::Prune,
-                Ok(PruneTarget::NotOurs) => Change::Keep,
+                Ok(PruneTarget::NotOurs | PruneTarget::Shared(_) | PruneTarget::InUse) => Change::Keep,
                 Ok(PruneTarget::Absent) => Change::Absent,
                 Err(error) => Change::Refused(error),
             };

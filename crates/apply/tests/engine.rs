@@ -532,3 +532,567 @@ async fn objects_the_go_operator_applied_are_taken_over() {
         "{managers:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Taking over from the Go operator, pod templates, shared namespaces, refused prunes.
+
+fn owned(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels
+        .and_then(|l| l.get(cso_api::OWNED_LABEL.0))
+        .is_some_and(|v| v == cso_api::OWNED_LABEL.1)
+}
+
+/// Applies `object` as the Go operator does (upstream-behaviour.md §5.5): its label on the object and, for
+/// the workload kinds, on the pod template; namespaced objects into `namespace`; server-side apply with
+/// field manager `kubectl`, forced.
+async fn go_apply(client: &kube::Client, namespace: &str, mut object: serde_json::Value) -> DynamicObject {
+    let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
+        Some((group, version)) => (group.to_owned(), version.to_owned()),
+        None => (String::new(), object["apiVersion"].as_str().unwrap().to_owned()),
+    };
+    let kind = object["kind"].as_str().unwrap().to_owned();
+    let label = serde_json::json!({cso_api::OWNED_LABEL.0: cso_api::OWNED_LABEL.1});
+    let merge = |at: &mut serde_json::Value| {
+        let labels = at
+            .as_object_mut()
+            .unwrap()
+            .entry("labels")
+            .or_insert(serde_json::json!({}));
+        labels
+            .as_object_mut()
+            .unwrap()
+            .extend(label.as_object().unwrap().clone());
+    };
+    merge(&mut object["metadata"]);
+    let template_kinds = ["Deployment", "ReplicaSet", "StatefulSet", "DaemonSet"];
+    if (group == "apps" && template_kinds.contains(&kind.as_str())) || (group == "batch" && kind == "Job") {
+        merge(&mut object["spec"]["template"]["metadata"]);
+    }
+    let gvk = GroupVersionKind::gvk(&group, &version, &kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+    let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
+        object["metadata"]["namespace"] = namespace.into();
+        Api::namespaced_with(client.clone(), namespace, &resource)
+    } else {
+        Api::all_with(client.clone(), &resource)
+    };
+    api.patch(
+        &name,
+        &kube::api::PatchParams::apply("kubectl").force(),
+        &kube::api::Patch::Apply(&object),
+    )
+    .await
+    .unwrap()
+}
+
+/// The inventory entry the Go operator records for a rendered object: the namespace as rendered (empty
+/// when the chart names none), status `synced`.
+fn go_entry(
+    group: &str,
+    version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> cso_api::common::Resource {
+    cso_api::common::Resource {
+        group: group.into(),
+        version: version.into(),
+        kind: kind.into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        status: Some(cso_api::common::ResourceStatus::Synced),
+        error: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_go_operator_inventory_with_empty_namespaces_prunes_nothing_the_render_still_has() {
+    let (client, ns, engine) = setup("go-inventory").await;
+    let engine = engine.taking_over_from(["kubectl".to_owned()]);
+    let role = format!("{ns}-reader");
+    let web = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "nginx", "image": "nginx"}]}}}});
+    let settings = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "1"}});
+    let old = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "old"}, "data": {"a": "1"}});
+    // Charts often give cluster-scoped objects a namespace; the Go operator records it as rendered.
+    let reader = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": role, "namespace": ns}, "rules": []});
+    let mut uids = BTreeMap::new();
+    for object in [&web, &settings, &old, &reader] {
+        let applied = go_apply(&client, &ns, object.clone()).await;
+        uids.insert(
+            applied.metadata.name.clone().unwrap(),
+            applied.metadata.uid.clone().unwrap(),
+        );
+    }
+    let go_inventory = vec![
+        go_entry("apps", "v1", "Deployment", "", "web"),
+        go_entry("", "v1", "ConfigMap", "", "settings"),
+        go_entry("", "v1", "ConfigMap", "", "old"),
+        go_entry("rbac.authorization.k8s.io", "v1", "ClusterRole", &ns, &role),
+    ];
+    // The new release still renders web, settings and the ClusterRole; `old` is gone from it.
+    let render: Vec<cso_render::Manifest> = parse_manifests(
+        &[&web, &settings, &reader]
+            .iter()
+            .map(|o| format!("---\n{}\n", serde_json::to_string(o).unwrap()))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let labels = release_label("docker-ferrol-1-27-v1");
+
+    let planned = engine.plan(&render, &ns, &labels, &go_inventory).await;
+    let predicted: Vec<String> = planned
+        .iter()
+        .filter(|p| p.change == cso_apply::Change::Prune)
+        .map(|p| p.key.to_string())
+        .collect();
+    assert_eq!(predicted, [format!("ConfigMap {ns}/old")], "{planned:?}");
+
+    let report = engine.apply(&render, &ns, &labels, &go_inventory).await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let pruned: Vec<String> = report.pruned.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        pruned,
+        [format!("ConfigMap {ns}/old")],
+        "only what the render dropped is pruned"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    let live = [
+        (
+            "web",
+            deployments.get_opt("web").await.unwrap().map(|o| o.metadata),
+        ),
+        (
+            "settings",
+            config_maps.get_opt("settings").await.unwrap().map(|o| o.metadata),
+        ),
+        (
+            role.as_str(),
+            roles.get_opt(&role).await.unwrap().map(|o| o.metadata),
+        ),
+    ];
+    for (name, metadata) in live {
+        let metadata = metadata.unwrap_or_else(|| panic!("{name} was deleted"));
+        assert_eq!(
+            metadata.uid.as_ref(),
+            uids.get(name),
+            "{name} was deleted and recreated"
+        );
+        assert!(metadata.deletion_timestamp.is_none(), "{name} is being deleted");
+    }
+    assert!(config_maps.get_opt("old").await.unwrap().is_none());
+    // The new inventory names the objects where they are.
+    for (kind, namespace, name) in [
+        ("Deployment", ns.as_str(), "web"),
+        ("ConfigMap", ns.as_str(), "settings"),
+        ("ClusterRole", "", role.as_str()),
+    ] {
+        assert_eq!(
+            report
+                .resources
+                .iter()
+                .filter(|r| r.kind == kind && r.name == name)
+                .map(|r| r.namespace.as_str())
+                .collect::<Vec<_>>(),
+            [namespace],
+            "{kind} {name}: {:?}",
+            report.resources
+        );
+    }
+}
+
+#[tokio::test]
+async fn pod_templates_carry_the_owned_label_as_the_go_operator_sets_it() {
+    let (client, ns, engine) = setup("pod-templates").await;
+    let template = |app: &str| {
+        serde_json::json!({"metadata": {"labels": {"app": app}},
+            "spec": {"restartPolicy": if app == "job" { "Never" } else { "Always" },
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+    };
+    let selector = |app: &str| serde_json::json!({"matchLabels": {"app": app}});
+    let objects = [
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "deployment"},
+            "spec": {"selector": selector("deployment"), "template": template("deployment")}}),
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "statefulset"},
+            "spec": {"serviceName": "s", "selector": selector("statefulset"), "template": template("statefulset")}}),
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "daemonset"},
+            "spec": {"selector": selector("daemonset"), "template": template("daemonset")}}),
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "replicaset"},
+            "spec": {"selector": selector("replicaset"), "template": template("replicaset")}}),
+        serde_json::json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job"},
+            "spec": {"template": template("job")}}),
+    ];
+    let render = |objects: &[serde_json::Value]| {
+        parse_manifests(
+            &objects
+                .iter()
+                .map(|o| format!("---\n{}\n", serde_json::to_string(o).unwrap()))
+                .collect::<String>(),
+        )
+        .unwrap()
+    };
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let report = engine.apply(&render(&objects), &ns, &labels, &[]).await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    for (group, kind, plural, name) in [
+        ("apps", "Deployment", "deployments", "deployment"),
+        ("apps", "StatefulSet", "statefulsets", "statefulset"),
+        ("apps", "DaemonSet", "daemonsets", "daemonset"),
+        ("apps", "ReplicaSet", "replicasets", "replicaset"),
+        ("batch", "Job", "jobs", "job"),
+    ] {
+        let gvk = GroupVersionKind::gvk(group, "v1", kind);
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &ns,
+            &ApiResource::from_gvk_with_plural(&gvk, plural),
+        );
+        let live = api.get(name).await.unwrap();
+        let template_labels: BTreeMap<String, String> =
+            serde_json::from_value(live.data["spec"]["template"]["metadata"]["labels"].clone()).unwrap();
+        assert!(owned(Some(&template_labels)), "{kind}: {template_labels:?}");
+        assert!(
+            !template_labels.contains_key(cso_api::names::RELEASE_LABEL),
+            "{kind}: the release label stays off pod templates, so an upgrade does not roll pods"
+        );
+        assert_eq!(template_labels.get("app").map(String::as_str), Some(name));
+    }
+
+    // A Deployment the Go operator applied is taken over without a change of its pod template.
+    let go_web = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "go-web"},
+        "spec": {"selector": selector("go-web"), "template": template("go-web")}});
+    let before = go_apply(&client, &ns, go_web.clone()).await;
+    let report = engine
+        .clone()
+        .taking_over_from(["kubectl".to_owned()])
+        .apply(&render(&[go_web]), &ns, &labels, &[])
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let after = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("go-web")
+        .await
+        .unwrap();
+    assert_eq!(
+        after.metadata.generation,
+        before.metadata.generation,
+        "the pod template did not change: {:?}",
+        after.spec.unwrap().template.metadata
+    );
+}
+
+/// A Namespace that existed before: the Go operator or an earlier cso may have labelled it as owned.
+async fn label_owned(client: &kube::Client, namespace: &str) {
+    go_apply(
+        client,
+        "",
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+    )
+    .await;
+}
+
+fn namespace_manifest(name: &str) -> String {
+    format!("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n")
+}
+
+fn config_map_manifest(namespace: &str, name: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {namespace}\ndata: {{a: b}}\n"
+    )
+}
+
+async fn foreign_config_map(client: &kube::Client, namespace: &str, name: &str) {
+    let foreign = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+}
+
+async fn live_namespace(client: &kube::Client, name: &str) -> Option<k8s_openapi::api::core::v1::Namespace> {
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_release_that_stops_rendering_kube_system_upgrades_cleanly() {
+    let (client, ns, engine) = setup("kube-system").await;
+    let engine = engine.taking_over_from(["kubectl".to_owned()]);
+    // As Cilium renders it; the Go operator (or an earlier cso) labelled it as owned.
+    label_owned(&client, "kube-system").await;
+    let labels = release_label("docker-scs-1-35-v1");
+    let v1 =
+        parse_manifests(&(namespace_manifest("kube-system") + &config_map_manifest(&ns, "cilium-config")))
+            .unwrap();
+    let first = engine.apply(&v1, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    let kube_system = live_namespace(&client, "kube-system").await.unwrap();
+    assert!(
+        !owned(kube_system.metadata.labels.as_ref()),
+        "kube-system is never claimed: {:?}",
+        kube_system.metadata.labels
+    );
+
+    // The next release no longer renders it.
+    let v2 = parse_manifests(&config_map_manifest(&ns, "cilium-config")).unwrap();
+    let mut previous = first.resources.clone();
+    // Also as the inventory of an earlier operator records it.
+    previous.push(go_entry("", "v1", "Namespace", "", "kube-system"));
+    let planned = engine.plan(&v2, &ns, &labels, &previous).await;
+    assert!(
+        planned.iter().all(|p| p.change != cso_apply::Change::Prune),
+        "--diff predicts no prune of kube-system: {planned:?}"
+    );
+    let second = engine.apply(&v2, &ns, &labels, &previous).await;
+    assert!(second.is_complete(), "{}", second.failure_summary());
+    assert!(second.pruned.is_empty(), "{:?}", second.pruned);
+    assert!(
+        !second.resources.iter().any(|r| r.kind == "Namespace"),
+        "kube-system left the inventory: {:?}",
+        second.resources
+    );
+    assert!(
+        live_namespace(&client, "kube-system")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_that_existed_before_is_never_claimed_nor_deleted() {
+    let (client, ns, engine) = setup("shared-ns").await;
+    // `monitoring`: created before the release, holding someone else's workload.
+    let monitoring = cso_testenv::namespace(&client, "monitoring").await.unwrap();
+    foreign_config_map(&client, &monitoring, "grafana").await;
+    // `legacy`: as the Go operator left it (labelled as owned), also holding someone else's object.
+    let legacy = cso_testenv::namespace(&client, "legacy").await.unwrap();
+    label_owned(&client, &legacy).await;
+    foreign_config_map(&client, &legacy, "theirs").await;
+
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let v1 =
+        parse_manifests(&(namespace_manifest(&monitoring) + &config_map_manifest(&monitoring, "dashboards")))
+            .unwrap();
+    let first = engine.apply(&v1, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    let live = live_namespace(&client, &monitoring).await.unwrap();
+    assert!(
+        !owned(live.metadata.labels.as_ref()),
+        "a namespace that existed before is not claimed: {:?}",
+        live.metadata.labels
+    );
+
+    // Release 2 renders neither; the inventory also lists `legacy`, as the Go operator recorded it.
+    let mut previous = first.resources.clone();
+    previous.push(go_entry("", "v1", "Namespace", "", &legacy));
+    let planned = engine.plan(&[], &ns, &labels, &previous).await;
+    let change_of = |name: &str| {
+        planned
+            .iter()
+            .find(|p| p.key.name == name)
+            .map(|p| p.change.clone())
+    };
+    assert_eq!(
+        change_of(&monitoring),
+        Some(cso_apply::Change::Keep),
+        "{planned:?}"
+    );
+    assert_eq!(change_of(&legacy), Some(cso_apply::Change::Keep), "{planned:?}");
+    assert_eq!(
+        change_of("dashboards"),
+        Some(cso_apply::Change::Prune),
+        "{planned:?}"
+    );
+    let second = engine.apply(&[], &ns, &labels, &previous).await;
+    assert!(second.is_complete(), "{}", second.failure_summary());
+    let pruned: Vec<&str> = second.pruned.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(pruned, ["dashboards"]);
+    for (namespace, foreign) in [(&monitoring, "grafana"), (&legacy, "theirs")] {
+        let live = live_namespace(&client, namespace).await.unwrap();
+        assert!(
+            live.metadata.deletion_timestamp.is_none(),
+            "{namespace} is being deleted"
+        );
+        Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .get(foreign)
+            .await
+            .unwrap();
+    }
+    assert!(
+        second.resources.is_empty(),
+        "both released: {:?}",
+        second.resources
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_the_operator_created_is_pruned_once_nothing_of_the_render_lives_in_it() {
+    let (client, ns, engine) = setup("own-ns").await;
+    let made = format!("{ns}-made");
+    let used = format!("{ns}-used");
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let v1 = parse_manifests(
+        &(namespace_manifest(&made)
+            + &config_map_manifest(&made, "a")
+            + &namespace_manifest(&used)
+            + &config_map_manifest(&used, "b")),
+    )
+    .unwrap();
+    let first = engine.apply(&v1, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    for name in [&made, &used] {
+        let live = live_namespace(&client, name).await.unwrap();
+        assert!(
+            owned(live.metadata.labels.as_ref()),
+            "{name} was created, so claimed"
+        );
+    }
+
+    // Release 2 drops `made` with its contents, and keeps an object in `used` without rendering `used`.
+    let v2 = parse_manifests(&config_map_manifest(&used, "b")).unwrap();
+    let second = engine.apply(&v2, &ns, &labels, &first.resources).await;
+    assert!(second.is_complete(), "{}", second.failure_summary());
+    let mut pruned: Vec<String> = second.pruned.iter().map(ToString::to_string).collect();
+    pruned.sort();
+    assert_eq!(
+        pruned,
+        [format!("ConfigMap {made}/a"), format!("Namespace {made}")]
+    );
+    assert!(
+        live_namespace(&client, &made)
+            .await
+            .is_none_or(|n| n.metadata.deletion_timestamp.is_some()),
+        "{made} is deleted"
+    );
+    assert!(
+        live_namespace(&client, &used)
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "{used} still holds an object of the render"
+    );
+    assert!(
+        second
+            .resources
+            .iter()
+            .any(|r| r.kind == "Namespace" && r.name == used),
+        "{used} stays in the inventory, to be pruned once empty: {:?}",
+        second.resources
+    );
+
+    // Release 3 renders nothing more there: now it goes.
+    let third = engine.apply(&[], &ns, &labels, &second.resources).await;
+    assert!(third.is_complete(), "{}", third.failure_summary());
+    assert_eq!(third.pruned.len(), 2, "{:?}", third.pruned);
+    assert!(third.resources.is_empty(), "{:?}", third.resources);
+}
+
+#[tokio::test]
+async fn a_refused_prune_is_reported_and_blocks_nothing() {
+    let (client, ns, engine) = setup("refused").await;
+    // An admission policy that refuses deleting ConfigMap `protected` in this namespace (403).
+    let policy_name = format!("{ns}-protect");
+    let policies: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy"),
+            "validatingadmissionpolicies",
+        ),
+    );
+    let bindings: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+            ),
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    let policy: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["DELETE"], "resources": ["configmaps"], "resourceNames": ["protected"]}]},
+            "validations": [{"expression": "false", "message": "protected", "reason": "Forbidden"}],
+        },
+    }))
+    .unwrap();
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    let binding: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "policyName": policy_name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+        },
+    }))
+    .unwrap();
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let v1 = parse_manifests(&(config_map_manifest(&ns, "protected") + &config_map_manifest(&ns, "other")))
+        .unwrap();
+    let first = engine.apply(&v1, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // The policy takes effect within a moment.
+    let dry_run = kube::api::DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    for _ in 0..100 {
+        if config_maps.delete("protected", &dry_run).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let second = engine.apply(&[], &ns, &labels, &first.resources).await;
+    assert!(
+        second.is_complete(),
+        "a refused prune does not fail the apply: {}",
+        second.failure_summary()
+    );
+    let pruned: Vec<&str> = second.pruned.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(pruned, ["other"], "the rest is pruned");
+    assert!(
+        second.resources.is_empty(),
+        "the refused object left the inventory: {:?}",
+        second.resources
+    );
+    let refused: Vec<(&str, &str)> = second
+        .refused
+        .iter()
+        .map(|f| (f.key.name.as_str(), f.error.as_str()))
+        .collect();
+    assert!(
+        matches!(refused.as_slice(), [("protected", error)] if error.contains("(403)")),
+        "the refusal is reported per object: {refused:?}"
+    );
+    config_maps.get("protected").await.unwrap();
+    let _ = bindings.delete(&policy_name, &Default::default()).await;
+    let _ = policies.delete(&policy_name, &Default::default()).await;
+}

@@ -361,3 +361,64 @@ pub async fn workload_plane(name: &str) -> cso_testenv::ControlPlane {
 pub async fn kube_system(plane: &cso_testenv::ControlPlane) -> Api<k8s_openapi::api::apps::v1::Deployment> {
     Api::namespaced(plane.client().await.unwrap(), "kube-system")
 }
+
+impl RunningOperator {
+    /// [`RunningOperator::local`] as `cso run` starts by default: taking over what the field managers
+    /// `managers` applied (`--take-over-field-managers`, default `kubectl`: the Go operator's).
+    pub async fn local_taking_over(
+        client: &Client,
+        namespace: &str,
+        release_dir: &Path,
+        managers: &[&str],
+    ) -> Self {
+        let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
+        let (mut operator, renderer) = operator(client, namespace, release_dir, source, |_| {});
+        operator.take_over_from = managers.iter().map(|m| (*m).to_owned()).collect();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(cso_controller::run(operator, async move {
+            let _ = stopped.await;
+        }));
+        RunningOperator {
+            stop: Some(stop),
+            task,
+            renderer,
+        }
+    }
+}
+
+/// Applies `object` as the Go operator does (upstream-behaviour.md §5.5, `setLabel`): its label
+/// `clusterstack.x-k8s.io/instance: owned` on the object and, for Deployments, ReplicaSets, StatefulSets,
+/// DaemonSets and Jobs, on the pod template; namespaced objects into `namespace` (its client's namespace);
+/// server-side apply with field manager `kubectl`, forced. Returns the object as applied.
+pub async fn go_operator_apply(client: &Client, namespace: &str, mut object: Value) -> DynamicObject {
+    let api_version = object["apiVersion"].as_str().unwrap().to_owned();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+    let kind = object["kind"].as_str().unwrap().to_owned();
+    let label = |at: &mut Value| {
+        if !at["labels"].is_object() {
+            at["labels"] = json!({});
+        }
+        at["labels"][cso_api::OWNED_LABEL.0] = json!(cso_api::OWNED_LABEL.1);
+    };
+    label(&mut object["metadata"]);
+    let template_kinds = ["Deployment", "ReplicaSet", "StatefulSet", "DaemonSet"];
+    if (group == "apps" && template_kinds.contains(&kind.as_str())) || (group == "batch" && kind == "Job") {
+        label(&mut object["spec"]["template"]["metadata"]);
+    }
+    let gvk = GroupVersionKind::gvk(group, version, &kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+    let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
+        object["metadata"]["namespace"] = json!(namespace);
+        Api::namespaced_with(client.clone(), namespace, &resource)
+    } else {
+        Api::all_with(client.clone(), &resource)
+    };
+    api.patch(
+        &name,
+        &kube::api::PatchParams::apply("kubectl").force(),
+        &kube::api::Patch::Apply(&object),
+    )
+    .await
+    .unwrap()
+}
