@@ -95,11 +95,13 @@ pub async fn render_addon_chart(
     render(renderer, request).await.map_err(AddonRenderError::Chart)
 }
 
-/// Reads a values file and templates it over `data` (`{Cluster, ControlPlane, InfraCluster}`).
+/// Reads a values file and templates it over `data` (`{Cluster, ControlPlane, InfraCluster}`). A file over
+/// [`cso_render::values::MAX_VALUES_FILE_BYTES`] is not read, rendered values over
+/// [`cso_render::values::MAX_RENDERED_VALUES_BYTES`] are refused; the message names the file and the limit.
 pub async fn addon_values(templater: &ValuesTemplater, file: &Path, data: &Value) -> Result<String, String> {
-    let text = tokio::fs::read_to_string(file)
+    let text = cso_render::values::read_values_file(file)
         .await
-        .map_err(|e| format!("failed to read {}: {e}", file.display()))?;
+        .map_err(|e| e.to_string())?;
     templater
         .render(file, &text, data)
         .await

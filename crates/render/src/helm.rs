@@ -1,6 +1,10 @@
 //! `helm template` behind a small trait. Never touches the network at render time (no
 //! `--dependency-update`: a chart must vendor its dependencies), runs with private Helm home directories,
 //! is killed on timeout or when the caller gives up, and reports Helm's stderr in its errors.
+//!
+//! What one render may make the operator hold is bounded: helm's output is read up to
+//! [`MAX_OUTPUT_BYTES`] (more is refused and helm is killed at once, before the rest is read), and its
+//! stderr up to [`MAX_STDERR_BYTES`] (the rest is read and dropped).
 
 use std::{
     path::{Path, PathBuf},
@@ -9,7 +13,15 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// The most one `helm template` may write to stdout: 16 MiB. Real releases render far less (the largest
+/// fixture, Cilium and metrics-server, renders about 120 kB; a chart with all of kube-prometheus-stack's
+/// CRDs about 5 MB); parsed into objects, the output takes several times its size in memory, and the
+/// operator's Helm chart limits the whole container (operator and helm) to 256 MiB.
+pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+/// The most of helm's stderr kept for an error message.
+pub const MAX_STDERR_BYTES: usize = 64 << 10;
 
 /// What to render.
 #[derive(Clone, Debug, Default)]
@@ -45,6 +57,22 @@ pub enum RenderError {
     Timeout { chart: PathBuf, timeout: Duration },
     #[error("helm template of {chart} produced output that is not UTF-8")]
     Output { chart: PathBuf },
+    #[error(
+        "helm template of {chart} produced more than {limit} bytes ({}), the most one render may produce; it was stopped",
+        human_bytes(*.limit)
+    )]
+    OutputTooLarge { chart: PathBuf, limit: usize },
+}
+
+/// `bytes` as MiB or KiB when it is a whole number of them, else as bytes.
+pub fn human_bytes(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes.is_multiple_of(1 << 10) {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 /// Renders charts.
@@ -57,6 +85,8 @@ pub trait ChartRenderer: Send + Sync + std::fmt::Debug {
 pub struct Helm {
     binary: PathBuf,
     timeout: Duration,
+    /// The most stdout one render may produce.
+    output_limit: usize,
     home: tempfile::TempDir,
     /// Whether this helm knows `--take-ownership`, asked once.
     takes_ownership: tokio::sync::OnceCell<bool>,
@@ -76,9 +106,21 @@ impl Helm {
         Ok(Helm {
             binary,
             timeout,
+            output_limit: MAX_OUTPUT_BYTES,
             home,
             takes_ownership: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The same helm with another limit on one render's output (default [`MAX_OUTPUT_BYTES`]).
+    pub fn with_output_limit(mut self, bytes: usize) -> Self {
+        self.output_limit = bytes;
+        self
+    }
+
+    /// The most stdout one render may produce.
+    pub fn output_limit(&self) -> usize {
+        self.output_limit
     }
 
     /// Whether `helm version` names a release with `--take-ownership` (3.17 or later); a version that cannot be
@@ -172,15 +214,45 @@ impl ChartRenderer for Helm {
                     binary: self.binary.clone(),
                     source,
                 })?;
-            if let (Some(values), Some(mut stdin)) = (request.values, child.stdin.take()) {
-                // A chart that fails before reading its values closes stdin: the error comes from helm below.
-                let _ = stdin.write_all(values.as_bytes()).await;
+            let stdin = child.stdin.take();
+            let stdout = child.stdout.take();
+            let stderr = child.stderr.take();
+            let values = request.values;
+            let spawn_error = |source| RenderError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            };
+            let feed = async move {
+                if let (Some(values), Some(mut stdin)) = (values, stdin) {
+                    // A chart that fails before reading its values closes stdin: the error comes from helm.
+                    let _ = stdin.write_all(values.as_bytes()).await;
+                }
+                Ok(())
+            };
+            let output = async {
+                match read_at_most(stdout, self.output_limit).await {
+                    Ok(Some(stdout)) => Ok(stdout),
+                    Ok(None) => Err(RenderError::OutputTooLarge {
+                        chart: chart.clone(),
+                        limit: self.output_limit,
+                    }),
+                    Err(e) => Err(spawn_error(e)),
+                }
+            };
+            let errors = async { read_keeping(stderr, MAX_STDERR_BYTES).await.map_err(spawn_error) };
+            let run = async {
+                // Output over the limit ends the other two at once; helm is killed below.
+                let ((), stdout, stderr) = tokio::try_join!(feed, output, errors)?;
+                let status = child.wait().await.map_err(spawn_error)?;
+                Ok((status, stdout, stderr))
+            };
+            let finished = tokio::time::timeout(self.timeout, run).await;
+            if !matches!(finished, Ok(Ok(_))) {
+                // Stopped now, not only when `child` is dropped (kill_on_drop).
+                let _ = child.start_kill();
             }
-            let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
-                Ok(output) => output.map_err(|source| RenderError::Spawn {
-                    binary: self.binary.clone(),
-                    source,
-                })?,
+            let (status, stdout, stderr) = match finished {
+                Ok(result) => result?,
                 Err(_) => {
                     return Err(RenderError::Timeout {
                         chart,
@@ -188,13 +260,45 @@ impl ChartRenderer for Helm {
                     });
                 }
             };
-            if !output.status.success() {
-                let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+            if !status.success() {
+                let stderr = String::from_utf8_lossy(&stderr).trim().to_owned();
                 return Err(RenderError::Failed { chart, stderr });
             }
-            String::from_utf8(output.stdout).map_err(|_| RenderError::Output { chart })
+            String::from_utf8(stdout).map_err(|_| RenderError::Output { chart })
         })
     }
+}
+
+/// All of `pipe` if it holds at most `limit` bytes; `None` as soon as it holds more (the rest is not read).
+async fn read_at_most(
+    pipe: Option<impl AsyncRead + Unpin>,
+    limit: usize,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let Some(pipe) = pipe else {
+        return Ok(Some(Vec::new()));
+    };
+    let mut buffer = Vec::new();
+    let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    pipe.take(cap).read_to_end(&mut buffer).await?;
+    Ok((buffer.len() <= limit).then_some(buffer))
+}
+
+/// The first `keep` bytes of `pipe` (with a note when there was more); the rest is read and dropped, so the
+/// writer never blocks.
+async fn read_keeping(pipe: Option<impl AsyncRead + Unpin>, keep: usize) -> std::io::Result<Vec<u8>> {
+    let Some(mut pipe) = pipe else {
+        return Ok(Vec::new());
+    };
+    let mut buffer = Vec::new();
+    (&mut pipe)
+        .take(u64::try_from(keep).unwrap_or(u64::MAX))
+        .read_to_end(&mut buffer)
+        .await?;
+    let dropped = tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await?;
+    if dropped > 0 {
+        buffer.extend_from_slice(format!("\n[{dropped} more bytes of helm's stderr left out]").as_bytes());
+    }
+    Ok(buffer)
 }
 
 /// `--take-ownership` came with Helm 3.17; an unreadable version counts as recent.
@@ -210,7 +314,99 @@ fn parse_version(text: &str) -> Option<(u32, u32)> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
     use super::*;
+
+    /// A stand-in for helm: a shell script that runs `body` (and ignores its arguments).
+    fn fake_helm(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("helm");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn request(dir: &Path) -> RenderRequest {
+        RenderRequest {
+            chart: dir.join("chart"),
+            release_name: "r".into(),
+            namespace: "ns".into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn output_over_the_limit_is_refused_without_reading_it_all() {
+        let dir = tempfile::tempdir().unwrap();
+        // Endless output: only the limit stops it (or the test's timeout).
+        let helm = Helm::new(
+            fake_helm(dir.path(), "yes 0123456789abcdef"),
+            Duration::from_secs(30),
+        )
+        .unwrap()
+        .with_output_limit(1 << 20);
+        let started = std::time::Instant::now();
+        let err = helm.render(request(dir.path())).await.unwrap_err();
+        assert!(
+            matches!(err, RenderError::OutputTooLarge { limit, .. } if limit == 1 << 20),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("more than 1048576 bytes (1 MiB)"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "stopped at the limit"
+        );
+    }
+
+    #[tokio::test]
+    async fn output_up_to_the_limit_and_values_on_stdin_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        // Echoes its values (stdin) back.
+        let helm = Helm::new(fake_helm(dir.path(), "cat"), Duration::from_secs(30))
+            .unwrap()
+            .with_output_limit(3 << 20);
+        let values = "k: v\n".repeat(600_000); // 3 MB, more than a pipe holds
+        let rendered = helm
+            .render(RenderRequest {
+                values: Some(values.clone()),
+                ..request(dir.path())
+            })
+            .await
+            .unwrap();
+        assert_eq!(rendered, values);
+    }
+
+    #[tokio::test]
+    async fn a_flood_on_stderr_is_cut_in_the_error_and_does_not_block_helm() {
+        let dir = tempfile::tempdir().unwrap();
+        let helm = Helm::new(
+            fake_helm(dir.path(), "head -c 5000000 /dev/zero | tr '\\0' e >&2; exit 1"),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let err = helm.render(request(dir.path())).await.unwrap_err();
+        let RenderError::Failed { stderr, .. } = &err else {
+            panic!("{err}")
+        };
+        assert!(stderr.len() < MAX_STDERR_BYTES + 100, "{} bytes", stderr.len());
+        assert!(
+            stderr.ends_with("more bytes of helm's stderr left out]"),
+            "{}",
+            &stderr[stderr.len() - 80..]
+        );
+    }
+
+    #[test]
+    fn sizes_are_said_in_whole_units() {
+        assert_eq!(human_bytes(16 << 20), "16 MiB");
+        assert_eq!(human_bytes(64 << 10), "64 KiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
+        assert_eq!(human_bytes((1 << 20) + 1), "1048577 bytes");
+    }
 
     #[test]
     fn helm_versions_are_read_as_major_and_minor() {
