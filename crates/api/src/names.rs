@@ -94,6 +94,9 @@ pub mod event {
     pub const CLUSTER_ADDON_APPLIED: &str = "ClusterAddonApplied";
     /// *New.* A reconcile took longer than `--reconcile-timeout` and was stopped (it is retried).
     pub const RECONCILE_TIMED_OUT: &str = "ReconcileTimedOut";
+    /// *New.* The API server refused to delete objects a release no longer has (403, 405, 409): left in place
+    /// and dropped from the inventory, so the rest of the work goes on.
+    pub const PRUNE_REFUSED: &str = "PruneRefused";
 }
 
 /// The label with the release tag that every object applied for a release carries (besides

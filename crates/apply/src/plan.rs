@@ -30,8 +30,9 @@ pub enum Change {
     /// In the previous inventory, not in the render, and carrying the operator's label: would be deleted.
     Prune,
     /// In the previous inventory, not in the render, but not the operator's to delete (no operator's label,
-    /// or a Namespace that is shared or still holds objects of the render): would be left alone.
-    Keep,
+    /// or a Namespace that is shared or still holds objects of the render): would be left alone, for this
+    /// reason.
+    Keep(String),
     /// In the previous inventory, not in the render, and already gone: nothing to do.
     Absent,
     /// The server refused the dry run, or the kind is not served (yet).
@@ -86,7 +87,9 @@ impl ApplyEngine {
         for stale in to_prune(&previous, &current) {
             let change = match self.prune_target(stale, default_namespace, &current).await {
                 Ok(PruneTarget::Delete(_)) => Change::Prune,
-                Ok(PruneTarget::NotOurs | PruneTarget::Shared(_) | PruneTarget::InUse) => Change::Keep,
+                Ok(PruneTarget::NotOurs) => Change::Keep("not labelled by the operator".into()),
+                Ok(PruneTarget::Shared(reason)) => Change::Keep(reason),
+                Ok(PruneTarget::InUse) => Change::Keep("objects of the release still live in it".into()),
                 Ok(PruneTarget::Absent) => Change::Absent,
                 Err(error) => Change::Refused(error),
             };

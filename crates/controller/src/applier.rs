@@ -1,8 +1,8 @@
 //! The one way a reconciler changes objects in a cluster: apply a rendered set (server-side, labelled as
 //! ours, with the inventory and prune of the apply engine) or delete a recorded set. Every apply is
-//! recorded in the metrics, and objects someone had changed or deleted are reported by a `DriftCorrected`
-//! event on the object the work is for. What happened comes back as the engine's [`ApplyReport`]; the
-//! reconcilers derive their status from it.
+//! recorded in the metrics; objects someone had changed or deleted are reported by a `DriftCorrected` event
+//! on the object the work is for, deletions the API server refuses by a `PruneRefused` event. What happened
+//! comes back as the engine's [`ApplyReport`]; the reconcilers derive their status from it.
 
 use std::collections::BTreeMap;
 
@@ -80,6 +80,23 @@ impl<K: KubeResource<DynamicType = ()>> Work<'_, K> {
         let target = self.target.metrics_label();
         ctx.metrics.applied(target, &report);
         ctx.report_drift(self.about, target, &report).await;
+        if !report.refused.is_empty() {
+            let refused: Vec<String> = report
+                .refused
+                .iter()
+                .map(|f| format!("{}: {}", f.key, f.error))
+                .collect();
+            ctx.event(
+                self.about,
+                kube::runtime::events::EventType::Warning,
+                cso_api::names::event::PRUNE_REFUSED,
+                format!(
+                    "the API server refused to delete {}; left in place and no longer recorded",
+                    refused.join("; ")
+                ),
+            )
+            .await;
+        }
         report
     }
 }

@@ -376,9 +376,9 @@ fn print_planned(
                     writeln!(out, "   delete     {}", item.key)?;
                 }
             },
-            Change::Keep => {
+            Change::Keep(reason) => {
                 tally.kept += 1;
-                writeln!(out, "   keep       {} (not labelled by the operator)", item.key)?;
+                writeln!(out, "   keep       {} ({reason})", item.key)?;
             }
             Change::Absent => writeln!(out, "   absent     {}", item.key)?,
             Change::Refused(reason) => {
