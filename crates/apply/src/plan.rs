@@ -58,6 +58,13 @@ impl ApplyEngine {
     ) -> Vec<PlannedChange> {
         let mut planned = Vec::new();
         let mut current = BTreeSet::new();
+        // Objects in a namespace the same render creates cannot be dry-run before it exists: the server
+        // answers 404 for the namespace. They would be created with it, so that is what the plan says.
+        let created_namespaces: BTreeSet<&str> = manifests
+            .iter()
+            .filter(|m| m.kind() == "Namespace" && m.group_version().0.is_empty())
+            .map(|m| m.name())
+            .collect();
         for manifest in manifests {
             let item = self.prepare(manifest, default_namespace, labels).await;
             current.insert(item.key.clone());
@@ -71,6 +78,13 @@ impl ApplyEngine {
                             .patch(&item.key.name, &params, &Patch::Apply(&item.object))
                             .await
                         {
+                            Err(kube::Error::Api(status))
+                                if status.code == 404
+                                    && live.is_none()
+                                    && created_namespaces.contains(item.key.namespace.as_str()) =>
+                            {
+                                compare(None, item.object.clone())
+                            }
                             Err(e) => Change::Refused(api_error(&e)),
                             Ok(after) => compare(live.map(to_value), to_value(after)),
                         },

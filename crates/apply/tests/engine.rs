@@ -1098,3 +1098,26 @@ async fn a_refused_prune_is_reported_and_blocks_nothing() {
     let _ = bindings.delete(&policy_name, &Default::default()).await;
     let _ = policies.delete(&policy_name, &Default::default()).await;
 }
+
+#[tokio::test]
+async fn a_plan_creates_objects_in_a_namespace_the_same_render_creates() {
+    let (_client, ns, engine) = setup("plan-new-namespace").await;
+    let fresh = format!("{ns}-fresh");
+    let render =
+        parse_manifests(&(namespace_manifest(&fresh) + &config_map_manifest(&fresh, "settings"))).unwrap();
+    let planned = engine.plan(&render, &ns, &BTreeMap::new(), &[]).await;
+    let changes: Vec<(&str, bool)> = planned
+        .iter()
+        .map(|p| {
+            (
+                p.key.name.as_str(),
+                matches!(p.change, cso_apply::Change::Create { .. }),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [(fresh.as_str(), true), ("settings", true)],
+        "no false 'refused' for an object whose namespace comes with it: {planned:?}"
+    );
+}
