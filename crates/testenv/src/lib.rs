@@ -2,8 +2,10 @@
 //!
 //! Tests share one control plane per test binary ([`shared_management`]) and isolate themselves by
 //! namespace ([`namespace`]); `cso-dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
-//! [`registry::Registry`] is a real OCI registry.
+//! [`registry::Registry`] is a real OCI registry. [`capi`] runs Cluster API itself (v1.14's managers, CRDs and
+//! webhooks) on a control plane of its own.
 
+pub mod capi;
 pub mod control_plane;
 pub mod crds;
 pub mod github;

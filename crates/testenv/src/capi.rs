@@ -1,0 +1,680 @@
+//! Cluster API itself in the test environment: the managers of one Cluster API release (v1.14.x, built by
+//! `make tools` from the wrapper module `hack/testenv/capi`) running against a local control plane.
+//!
+//! What a Cluster API installation does through kustomize and cert-manager is done here directly, as envtest
+//! does for Go operators:
+//!
+//! - the CRDs of each provider (`<config>/crd/kustomization.yaml`: its `resources`) get the kustomization's
+//!   labels (the contract labels `cluster.x-k8s.io/v1beta1: v1beta1`, `cluster.x-k8s.io/v1beta2: v1beta2`,
+//!   which the topology controller reads to pick a template's apiVersion, and the provider label of
+//!   `<config>/default/kustomization.yaml`) and, where a `patches` file asks for a conversion webhook, the
+//!   conversion webhook at `https://127.0.0.1:<provider's webhook port>/convert` with our CA;
+//! - the provider's admission webhooks (`<config>/webhook/manifests.yaml`) are installed with their service
+//!   references rewritten to `https://127.0.0.1:<port><path>` and the CA bundle;
+//! - each manager runs with the admin kubeconfig, `--leader-elect=false`, the feature gates
+//!   `ClusterTopology=true,RuntimeSDK=true`, a serving certificate for `127.0.0.1` and its health and
+//!   metrics (plain HTTP) endpoints on loopback ports.
+//!
+//! The core manager always runs its controllers. The kubeadm bootstrap and control-plane providers and the
+//! Docker/Dev infrastructure provider run, by default, for their conversion and admission webhooks only
+//! ([`ProviderControllers::WebhooksOnly`]: their controllers watch a namespace that holds nothing), because
+//! there is no Docker daemon and no machine here: with [`ProviderControllers::Running`] the Docker provider's
+//! controllers fail on the missing `/var/run/docker.sock` and the kubeadm control-plane provider on the
+//! missing connection to the workload cluster. What a provider reports about machines must come from a
+//! stand-in; Cluster API accepting a ClusterClass and `TopologyReconciled=True` need none
+//! (`tests/cluster_api.rs`).
+//!
+//! Limits: the webhook servers listen on every interface (Cluster API has no flag for the webhook host), and
+//! the Docker/Dev provider always starts the debug server of its in-memory backend on port 19000 (all
+//! interfaces, not configurable): one Docker/Dev provider per machine at a time.
+//!
+//! The admission webhooks apply to the whole control plane: start Cluster API on a control plane of its own
+//! ([`start_management_with_cluster_api`], [`shared_management_with_cluster_api`]), not on the shared one
+//! that carries the Cluster API v1.10 CRDs.
+
+use std::{
+    collections::BTreeMap,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use k8s_openapi::{
+    ByteString,
+    api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
+    },
+};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{ControlPlane, Error, Tools, crds, pki, process::Supervised};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+const FIELD_MANAGER: &str = "cso-testenv";
+/// The namespace the providers' controllers watch in [`ProviderControllers::WebhooksOnly`]: it never exists.
+pub const WEBHOOKS_ONLY_NAMESPACE: &str = "cso-testenv-capi-webhooks-only";
+/// The feature gates every manager runs with.
+pub const FEATURE_GATES: &str = "ClusterTopology=true,RuntimeSDK=true";
+
+/// One Cluster API provider of the release `make tools` built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Provider {
+    /// The core manager (`sigs.k8s.io/cluster-api/core`): Clusters, ClusterClasses, topology, Runtime SDK.
+    Core,
+    /// The kubeadm bootstrap provider (`KubeadmConfig`, `KubeadmConfigTemplate`).
+    KubeadmBootstrap,
+    /// The kubeadm control-plane provider (`KubeadmControlPlane`, `KubeadmControlPlaneTemplate`).
+    KubeadmControlPlane,
+    /// The Docker/Dev infrastructure provider of `sigs.k8s.io/cluster-api/test` (`DockerClusterTemplate`, ...).
+    Docker,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 4] = [
+        Provider::Core,
+        Provider::KubeadmBootstrap,
+        Provider::KubeadmControlPlane,
+        Provider::Docker,
+    ];
+
+    /// A short name, used for log files and object names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Core => "core",
+            Provider::KubeadmBootstrap => "kubeadm-bootstrap",
+            Provider::KubeadmControlPlane => "kubeadm-control-plane",
+            Provider::Docker => "docker",
+        }
+    }
+
+    /// The variables (hack/tools.sh's env output) with its manager binary and its config directory.
+    fn env_keys(self) -> [&'static str; 2] {
+        match self {
+            Provider::Core => ["CSO_CAPI_MANAGER", "CSO_CAPI_MANAGER_CONFIG"],
+            Provider::KubeadmBootstrap => [
+                "CSO_CAPI_KUBEADM_BOOTSTRAP_MANAGER",
+                "CSO_CAPI_KUBEADM_BOOTSTRAP_CONFIG",
+            ],
+            Provider::KubeadmControlPlane => [
+                "CSO_CAPI_KUBEADM_CONTROL_PLANE_MANAGER",
+                "CSO_CAPI_KUBEADM_CONTROL_PLANE_CONFIG",
+            ],
+            Provider::Docker => ["CSO_CAPI_DOCKER_MANAGER", "CSO_CAPI_DOCKER_CONFIG"],
+        }
+    }
+}
+
+/// The binaries and config directories of one Cluster API release, as `make tools` lists them.
+#[derive(Clone, Debug)]
+pub struct ClusterApiTools {
+    /// `v1.14.2`
+    pub version: String,
+    pub providers: Vec<ProviderTools>,
+}
+
+/// One provider's manager binary and its `config` directory (CRDs, kustomizations, webhook manifests).
+#[derive(Clone, Debug)]
+pub struct ProviderTools {
+    pub provider: Provider,
+    pub binary: PathBuf,
+    pub config_dir: PathBuf,
+}
+
+impl ClusterApiTools {
+    /// Reads `CSO_CAPI_MANAGER_VERSION` and each provider's binary and config directory
+    /// (`CSO_CAPI_MANAGER` and `CSO_CAPI_MANAGER_CONFIG` for the core, `CSO_CAPI_DOCKER_MANAGER` and
+    /// `CSO_CAPI_DOCKER_CONFIG` for the Docker provider, ...); `None` when any is missing.
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Option<Self> {
+        let version = lookup("CSO_CAPI_MANAGER_VERSION")?;
+        let providers = Provider::ALL
+            .into_iter()
+            .map(|provider| {
+                let [binary, config_dir] = provider.env_keys();
+                let binary = lookup(binary)?;
+                let config_dir = lookup(config_dir)?;
+                Some(ProviderTools {
+                    provider,
+                    binary: binary.into(),
+                    config_dir: config_dir.into(),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(ClusterApiTools { version, providers })
+    }
+
+    /// Finds them like [`Tools::discover`]: the environment, then the `env` file of the tools cache.
+    pub fn discover() -> Result<Self, Error> {
+        let env_file = crate::tools::cache_dir().join("env");
+        let from_file: BTreeMap<String, String> = std::fs::read_to_string(&env_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .collect();
+        let lookup = |key: &str| {
+            std::env::var(key)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .or_else(|| from_file.get(key).cloned())
+        };
+        let tools = Self::from_lookup(lookup).ok_or_else(|| {
+            Error::Tools(format!(
+                "the Cluster API managers are not built: run `make tools` (writes {}) or set \
+                 CSO_CAPI_MANAGER_VERSION, CSO_CAPI_MANAGER, CSO_CAPI_MANAGER_CONFIG and the providers' variables",
+                env_file.display()
+            ))
+        })?;
+        for provider in &tools.providers {
+            if !provider.binary.is_file() {
+                return Err(Error::Tools(format!(
+                    "{} does not exist: run `make tools`",
+                    provider.binary.display()
+                )));
+            }
+        }
+        Ok(tools)
+    }
+
+    fn provider(&self, provider: Provider) -> Option<&ProviderTools> {
+        self.providers.iter().find(|p| p.provider == provider)
+    }
+}
+
+/// Whether the providers other than the core run their controllers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProviderControllers {
+    /// Conversion and admission webhooks only: the controllers watch [`WEBHOOKS_ONLY_NAMESPACE`].
+    #[default]
+    WebhooksOnly,
+    /// Everything, as in a real installation (the Docker provider's controllers need a Docker daemon).
+    Running,
+}
+
+/// How to start Cluster API.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub provider_controllers: ProviderControllers,
+    /// Extra arguments for the core manager (for example `--v=4`).
+    pub core_args: Vec<String>,
+}
+
+/// One running manager.
+#[derive(Debug)]
+struct Manager {
+    provider: Provider,
+    webhook_port: u16,
+    health_port: u16,
+    metrics_port: u16,
+    process: Supervised,
+}
+
+/// Cluster API's managers running against a control plane. Dropping it stops them (the CRDs and webhook
+/// configurations stay in the control plane).
+#[derive(Debug)]
+pub struct ClusterApi {
+    version: String,
+    ca_pem: String,
+    started_in: Duration,
+    managers: Vec<Manager>,
+}
+
+impl ClusterApi {
+    /// Installs the release's CRDs and webhooks into `plane` and starts its managers; returns when every
+    /// manager answers `/readyz` and the webhook configurations are in place.
+    pub async fn start(
+        capi: &ClusterApiTools,
+        plane: &ControlPlane,
+        options: &Options,
+    ) -> Result<Self, Error> {
+        let started = Instant::now();
+        let dir = plane.dir().join("cluster-api");
+        let cert_dir = dir.join("certs");
+        std::fs::create_dir_all(&cert_dir).map_err(|e| Error::io(&cert_dir, e))?;
+        let ca_pem = pki::write_serving_certificate(&cert_dir)?;
+        let client = plane.client().await?;
+
+        let mut ports = BTreeMap::new();
+        for provider in Provider::ALL {
+            ports.insert(provider, [free_port()?, free_port()?, free_port()?]);
+        }
+
+        let mut all_crds = Vec::new();
+        for provider in Provider::ALL {
+            let tools = capi
+                .provider(provider)
+                .ok_or_else(|| Error::Tools(format!("no {} provider in the tools", provider.name())))?;
+            let webhook_port = ports[&provider][0];
+            all_crds.extend(provider_crds(&tools.config_dir, webhook_port, &ca_pem)?);
+        }
+        crds::install(&client, &all_crds).await?;
+
+        let mut managers = Vec::new();
+        for provider in Provider::ALL {
+            let Some(tools) = capi.provider(provider) else {
+                continue;
+            };
+            let [webhook_port, health_port, metrics_port] = ports[&provider];
+            let mut command = Command::new(&tools.binary);
+            command.args([
+                format!("--kubeconfig={}", plane.kubeconfig_path().display()),
+                "--leader-elect=false".into(),
+                format!("--feature-gates={FEATURE_GATES}"),
+                format!("--webhook-port={webhook_port}"),
+                format!("--webhook-cert-dir={}", cert_dir.display()),
+                format!("--health-addr=127.0.0.1:{health_port}"),
+                format!("--diagnostics-address=127.0.0.1:{metrics_port}"),
+                "--insecure-diagnostics".into(),
+            ]);
+            if provider == Provider::Core {
+                command.args(&options.core_args);
+            } else if options.provider_controllers == ProviderControllers::WebhooksOnly {
+                command.arg(format!("--namespace={WEBHOOKS_ONLY_NAMESPACE}"));
+            }
+            // The Docker provider's in-memory backend advertises this address for its workload API servers.
+            command.env("POD_IP", "127.0.0.1");
+            let log = dir.join(format!("{}.log", provider.name()));
+            let process =
+                Supervised::spawn(&format!("cluster-api {}", provider.name()), command, &log, None)?;
+            managers.push(Manager {
+                provider,
+                webhook_port,
+                health_port,
+                metrics_port,
+                process,
+            });
+        }
+        for manager in &mut managers {
+            let port = manager.health_port;
+            manager
+                .process
+                .wait_ready(READY_TIMEOUT, Duration::from_millis(200), || {
+                    http_ok(port, "/readyz")
+                })
+                .await?;
+        }
+
+        for manager in &managers {
+            let tools = capi
+                .provider(manager.provider)
+                .ok_or_else(|| Error::Tools(format!("no {} provider", manager.provider.name())))?;
+            install_admission_webhooks(
+                &client,
+                manager.provider,
+                &tools.config_dir,
+                manager.webhook_port,
+                &ca_pem,
+            )
+            .await?;
+        }
+
+        Ok(ClusterApi {
+            version: capi.version.clone(),
+            ca_pem,
+            started_in: started.elapsed(),
+            managers,
+        })
+    }
+
+    /// The Cluster API release (`v1.14.2`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The CA (PEM) of the managers' serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// From the call of [`ClusterApi::start`] until every manager was ready and the webhooks installed.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// Process ids of the managers, for measuring their memory.
+    pub fn pids(&self) -> Vec<(Provider, u32)> {
+        self.managers
+            .iter()
+            .map(|m| (m.provider, m.process.pid()))
+            .collect()
+    }
+
+    /// `http://127.0.0.1:<port>/metrics` of a provider's manager (plain HTTP, no authentication).
+    pub fn metrics_url(&self, provider: Provider) -> Option<String> {
+        self.manager(provider)
+            .map(|m| format!("http://127.0.0.1:{}/metrics", m.metrics_port))
+    }
+
+    /// The end of a manager's log, for failure messages.
+    pub fn log_tail(&self, provider: Provider) -> String {
+        self.manager(provider)
+            .map(|m| m.process.log_tail())
+            .unwrap_or_default()
+    }
+
+    /// An error describing the first manager that has exited, if any.
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        match self.managers.iter_mut().find_map(|m| m.process.exited()) {
+            Some(exit) => Err(Error::Process(exit)),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the managers.
+    pub fn stop(mut self) {
+        for manager in &mut self.managers {
+            manager.process.stop(Duration::from_secs(10));
+        }
+    }
+
+    fn manager(&self, provider: Provider) -> Option<&Manager> {
+        self.managers.iter().find(|m| m.provider == provider)
+    }
+}
+
+/// A management control plane with Cluster API running: our CRDs, the release's CRDs and webhooks, and its
+/// managers. Field order is drop order: Cluster API stops before its control plane.
+#[derive(Debug)]
+pub struct ManagementWithClusterApi {
+    pub cluster_api: ClusterApi,
+    pub control_plane: ControlPlane,
+}
+
+/// Starts a control plane with our CRDs, then Cluster API on it.
+pub async fn start_management_with_cluster_api(
+    tools: &Tools,
+    capi: &ClusterApiTools,
+    dir: Option<&Path>,
+    options: &Options,
+) -> Result<ManagementWithClusterApi, Error> {
+    let control_plane = ControlPlane::start(tools, "management", dir).await?;
+    let client = control_plane.client().await?;
+    crds::install(&client, &cso_api::crd::all()).await?;
+    let cluster_api = ClusterApi::start(capi, &control_plane, options).await?;
+    Ok(ManagementWithClusterApi {
+        cluster_api,
+        control_plane,
+    })
+}
+
+/// A management control plane with Cluster API (default [`Options`]) shared by all tests of this test
+/// binary, started on first use on a thread of its own; it lives until the test binary exits, when the
+/// process watchdogs stop it. Panics with the reason when it cannot start.
+pub fn shared_management_with_cluster_api() -> &'static ManagementWithClusterApi {
+    static SHARED: OnceLock<ManagementWithClusterApi> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let tools = Tools::discover().map_err(std::io::Error::other)?;
+            let capi = ClusterApiTools::discover().map_err(std::io::Error::other)?;
+            runtime
+                .block_on(start_management_with_cluster_api(
+                    &tools,
+                    &capi,
+                    None,
+                    &Options::default(),
+                ))
+                .map_err(std::io::Error::other)
+        })
+        .join()
+        .expect("Cluster API start-up thread panicked")
+        .unwrap_or_else(|e| panic!("cannot start the control plane with Cluster API: {e}"))
+    })
+}
+
+/// The CRDs of one provider as its `crd` kustomization builds them, with conversion webhooks at `port`.
+fn provider_crds(config_dir: &Path, port: u16, ca_pem: &str) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let crd_dir = config_dir.join("crd");
+    let kustomization = read_yaml(&crd_dir.join("kustomization.yaml"))?;
+    let mut labels = kustomization_labels(&kustomization);
+    // The provider label of the `default` kustomization (`cluster.x-k8s.io/provider: cluster-api`).
+    if let Ok(default) = read_yaml(&config_dir.join("default").join("kustomization.yaml")) {
+        labels.extend(kustomization_labels(&default));
+    }
+
+    let mut crds = Vec::new();
+    for resource in string_list(&kustomization, "resources") {
+        let path = crd_dir.join(&resource);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let docs: Vec<Option<CustomResourceDefinition>> = serde_saphyr::from_multiple(&text)
+            .map_err(|e| Error::Kube(format!("{}: not a CRD: {e}", path.display())))?;
+        crds.extend(docs.into_iter().flatten());
+    }
+    for crd in &mut crds {
+        let crd_labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
+        crd_labels.extend(labels.clone());
+    }
+
+    // `patches`: the ones that switch a CRD to webhook conversion.
+    let patches = kustomization
+        .get("patches")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for patch in patches {
+        let Some(file) = patch.get("path").and_then(Value::as_str) else {
+            continue;
+        };
+        let patch = read_yaml(&crd_dir.join(file))?;
+        let name = patch.pointer("/metadata/name").and_then(Value::as_str);
+        let conversion = patch.pointer("/spec/conversion");
+        let (Some(name), Some(conversion)) = (name, conversion) else {
+            continue;
+        };
+        if conversion.get("strategy").and_then(Value::as_str) != Some("Webhook") {
+            continue;
+        }
+        let path = conversion
+            .pointer("/webhook/clientConfig/service/path")
+            .and_then(Value::as_str)
+            .unwrap_or("/convert");
+        let review_versions = conversion
+            .pointer("/webhook/conversionReviewVersions")
+            .map(|v| string_array(Some(v)))
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| vec!["v1".to_owned()]);
+        let Some(crd) = crds.iter_mut().find(|c| c.metadata.name.as_deref() == Some(name)) else {
+            return Err(Error::Tools(format!(
+                "{}: a conversion patch for {name}, which the kustomization does not list",
+                crd_dir.display()
+            )));
+        };
+        crd.spec.conversion = Some(CustomResourceConversion {
+            strategy: "Webhook".into(),
+            webhook: Some(WebhookConversion {
+                client_config: Some(WebhookClientConfig {
+                    url: Some(format!("https://127.0.0.1:{port}{path}")),
+                    ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
+                    service: None,
+                }),
+                conversion_review_versions: review_versions,
+            }),
+        });
+    }
+    Ok(crds)
+}
+
+/// Installs a provider's mutating and validating webhook configurations, pointed at `port` on loopback.
+async fn install_admission_webhooks(
+    client: &kube::Client,
+    provider: Provider,
+    config_dir: &Path,
+    port: u16,
+    ca_pem: &str,
+) -> Result<(), Error> {
+    let path = config_dir.join("webhook").join("manifests.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let docs: Vec<Option<Value>> = serde_saphyr::from_multiple(&text)
+        .map_err(|e| Error::Kube(format!("{}: not YAML: {e}", path.display())))?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for mut doc in docs.into_iter().flatten() {
+        let kind = doc
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let original = doc
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let name = format!("cso-testenv-capi-{}-{original}", provider.name());
+        doc["metadata"]["name"] = Value::String(name.clone());
+        if let Some(webhooks) = doc.get_mut("webhooks").and_then(Value::as_array_mut) {
+            for webhook in webhooks {
+                let path = webhook
+                    .pointer("/clientConfig/service/path")
+                    .and_then(Value::as_str)
+                    .unwrap_or("/")
+                    .to_owned();
+                webhook["clientConfig"] = serde_json::json!({
+                    "url": format!("https://127.0.0.1:{port}{path}"),
+                    "caBundle": BASE64.encode(ca_pem),
+                });
+            }
+        }
+        let failed = |e: &dyn std::fmt::Display| Error::Kube(format!("failed to apply {kind} {name}: {e}"));
+        match kind.as_str() {
+            "MutatingWebhookConfiguration" => {
+                let object: MutatingWebhookConfiguration =
+                    serde_json::from_value(doc).map_err(|e| failed(&e))?;
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .patch(&name, &params, &Patch::Apply(&object))
+                    .await
+                    .map_err(|e| failed(&e))?;
+            }
+            "ValidatingWebhookConfiguration" => {
+                let object: ValidatingWebhookConfiguration =
+                    serde_json::from_value(doc).map_err(|e| failed(&e))?;
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .patch(&name, &params, &Patch::Apply(&object))
+                    .await
+                    .map_err(|e| failed(&e))?;
+            }
+            other => {
+                return Err(Error::Tools(format!(
+                    "{}: unexpected kind {other:?}",
+                    path.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_yaml(path: &Path) -> Result<Value, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_saphyr::from_str(&text).map_err(|e| Error::Kube(format!("{}: not YAML: {e}", path.display())))
+}
+
+/// The `labels[].pairs` (and the older `commonLabels`) of a kustomization.
+fn kustomization_labels(kustomization: &Value) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut add = |pairs: Option<&Value>| {
+        if let Some(pairs) = pairs.and_then(Value::as_object) {
+            for (key, value) in pairs {
+                if let Some(value) = value.as_str() {
+                    labels.insert(key.clone(), value.to_owned());
+                }
+            }
+        }
+    };
+    for entry in kustomization
+        .get("labels")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        add(entry.get("pairs"));
+    }
+    add(kustomization.get("commonLabels"));
+    labels
+}
+
+fn string_list(value: &Value, key: &str) -> Vec<String> {
+    string_array(value.get(key))
+}
+
+fn string_array(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))
+}
+
+/// `GET path` over plain HTTP on loopback answers 200.
+async fn http_ok(port: u16, path: &str) -> bool {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        std::io::Result::Ok(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), attempt).await,
+        Ok(Ok(true))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    #[test]
+    fn kustomization_labels_are_read_from_pairs_and_common_labels() {
+        let kustomization: Value = serde_saphyr::from_str(
+            "labels:\n- pairs:\n    cluster.x-k8s.io/v1beta1: v1beta1\n    cluster.x-k8s.io/v1beta2: v1beta2\n\
+             - includeSelectors: true\n  pairs:\n    cluster.x-k8s.io/provider: cluster-api\n\
+             commonLabels:\n  a: b\n",
+        )
+        .unwrap();
+        let labels = kustomization_labels(&kustomization);
+        assert_eq!(labels.len(), 4);
+        assert_eq!(labels["cluster.x-k8s.io/v1beta2"], "v1beta2");
+        assert_eq!(labels["cluster.x-k8s.io/provider"], "cluster-api");
+        assert_eq!(labels["a"], "b");
+    }
+
+    #[test]
+    fn tools_need_every_provider() {
+        let all = |key: &str| Some(format!("/x/{key}"));
+        let core = ClusterApiTools::from_lookup(all).unwrap();
+        assert_eq!(
+            core.provider(Provider::Core).unwrap().config_dir,
+            PathBuf::from("/x/CSO_CAPI_MANAGER_CONFIG")
+        );
+        let tools = ClusterApiTools::from_lookup(all).unwrap();
+        assert_eq!(tools.providers.len(), 4);
+        assert_eq!(
+            tools.provider(Provider::KubeadmControlPlane).unwrap().binary,
+            PathBuf::from("/x/CSO_CAPI_KUBEADM_CONTROL_PLANE_MANAGER")
+        );
+        let no_docker = |key: &str| (!key.contains("DOCKER")).then(|| key.to_owned());
+        assert!(ClusterApiTools::from_lookup(no_docker).is_none());
+    }
+}
