@@ -11,6 +11,9 @@
 #   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
 #   docker-registry Debian's CNCF distribution registry, for the OCI tests
+#   yaml2json       a few lines of Go over sigs.k8s.io/yaml (go-yaml v2) and k8s.io/apimachinery's YAMLReader, the
+#                   YAML parsing of Helm 3, kubectl and the Go operator: the reference of the manifest parser's
+#                   differential test (crates/render/tests/yaml_parity.rs); ~15 s cold, modules from the proxy
 #
 # Idempotent: each tool is built only when its cached binary is missing. A cold kube-apiserver build takes
 # 10-20 minutes and 2-4 GiB of memory on 2 cores; with a warm cache this script finishes in seconds.
@@ -31,6 +34,9 @@ HELM4="$CACHE/helm-$HELM4_VERSION/helm"
 # The Cluster API managers: the version is the one the wrapper module requires.
 CAPI_MANAGER_VERSION="$(awk '$1 == "sigs.k8s.io/cluster-api" { print $2 }' "$ROOT/hack/testenv/capi/go.mod")"
 CAPI_MANAGER_DIR="$CACHE/capi-$CAPI_MANAGER_VERSION"
+# The helper's modules are Helm $HELM_VERSION's (sigs.k8s.io/yaml, go.yaml.in/yaml/v2); bump the revision when
+# build_yaml2json's source changes.
+YAML2JSON="$CACHE/yaml2json-r1/yaml2json"
 
 say() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -44,6 +50,7 @@ print_env() {
   echo "CSO_CERT_MANAGER_CRD_DIR=$cert_manager_dir/deploy/crds"
   echo "CSO_HELM=$HELM"
   echo "CSO_HELM4=$HELM4"
+  echo "CSO_YAML2JSON=$YAML2JSON"
   echo "CSO_CAPI_CRD_DIRS=$capi_dir/config/crd/bases:$capi_dir/bootstrap/kubeadm/config/crd/bases:$capi_dir/controlplane/kubeadm/config/crd/bases:$capi_test_dir/infrastructure/docker/config/crd/bases"
   if command -v docker-registry >/dev/null 2>&1; then echo "CSO_REGISTRY=$(command -v docker-registry)"; fi
   print_capi_manager_env
@@ -125,6 +132,92 @@ build_helm() {
   say "helm $version: built in $((SECONDS - start))s"
 }
 
+# yaml2json: YAML stream on stdin -> a JSON array, one entry per document, the way kubectl and Helm's kube client
+# read manifests: split by apimachinery's YAMLReader, each document converted by sigs.k8s.io/yaml.YAMLToJSON.
+build_yaml2json() {
+  if [[ -x "$YAML2JSON" ]]; then say "yaml2json: cached at $YAML2JSON"; return; fi
+  say "yaml2json: building from the Go module proxy (cold: ~15 s)"
+  local start=$SECONDS dir
+  dir="$(mktemp -d)"
+  cat > "$dir/go.mod" <<'EOF'
+module cso.invalid/yaml2json
+
+go 1.25.0
+
+require (
+	k8s.io/apimachinery v0.35.4
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
+	go.yaml.in/yaml/v2 v2.4.3 // indirect
+	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
+)
+EOF
+  cat > "$dir/go.sum" <<'EOF'
+github.com/google/go-cmp v0.7.0 h1:wk8382ETsv4JYUZwIsn6YpYiWiBsYLSJiTsyBybVuN8=
+github.com/google/go-cmp v0.7.0/go.mod h1:pXiqmnSA92OHEEa9HXL2W4E7lf9JzCmGVUdgjX3N/iU=
+go.yaml.in/yaml/v2 v2.4.3 h1:6gvOSjQoTB3vt1l+CU+tSyi/HOjfOjRLJ4YwYZGwRO0=
+go.yaml.in/yaml/v2 v2.4.3/go.mod h1:zSxWcmIDjOzPXpjlTTbAsKokqkDNAVtZO0WOMiT90s8=
+go.yaml.in/yaml/v3 v3.0.4 h1:tfq32ie2Jv2UxXFdLJdh3jXuOzWiL1fo0bu/FbuKpbc=
+go.yaml.in/yaml/v3 v3.0.4/go.mod h1:DhzuOOF2ATzADvBadXxruRBLzYTpT36CKvDb3+aBEFg=
+gopkg.in/check.v1 v0.0.0-20161208181325-20d25e280405 h1:yhCVgyC4o1eVCa2tZl7eS0r+SDo693bJlVdllGtEeKM=
+gopkg.in/check.v1 v0.0.0-20161208181325-20d25e280405/go.mod h1:Co6ibVJAznAaIkqp8huTwlJQCZ016jof/cbN4VW5Yz0=
+k8s.io/apimachinery v0.35.4 h1:xtdom9RG7e+yDp71uoXoJDWEE2eOiHgeO4GdBzwWpds=
+k8s.io/apimachinery v0.35.4/go.mod h1:NNi1taPOpep0jOj+oRha3mBJPqvi0hGdaV8TCqGQ+cc=
+sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 h1:IpInykpT6ceI+QxKBbEflcR5EXP7sU1kvOlxwZh5txg=
+sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730/go.mod h1:mdzfpAEoE6DHQEN0uh9ZbOCuHbLK5wOm7dK4ctXE9Tg=
+sigs.k8s.io/yaml v1.6.0 h1:G8fkbMSAFqgEFgh4b1wmtzDnioxFCUgTZhlbj5P9QYs=
+sigs.k8s.io/yaml v1.6.0/go.mod h1:796bPqUfzR/0jLAl6XjHl3Ck7MiyVv8dbTdyT3/pMf4=
+EOF
+  cat > "$dir/main.go" <<'EOF'
+// Prints a JSON array with one entry per document of the YAML stream on stdin (null for empty ones), or the
+// first error on stderr with exit code 1.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+func main() {
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(os.Stdin))
+	out := bufio.NewWriter(os.Stdout)
+	out.WriteString("[")
+	for n := 0; ; n++ {
+		document, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err == nil {
+			document, err = yaml.YAMLToJSON(document)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "document %d: %v\n", n+1, err)
+			os.Exit(1)
+		}
+		if n > 0 {
+			out.WriteString(",")
+		}
+		out.Write(document)
+	}
+	out.WriteString("]\n")
+	out.Flush()
+}
+EOF
+  mkdir -p "$(dirname "$YAML2JSON")"
+  (cd "$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$YAML2JSON.tmp" .)
+  mv "$YAML2JSON.tmp" "$YAML2JSON"
+  rm -rf "$dir"
+  say "yaml2json: built in $((SECONDS - start))s"
+}
+
 fetch_capi() {
   say "cluster-api $CAPI_VERSION CRDs: downloading into the Go module cache (if missing)"
   # The checksum database has no entry for the test module of some releases: skip the lookup for it alone.
@@ -151,6 +244,7 @@ case "${1:-install}" in
     fetch_capi
     build_helm "$HELM_VERSION" "$HELM"
     build_helm "$HELM4_VERSION" "$HELM4"
+    build_yaml2json
     install_registry
     build_kube_apiserver
     build_capi

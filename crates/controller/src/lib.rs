@@ -21,6 +21,7 @@ pub mod preview;
 mod provider_watch;
 pub mod rendering;
 mod run;
+mod watch;
 
 pub use context::{Context, EVENT_REPORTER, Settings};
 pub use metrics::{MeteredRenderer, MeteredSource, Metrics};

@@ -1,6 +1,7 @@
 //! Watches on provider objects (`<X>ClusterStackRelease`), started the first time a ClusterStackRelease
 //! refers to a kind: a change of a provider object (its `status.ready`) reconciles the ClusterStackRelease
-//! that owns it at once, instead of at the next poll.
+//! that owns it at once, instead of at the next poll. Each watch retries on its own bounded backoff
+//! ([`crate::watch`]).
 
 use std::{collections::HashMap, sync::Mutex};
 
@@ -81,7 +82,7 @@ impl ProviderWatches {
         let kind = gvk.kind.clone();
         let task = tokio::spawn(async move {
             let mut objects = watcher(api, watcher::Config::default().any_semantic())
-                .default_backoff()
+                .backoff(crate::watch::backoff())
                 .touched_objects()
                 .boxed();
             while let Some(object) = objects.next().await {

@@ -18,7 +18,7 @@ use kube::{
     core::GroupVersionKind,
     core::PartialObjectMeta,
     discovery::ApiResource,
-    runtime::{Controller, WatchStreamExt, controller::Config, reflector::ObjectRef, watcher},
+    runtime::{WatchStreamExt, controller::Config, reflector::ObjectRef, watcher},
 };
 
 use crate::{
@@ -28,6 +28,7 @@ use crate::{
     cluster_stack_release::{self, ReleaseContext},
     filter::watcher_config,
     provider_watch::ProviderWatches,
+    watch,
 };
 
 /// What the operator is made of.
@@ -91,13 +92,12 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let config = watcher_config(&settings);
     let namespace = &settings.namespace;
 
-    let stacks = Controller::new(scoped::<ClusterStack>(&client, namespace), config.clone());
+    let stacks = watch::controller(scoped::<ClusterStack>(&client, namespace), config.clone());
     let stack_store = stacks.store();
     let stacks = stacks
         // A release changed or went away: its ClusterStack decides again.
-        .watches(
-            scoped::<ClusterStackRelease>(&client, namespace),
-            config.clone(),
+        .watches_stream(
+            watch::touched(scoped::<ClusterStackRelease>(&client, namespace), config.clone()),
             |release| {
                 let namespace = release.namespace().unwrap_or_default();
                 release
@@ -109,9 +109,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             },
         )
         // A Cluster moved to another class or went away: what is in use changed.
-        .watches(
-            scoped::<Cluster>(&client, namespace),
-            config.clone(),
+        .watches_stream(
+            watch::touched(scoped::<Cluster>(&client, namespace), config.clone()),
             move |cluster| {
                 let Some((id, class_namespace)) = cluster.stack_release() else {
                     return Vec::new();
@@ -146,13 +145,13 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
         None => Api::all_with(client.clone(), &class_resource),
     };
-    let releases = Controller::new(scoped::<ClusterStackRelease>(&client, namespace), config.clone());
+    let releases = watch::controller(scoped::<ClusterStackRelease>(&client, namespace), config.clone());
     let release_store = releases.store();
     // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
     // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
     // it first listed) has no event of its own.
     let class_triggers = watcher(class_api, owned_classes)
-        .default_backoff()
+        .backoff(watch::backoff())
         .flat_map(move |event| {
             let triggered: Vec<ObjectRef<ClusterStackRelease>> = match event {
                 Ok(
@@ -175,10 +174,13 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         });
     let releases = releases
         // A Cluster moved on or went away: a release waiting to be deleted may go now.
-        .watches(scoped::<Cluster>(&client, namespace), config.clone(), |cluster| {
-            let (id, class_namespace) = cluster.stack_release()?;
-            Some(ObjectRef::new(&id.tag()).within(&class_namespace))
-        })
+        .watches_stream(
+            watch::touched(scoped::<Cluster>(&client, namespace), config.clone()),
+            |cluster| {
+                let (id, class_namespace) = cluster.stack_release()?;
+                Some(ObjectRef::new(&id.tag()).within(&class_namespace))
+            },
+        )
         .reconcile_on(class_triggers)
         // A provider object changed (its status.ready).
         .reconcile_on(provider_triggers)
@@ -195,13 +197,12 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
-    let clusters = Controller::new(scoped::<Cluster>(&client, namespace), config.clone());
+    let clusters = watch::controller(scoped::<Cluster>(&client, namespace), config.clone());
     let cluster_store = clusters.store();
     let addon_create = clusters
         // A ClusterAddon was deleted: make it again.
-        .watches(
-            scoped::<ClusterAddon>(&client, namespace),
-            config.clone(),
+        .watches_stream(
+            watch::touched(scoped::<ClusterAddon>(&client, namespace), config.clone()),
             |addon| {
                 let namespace = addon.namespace().unwrap_or_default();
                 addon
@@ -213,9 +214,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             },
         )
         // A release appeared: Clusters of its class get their ClusterAddon.
-        .watches(
-            scoped::<ClusterStackRelease>(&client, namespace),
-            config.clone(),
+        .watches_stream(
+            watch::touched(scoped::<ClusterStackRelease>(&client, namespace), config.clone()),
             move |release| {
                 let release_namespace = release.namespace().unwrap_or_default();
                 let Ok(id) = ReleaseId::parse_tag(&release.name_any()) else {
@@ -244,22 +244,24 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
-    let addons = Controller::new(scoped::<ClusterAddon>(&client, namespace), config.clone())
+    let addons = watch::controller(scoped::<ClusterAddon>(&client, namespace), config.clone())
         // Any change of the Cluster (its class, its endpoint used by values templates) is looked at.
-        .watches(scoped::<Cluster>(&client, namespace), config.clone(), |cluster| {
-            Some(
-                ObjectRef::new(&cluster_addon_name(&cluster.name_any()))
-                    .within(&cluster.namespace().unwrap_or_default()),
-            )
-        })
+        .watches_stream(
+            watch::touched(scoped::<Cluster>(&client, namespace), config.clone()),
+            |cluster| {
+                Some(
+                    ObjectRef::new(&cluster_addon_name(&cluster.name_any()))
+                        .within(&cluster.namespace().unwrap_or_default()),
+                )
+            },
+        )
         // A kubeconfig Secret appeared or changed: its Cluster's addons go ahead without waiting for the
         // next poll. Only Cluster API's Secrets, and only their metadata, are watched.
         .watches_stream(
-            watcher(
+            watch::touched(
                 scoped::<PartialObjectMeta<Secret>>(&client, namespace),
                 watcher::Config::default().fields(CAPI_SECRET_SELECTOR),
-            )
-            .touched_objects(),
+            ),
             |secret| {
                 let name = secret.name_any();
                 let cluster = cluster_of_kubeconfig_secret(&name)?;

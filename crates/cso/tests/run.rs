@@ -534,3 +534,59 @@ fn an_unreachable_api_server_is_a_clear_failure_not_a_hang() {
         "{stderr}"
     );
 }
+
+/// The watches come back within seconds of the API server answering again, each on its own bounded, jittered
+/// backoff, and resume where they stopped: a ClusterStack edited 2 s after a 30 s outage is acted on (its new
+/// release created) within 10 s. With kube's default backoff (up to 30 s, shared by the watches of a
+/// controller) it took 29-132 s in the hostile run, 2.7-39.7 s here (over 10 s in 3 of 5 runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_30_s_api_outage_an_edit_is_acted_on_within_seconds() {
+    let plane = cso_testenv::shared_management();
+    let scene = LeaderScene::new("reconnect").await;
+    let (client, ns) = (&scene.client, scene.ns.as_str());
+    let mut proxy = ApiProxy::start(plane.server_url()).await;
+    let kubeconfig = scene.scratch.path().join("proxied.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        plane.kubeconfig_yaml().replace(plane.server_url(), &proxy.url()),
+    )
+    .unwrap();
+    // No leader election: a 30 s outage would end the leader (its lease expires), which is not the point here.
+    let instance = Instance::new(&scene.certs, false);
+    let (mut operator, _) = scene.start("operator", &kubeconfig, &instance);
+    scene.subscribe_to_v1().await;
+    // Idle: no reconcile in flight fails in the outage and is retried later (which would act on the edit
+    // whatever the watches do).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    proxy.restore().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let edited = Instant::now();
+    scene.add_v2().await;
+    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the edit acted on: release v2 created",
+        Duration::from_secs(10),
+        || async {
+            releases
+                .get_opt("docker-ferrol-1-27-v2")
+                .await
+                .unwrap()
+                .map(|_| ())
+        },
+    )
+    .await;
+    println!(
+        "the edit made 2 s after a 30 s outage was acted on after {:?}",
+        edited.elapsed()
+    );
+    assert!(
+        operator.0.try_wait().unwrap().is_none(),
+        "the operator rode out the outage"
+    );
+    wait_for("v2 ready", Duration::from_secs(60), || async {
+        (ready(client, ns).await.len() == 2).then_some(())
+    })
+    .await;
+}

@@ -1,5 +1,5 @@
-//! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API and cert-manager CRDs and the
-//! OCI registry.
+//! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API and cert-manager CRDs, the
+//! OCI registry and the go-yaml reference converter.
 //!
 //! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
 //! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
@@ -22,6 +22,9 @@ pub struct Tools {
     pub capi_crd_dirs: Vec<PathBuf>,
     /// cert-manager's CRD files (Helm-templated in places; see [`crate::crds::read_helm_templated`]).
     pub cert_manager_crd_dir: Option<PathBuf>,
+    /// hack/tools.sh's `yaml2json`: a YAML stream on stdin to a JSON array of its documents, split and converted as
+    /// kubectl and Helm do (apimachinery's YAMLReader, sigs.k8s.io/yaml): the manifest parser's reference.
+    pub yaml2json: Option<PathBuf>,
 }
 
 impl Tools {
@@ -69,6 +72,7 @@ impl Tools {
             registry: lookup("CSO_REGISTRY").map(PathBuf::from),
             capi_crd_dirs,
             cert_manager_crd_dir: lookup("CSO_CERT_MANAGER_CRD_DIR").map(PathBuf::from),
+            yaml2json: lookup("CSO_YAML2JSON").map(PathBuf::from),
         })
     }
 }
