@@ -2,64 +2,231 @@
 //! for every Cluster whose class is a ClusterClass of a cluster stack (a ClusterStackRelease of that name
 //! exists), and only for those, so existing Cluster API clusters can be adopted without one; recreated when
 //! deleted.
+//!
+//! Shape: the Cluster is read fresh from the API server (the watch cache's copy can be of a Cluster deleted
+//! since: a ClusterAddon made for it would outlive it until garbage collection), then [`next_step`] (pure)
+//! says what to read or write next, and the driver here does it. A Cluster whose ClusterAddon cannot be
+//! made (its name is too long) is told so by a Warning event, once.
 
-use std::sync::Arc;
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex},
+};
 
 use cso_api::{
     ClusterAddon, ClusterAddonSpec, ClusterStackRelease, capi::Cluster, cluster_addon::cluster_addon_name,
     common::ObjectReference,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::{
+    api::events::v1::Event as EventObject,
+    apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
+    jiff::Timestamp,
+};
 use kube::{
     Api, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
-    runtime::controller::Action,
+    runtime::{controller::Action, events::EventType},
 };
 
 use crate::{
-    Context, Error,
+    Context, EVENT_REPORTER, Error,
     context::object_key,
     filter::{is_paused, propagated_labels},
+    patch,
 };
+
+/// The longest object name the API server accepts (a DNS subdomain).
+const MAX_NAME_LENGTH: usize = 253;
+
+/// The reason of the Warning event on a Cluster that gets no ClusterAddon because `cluster-addon-<name>`
+/// is not a valid object name. **New**: the Go operator only logs it.
+pub(crate) const CLUSTER_ADDON_NOT_CREATED: &str = "ClusterAddonNotCreated";
+
+/// The ClusterAddonCreate controller's context: the shared one, and which Clusters were told about a
+/// problem already.
+#[derive(Debug)]
+pub struct CreateContext {
+    shared: Arc<Context>,
+    announced: Announced,
+}
+
+impl CreateContext {
+    pub fn new(shared: Arc<Context>) -> Arc<Self> {
+        Arc::new(CreateContext {
+            shared,
+            announced: Announced::default(),
+        })
+    }
+}
+
+impl std::ops::Deref for CreateContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
 
 /// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`, bounded by
 /// the reconcile timeout).
-pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    Context::bounded("clusteraddoncreate", cluster, ctx, reconcile_object).await
+pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result<Action, Error> {
+    let shared = ctx.shared.clone();
+    Context::bounded("clusteraddoncreate", cluster, shared, move |cluster, _| {
+        reconcile_object(cluster, ctx)
+    })
+    .await
 }
 
-async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if is_paused(cluster.as_ref()) || cluster.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+/// What the reconcile has read so far (`None`: not read yet).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Progress {
+    /// Whether the ClusterStackRelease the Cluster's class names exists.
+    pub(crate) release_exists: Option<bool>,
+    /// Whether the Cluster's ClusterAddon exists.
+    pub(crate) addon_exists: Option<bool>,
+}
+
+/// Why there is nothing (more) to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Idle {
+    /// The Cluster is gone.
+    Gone,
+    /// The Cluster is being deleted.
+    Deleting,
+    Paused,
+    /// Its class is not a cluster stack's name.
+    NotAStackClass,
+    /// No ClusterStackRelease of that name (yet): the release watch brings the Cluster back if one appears.
+    NoRelease,
+    /// The ClusterAddon exists.
+    Exists,
+}
+
+/// The next thing to do for a Cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    Idle(Idle),
+    /// Read whether ClusterStackRelease `name` exists in `namespace`.
+    ReadRelease {
+        name: String,
+        namespace: String,
+    },
+    /// Read whether ClusterAddon `name` exists.
+    ReadAddon {
+        name: String,
+    },
+    Create {
+        name: String,
+    },
+    /// No ClusterAddon can be made for this Cluster: tell it (a Warning event with this reason and note).
+    Refuse {
+        reason: &'static str,
+        note: String,
+    },
+}
+
+/// What to do next for `cluster` (as the API server has it now; `None`: gone), given what was read.
+pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step {
+    let Some(cluster) = cluster else {
+        return Step::Idle(Idle::Gone);
+    };
+    if cluster.meta().deletion_timestamp.is_some() {
+        return Step::Idle(Idle::Deleting);
+    }
+    if is_paused(cluster) {
+        return Step::Idle(Idle::Paused);
     }
     let Some((id, class_namespace)) = cluster.stack_release() else {
-        return Ok(Action::await_change());
+        return Step::Idle(Idle::NotAStackClass);
     };
-    let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &class_namespace);
-    if releases
-        .get_opt(&id.tag())
-        .await
-        .map_err(|e| Error::kube(format!("read ClusterStackRelease {}", id.tag()), e))?
-        .is_none()
-    {
-        // Not (yet) a class of a cluster stack: the release watch brings us back if it becomes one.
-        return Ok(Action::await_change());
+    match progress.release_exists {
+        None => {
+            return Step::ReadRelease {
+                name: id.tag(),
+                namespace: class_namespace,
+            };
+        }
+        Some(false) => return Step::Idle(Idle::NoRelease),
+        Some(true) => {}
     }
-    let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster_addon_name(&cluster.name_any());
-    let addons: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &namespace);
-    if addons
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::kube(format!("read ClusterAddon {name}"), e))?
-        .is_some()
-    {
-        return Ok(Action::await_change());
+    if name.len() > MAX_NAME_LENGTH {
+        return Step::Refuse {
+            reason: CLUSTER_ADDON_NOT_CREATED,
+            note: format!(
+                "its ClusterAddon would be named {name:?} ({} characters), longer than the {MAX_NAME_LENGTH} \
+                 an object name may have: the Cluster gets no addons; a Cluster name of at most {} characters \
+                 leaves room",
+                name.len(),
+                MAX_NAME_LENGTH - (name.len() - cluster.name_any().len()),
+            ),
+        };
     }
+    match progress.addon_exists {
+        None => Step::ReadAddon { name },
+        Some(true) => Step::Idle(Idle::Exists),
+        Some(false) => Step::Create { name },
+    }
+}
+
+async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result<Action, Error> {
+    let namespace = queued.namespace().unwrap_or_default();
+    let key = object_key(queued.as_ref());
+    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let cluster = patch::current(&clusters, queued.as_ref()).await?;
+    let mut progress = Progress::default();
+    loop {
+        match next_step(cluster.as_ref(), &progress) {
+            Step::Idle(why) => {
+                tracing::trace!(cluster = %queued.name_any(), ?why, "no ClusterAddon to create");
+                ctx.announced.news(&key, BTreeSet::new());
+                return Ok(Action::await_change());
+            }
+            Step::ReadRelease { name, namespace } => {
+                let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &namespace);
+                let release = releases
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| Error::kube(format!("read ClusterStackRelease {name}"), e))?;
+                progress.release_exists = Some(release.is_some());
+            }
+            Step::ReadAddon { name } => {
+                let addons: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &namespace);
+                let addon = addons
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| Error::kube(format!("read ClusterAddon {name}"), e))?;
+                progress.addon_exists = Some(addon.is_some());
+            }
+            Step::Create { name } => {
+                let Some(cluster) = &cluster else {
+                    return Ok(Action::await_change());
+                };
+                create(&ctx, cluster, &name).await?;
+                ctx.announced.news(&key, BTreeSet::new());
+                return Ok(Action::await_change());
+            }
+            Step::Refuse { reason, note } => {
+                let Some(cluster) = &cluster else {
+                    return Ok(Action::await_change());
+                };
+                tracing::warn!(cluster = %cluster.name_any(), %namespace, %note, "no ClusterAddon for a Cluster");
+                // Only a new Cluster can change it (names are for good): no retry, one event per problem.
+                if !ctx.announced.news(&key, [reason.to_owned()].into()).is_empty() {
+                    event_about(&ctx, cluster, EventType::Warning, reason, note).await;
+                }
+                return Ok(Action::await_change());
+            }
+        }
+    }
+}
+
+async fn create(ctx: &Context, cluster: &Cluster, name: &str) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
     let labels = propagated_labels(&ctx.settings);
     let addon = ClusterAddon {
         metadata: ObjectMeta {
-            name: Some(name.clone()),
+            name: Some(name.to_owned()),
             namespace: Some(namespace.clone()),
             labels: (!labels.is_empty()).then_some(labels),
             owner_references: Some(vec![OwnerReference {
@@ -76,7 +243,7 @@ async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Ac
                 api_version: Some(Cluster::api_version(&()).into_owned()),
                 kind: Some(Cluster::kind(&()).into_owned()),
                 name: Some(cluster.name_any()),
-                namespace: Some(namespace),
+                namespace: Some(namespace.clone()),
                 uid: cluster.uid(),
                 ..Default::default()
             },
@@ -84,16 +251,228 @@ async fn reconcile_object(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Ac
         },
         status: None,
     };
+    let addons: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &namespace);
     match addons.create(&PostParams::default(), &addon).await {
         Ok(_) => tracing::info!(cluster_addon = %name, "created a ClusterAddon"),
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(Error::kube(format!("create ClusterAddon {name}"), e)),
     }
-    Ok(Action::await_change())
+    Ok(())
 }
 
-pub fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<CreateContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(cluster.as_ref()));
     tracing::warn!(cluster = %cluster.name_any(), namespace = ?cluster.namespace(), %error, retry_in = ?delay, "creating the ClusterAddon failed");
     Action::requeue(delay)
+}
+
+/// The problems each object was told about, so that a problem is announced once while it lasts (and again
+/// if it comes back after going away), not at every reconcile. Kept in memory: a restart announces a lasting
+/// problem once more.
+#[derive(Debug, Default)]
+pub(crate) struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);
+
+impl Announced {
+    /// Records `current` as the problems of `key` now; returns those that are news (not announced before).
+    pub(crate) fn news(&self, key: &str, current: BTreeSet<String>) -> BTreeSet<String> {
+        let mut announced = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let news = match announced.get(key) {
+            Some(before) => current.difference(before).cloned().collect(),
+            None => current.clone(),
+        };
+        if current.is_empty() {
+            announced.remove(key);
+        } else {
+            announced.insert(key.to_owned(), current);
+        }
+        news
+    }
+}
+
+/// The longest object name the event recorder can name an event after: it names events
+/// `<object>.<16 hex digits>`, and event names are object names too.
+const MAX_RECORDED_NAME: usize = MAX_NAME_LENGTH - 17;
+
+/// Publishes an event about `object` through [`Context::event`], or, for an object whose name is too long for
+/// the recorder's event names, as an event with a generated name (the recorder's would be refused).
+pub(crate) async fn event_about<K>(ctx: &Context, object: &K, type_: EventType, reason: &str, note: String)
+where
+    K: Resource<DynamicType = ()>,
+{
+    if object.name_any().len() <= MAX_RECORDED_NAME {
+        ctx.event(object, type_, reason, note).await;
+        return;
+    }
+    let reference = object.object_ref(&());
+    let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
+    let mut note = note;
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    // The API server keeps at most 58 characters of a generated name's base; it must end alphanumeric.
+    let prefix: String = object.name_any().chars().take(58).collect();
+    let prefix = prefix.trim_end_matches(['.', '-']);
+    let event = EventObject {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(Timestamp::now())),
+        action: Some(reason.to_owned()),
+        reason: Some(reason.to_owned()),
+        note: Some(note),
+        regarding: Some(reference),
+        reporting_controller: Some(EVENT_REPORTER.to_owned()),
+        reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned())),
+        type_: Some(
+            match type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            }
+            .to_owned(),
+        ),
+        ..Default::default()
+    };
+    let events: Api<EventObject> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Err(e) = events.create(&PostParams::default(), &event).await {
+        tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+    use rstest::rstest;
+    use serde_json::json;
+
+    use super::*;
+
+    fn cluster(name: &str, class: &str) -> Cluster {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": "ns", "uid": "u1"},
+            "spec": {"topology": {"class": class, "version": "v1.27.3"}},
+        }))
+        .unwrap()
+    }
+
+    fn deleting(mut cluster: Cluster) -> Cluster {
+        cluster.metadata = ObjectMeta {
+            deletion_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now(),
+            )),
+            finalizers: Some(vec!["cluster.cluster.x-k8s.io".into()]),
+            ..cluster.metadata
+        };
+        cluster
+    }
+
+    fn paused(mut cluster: Cluster) -> Cluster {
+        cluster.metadata.annotations = Some([("cluster.x-k8s.io/paused".to_owned(), String::new())].into());
+        cluster
+    }
+
+    const CLASS: &str = "docker-ferrol-1-27-v1";
+
+    fn read(release: Option<bool>, addon: Option<bool>) -> Progress {
+        Progress {
+            release_exists: release,
+            addon_exists: addon,
+        }
+    }
+
+    fn create(name: &str) -> Step {
+        Step::Create {
+            name: format!("cluster-addon-{name}"),
+        }
+    }
+
+    #[rstest]
+    // The start-up race: the watch cache still had it, the API server no longer does.
+    #[case::gone(None, read(Some(true), Some(false)), Step::Idle(Idle::Gone))]
+    // Deleted with a finalizer holding it: no ClusterAddon for a Cluster on its way out.
+    #[case::deleting(
+        Some(deleting(cluster("c1", CLASS))),
+        read(Some(true), Some(false)),
+        Step::Idle(Idle::Deleting)
+    )]
+    #[case::paused(
+        Some(paused(cluster("c1", CLASS))),
+        read(None, None),
+        Step::Idle(Idle::Paused)
+    )]
+    #[case::not_a_stack(
+        Some(cluster("c1", "my-own-class")),
+        read(None, None),
+        Step::Idle(Idle::NotAStackClass)
+    )]
+    #[case::read_release(
+        Some(cluster("c1", CLASS)),
+        read(None, None),
+        Step::ReadRelease { name: CLASS.into(), namespace: "ns".into() }
+    )]
+    #[case::no_release(
+        Some(cluster("c1", CLASS)),
+        read(Some(false), None),
+        Step::Idle(Idle::NoRelease)
+    )]
+    #[case::read_addon(
+        Some(cluster("c1", CLASS)),
+        read(Some(true), None),
+        Step::ReadAddon { name: "cluster-addon-c1".into() }
+    )]
+    #[case::exists(
+        Some(cluster("c1", CLASS)),
+        read(Some(true), Some(true)),
+        Step::Idle(Idle::Exists)
+    )]
+    #[case::create(Some(cluster("c1", CLASS)), read(Some(true), Some(false)), create("c1"))]
+    // 239 characters: `cluster-addon-` makes 253, the most a name may have.
+    #[case::longest(Some(cluster(&"a".repeat(239), CLASS)), read(Some(true), Some(false)), create(&"a".repeat(239)))]
+    fn next_steps(#[case] cluster: Option<Cluster>, #[case] progress: Progress, #[case] expected: Step) {
+        assert_eq!(next_step(cluster.as_ref(), &progress), expected);
+    }
+
+    #[test]
+    fn a_name_too_long_is_refused_with_the_reason_before_anything_is_read_of_the_addon() {
+        let long = cluster(&"a".repeat(240), CLASS);
+        let Step::Refuse { reason, note } = next_step(Some(&long), &read(Some(true), None)) else {
+            panic!("refused")
+        };
+        assert_eq!(reason, CLUSTER_ADDON_NOT_CREATED);
+        assert!(note.contains("(254 characters)"), "{note}");
+        assert!(note.contains("at most 239 characters"), "{note}");
+        assert_eq!(
+            next_step(Some(&long), &read(Some(false), None)),
+            Step::Idle(Idle::NoRelease),
+            "only Clusters of a cluster stack are told"
+        );
+    }
+
+    #[test]
+    fn a_problem_is_news_once_while_it_lasts() {
+        let announced = Announced::default();
+        let problem = |p: &str| BTreeSet::from([p.to_owned()]);
+        assert_eq!(announced.news("c1", problem("too long")), problem("too long"));
+        assert!(
+            announced.news("c1", problem("too long")).is_empty(),
+            "said already"
+        );
+        assert_eq!(
+            announced.news("c2", problem("too long")),
+            problem("too long"),
+            "per object"
+        );
+        assert!(announced.news("c1", BTreeSet::new()).is_empty());
+        assert_eq!(
+            announced.news("c1", problem("too long")),
+            problem("too long"),
+            "back after going away: news again"
+        );
+    }
 }

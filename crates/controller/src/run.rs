@@ -11,7 +11,9 @@ use cso_apply::workload::{CAPI_SECRET_SELECTOR, cluster_of_kubeconfig_secret};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::{
+    api::core::v1::Secret, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::DynamicObject,
@@ -126,7 +128,11 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         )
         .with_config(Config::default().concurrency(settings.cluster_stack_concurrency))
         .graceful_shutdown_on(shutdown.clone())
-        .run(cluster_stack::reconcile, cluster_stack::error_policy, ctx.clone())
+        .run(
+            cluster_stack::reconcile,
+            cluster_stack::error_policy,
+            cluster_stack::StackContext::new(ctx.clone()),
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "ClusterStack controller");
@@ -147,6 +153,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     };
     let releases = watch::controller(scoped::<ClusterStackRelease>(&client, namespace), config.clone());
     let release_store = releases.store();
+    let crd_triggers = crd_triggers(client.clone(), releases.store());
     // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
     // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
     // it first listed) has no event of its own.
@@ -182,6 +189,9 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             },
         )
         .reconcile_on(class_triggers)
+        // A CustomResourceDefinition appeared or changed (Established): releases that are not ready may
+        // have been waiting for its kind.
+        .reconcile_on(crd_triggers)
         // A provider object changed (its status.ready).
         .reconcile_on(provider_triggers)
         .with_config(Config::default().concurrency(settings.cluster_stack_release_concurrency))
@@ -236,7 +246,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         .run(
             cluster_addon_create::reconcile,
             cluster_addon_create::error_policy,
-            ctx.clone(),
+            cluster_addon_create::CreateContext::new(ctx.clone()),
         )
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -298,6 +308,60 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
 /// How long a stop waits for reconciles in flight. Reconciles are level-based, so one cut short is redone by
 /// the next start (or the next leader); a stop never waits on a stuck request.
 pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long after a CRD event the releases that are not ready are tried once more: discovery may serve a
+/// new kind a little after its CRD is Established.
+const CRD_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The ClusterStackReleases to reconcile because a CustomResourceDefinition was added or changed (its
+/// metadata is watched, so an Established condition arrives as a change too): every release of `store`
+/// that is not ready, at once and again [`CRD_SETTLE`] later. A release waiting for a provider's kinds goes
+/// on as soon as they are served, not at its next backoff. A relist of the watch triggers them too: CRDs may
+/// have come while it was down. Without permission to watch CRDs the watch keeps retrying with backoff and
+/// nothing else changes.
+fn crd_triggers(
+    client: Client,
+    store: kube::runtime::reflector::Store<ClusterStackRelease>,
+) -> impl futures::Stream<Item = ObjectRef<ClusterStackRelease>> + Send + 'static {
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client);
+    let changes = watcher(crds, watcher::Config::default().any_semantic())
+        .backoff(watch::backoff())
+        .filter_map(move |event| {
+            let news = match event {
+                // The first list is no news (everything is reconciled at the start anyway); a relist is.
+                Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => true,
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::Delete(_)) => false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "CustomResourceDefinition watch interrupted");
+                    false
+                }
+            };
+            if news {
+                let sender = sender.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(CRD_SETTLE).await;
+                    let _ = sender.send(());
+                });
+            }
+            std::future::ready(news.then_some(()))
+        });
+    let settled = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|()| ((), receiver))
+    });
+    futures::stream::select(changes, settled)
+        .flat_map(move |()| futures::stream::iter(not_ready(&store.state())))
+}
+
+/// The releases that are not ready (a release without a status yet is not ready).
+fn not_ready(releases: &[Arc<ClusterStackRelease>]) -> Vec<ObjectRef<ClusterStackRelease>> {
+    releases
+        .iter()
+        .filter(|r| !r.status.as_ref().is_some_and(|s| s.ready))
+        .filter(|r| r.meta().deletion_timestamp.is_none())
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
 
 /// The release a ClusterClass of ours was applied for (its release label).
 fn release_of_class(class: &DynamicObject) -> Option<ObjectRef<ClusterStackRelease>> {

@@ -301,3 +301,225 @@ async fn a_reconcile_that_hangs_is_stopped_reported_and_retried() {
     operator.stop().await;
     silent.abort();
 }
+
+/// The events with `reason` in `namespace`.
+async fn events_with(client: &Client, namespace: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Labels Cluster `name`, so every controller watching Clusters looks at it again.
+async fn touch_cluster(client: &Client, namespace: &str, name: &str, value: &str) {
+    dynamic(client, namespace, &capi("Cluster"))
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"touched": value}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// A values file over the limit (1 MiB) is refused before it is templated, with a condition on the
+/// ClusterAddon that names the file and the limit; nothing reaches the workload cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_values_file_over_the_limit_is_refused_with_a_condition() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let workload_plane = cso_testenv::shared_workload();
+    let ns = cso_testenv::namespace(&client, "big-values").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    let values = dir
+        .path()
+        .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml");
+    let mut text = std::fs::read_to_string(&values).unwrap();
+    let padding = format!("# {}\n", "x".repeat(97));
+    while text.len() <= 1 << 20 {
+        text.push_str(&padding);
+    }
+    std::fs::write(&values, &text).unwrap();
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "big", workload_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "big", "docker-ferrol-1-27-v1").await;
+
+    let message = wait_condition::<cso_api::ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-big",
+        condition::HELM_CHART_TEMPLATED,
+        reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED,
+    )
+    .await;
+    assert!(
+        message.contains("cluster-addon-values.yaml") && message.contains("1048576 bytes (1 MiB)"),
+        "names the file and the limit: {message}"
+    );
+    assert!(
+        message.contains(&text.len().to_string()),
+        "and the size: {message}"
+    );
+    let addon: cso_api::ClusterAddon = Api::namespaced(client.clone(), &ns)
+        .get("cluster-addon-big")
+        .await
+        .unwrap();
+    assert!(!addon.status.unwrap_or_default().ready);
+    operator.stop().await;
+}
+
+/// A Cluster whose class names a version its stack does not have (`v8`, a typo) gets a Warning event
+/// saying so, once, and the ClusterStack creates no release for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_naming_a_version_that_does_not_exist_is_told_and_gets_no_release() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "typo").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v8").await;
+
+    let told = event(&client, &ns, "UnknownClusterStackRelease").await;
+    let regarding = told.regarding.unwrap();
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("Cluster"), Some("c1"))
+    );
+    assert_eq!(told.type_.as_deref(), Some("Warning"));
+    let note = told.note.unwrap_or_default();
+    assert!(
+        note.contains("docker-ferrol-1-27-v8") && note.contains("it has v1"),
+        "{note}"
+    );
+    let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        releases.get_opt("docker-ferrol-1-27-v8").await.unwrap().is_none(),
+        "a typo does not become a release"
+    );
+
+    // The ClusterStack looks again (the Cluster changed): said once, not at every reconcile.
+    touch_cluster(&client, &ns, "c1", "1").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let events = events_with(&client, &ns, "UnknownClusterStackRelease").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].series.is_none(), "not repeated: {:?}", events[0].series);
+    assert!(releases.get_opt("docker-ferrol-1-27-v8").await.unwrap().is_none());
+    operator.stop().await;
+}
+
+/// A Cluster whose name leaves no room for `cluster-addon-<name>` (253 characters at most) gets no
+/// ClusterAddon and a Warning event saying why, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_name_is_too_long_for_its_cluster_addon_is_told_once() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "long-name").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    let name = "c".repeat(245);
+    create_cluster(&client, &ns, &name, "docker-ferrol-1-27-v1").await;
+
+    let told = event(&client, &ns, "ClusterAddonNotCreated").await;
+    let regarding = told.regarding.unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("Cluster"));
+    assert_eq!(regarding.name.as_deref(), Some(name.as_str()));
+    let note = told.note.unwrap_or_default();
+    assert!(note.contains("259 characters") && note.contains("253"), "{note}");
+
+    touch_cluster(&client, &ns, &name, "1").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let events = events_with(&client, &ns, "ClusterAddonNotCreated").await;
+    assert_eq!(events.len(), 1, "once: {events:?}");
+    let addons: Api<cso_api::ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    assert!(addons.list(&Default::default()).await.unwrap().items.is_empty());
+    operator.stop().await;
+}
+
+/// ClusterAddonCreate reads the Cluster fresh: handed the watch cache's copy of a Cluster that is gone, or
+/// being deleted, it creates nothing (the start-up race: a ClusterAddon for a Cluster deleted 0.1 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_deleted_after_it_was_seen_gets_no_cluster_addon() {
+    use cso_api::capi::Cluster;
+    use cso_controller::cluster_addon_create::{CreateContext, reconcile};
+
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "deleted-cluster").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Only the release object matters to ClusterAddonCreate; no operator runs.
+    let release: ClusterStackRelease = serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRelease",
+        "metadata": {"name": "docker-ferrol-1-27-v1", "namespace": ns},
+        "spec": {},
+    }))
+    .unwrap();
+    Api::<ClusterStackRelease>::namespaced(client.clone(), &ns)
+        .create(&Default::default(), &release)
+        .await
+        .unwrap();
+    let source = Arc::new(cso_release::source::local::LocalSource::new(
+        dir.path().join("cluster-stacks"),
+    ));
+    let (parts, _) = operator(&client, &ns, dir.path(), source, |_| {});
+    let ctx = CreateContext::new(parts.context().unwrap());
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let addons: Api<cso_api::ClusterAddon> = Api::namespaced(client.clone(), &ns);
+
+    // Gone: deleted after the cache saw it.
+    create_cluster(&client, &ns, "gone", "docker-ferrol-1-27-v1").await;
+    let seen = clusters.get("gone").await.unwrap();
+    clusters
+        .delete("gone", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    reconcile(Arc::new(seen), ctx.clone()).await.unwrap();
+    assert!(addons.get_opt("cluster-addon-gone").await.unwrap().is_none());
+
+    // Being deleted (a finalizer holds it): the cache's copy has no deletionTimestamp yet.
+    create_cluster(&client, &ns, "leaving", "docker-ferrol-1-27-v1").await;
+    clusters
+        .patch(
+            "leaving",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": ["cso.test/hold"]}})),
+        )
+        .await
+        .unwrap();
+    let seen = clusters.get("leaving").await.unwrap();
+    clusters
+        .delete("leaving", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    reconcile(Arc::new(seen), ctx.clone()).await.unwrap();
+    assert!(addons.get_opt("cluster-addon-leaving").await.unwrap().is_none());
+    clusters
+        .patch(
+            "leaving",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+
+    // A live Cluster gets its ClusterAddon from the same call.
+    create_cluster(&client, &ns, "live", "docker-ferrol-1-27-v1").await;
+    let seen = clusters.get("live").await.unwrap();
+    reconcile(Arc::new(seen), ctx).await.unwrap();
+    assert!(addons.get_opt("cluster-addon-live").await.unwrap().is_some());
+}

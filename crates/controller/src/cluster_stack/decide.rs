@@ -3,7 +3,10 @@
 //! ([`conclude`]). `status.usableVersions` and the summary come from the releases that exist after the act
 //! step, not from what was planned.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use cso_api::{
     ClusterStack, ClusterStackRelease, ClusterStackStatus, ReleaseId,
@@ -15,7 +18,7 @@ use cso_api::{
 use kube::ResourceExt;
 
 use super::{
-    plan::{ExistingRelease, Plan, plan},
+    plan::{Available, ExistingRelease, Plan, plan},
     summary::release_summary,
 };
 use crate::events::{Events, Kind};
@@ -29,6 +32,27 @@ pub(crate) struct Observed {
     pub(crate) source: SourceListing,
     /// The releases Clusters use (any stack: others are ignored).
     pub(crate) in_use: BTreeSet<ReleaseId>,
+    /// The Clusters (`namespace/name`) using each release, for telling them about a release that cannot be had.
+    pub(crate) users: BTreeMap<ReleaseId, BTreeSet<String>>,
+    /// Which releases of the stack's channel the source or the cache has; asked only when a Cluster uses a
+    /// release that nothing else wants ([`super::plan::needs_availability`]).
+    pub(crate) available: Available,
+}
+
+/// The reason of the event on a Cluster whose class names a release of a stack that does not exist and cannot
+/// be had (a typo such as `docker-ferrol-1-27-v8`). **New**: the Go operator creates the release, which then
+/// fails with `ReleaseNotFound`.
+pub(crate) const UNKNOWN_CLUSTER_STACK_RELEASE: &str = "UnknownClusterStackRelease";
+
+/// Something to say on a Cluster (not on the ClusterStack being reconciled).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClusterReport {
+    /// `namespace/name` of the Cluster.
+    pub(crate) cluster: String,
+    /// What it is about (the release): a Cluster is told once per release while it lasts.
+    pub(crate) about: String,
+    pub(crate) reason: &'static str,
+    pub(crate) note: String,
 }
 
 /// What the source said about the stack's releases.
@@ -73,7 +97,13 @@ pub(crate) fn actions(observed: &Observed, no_provider: bool) -> Actions {
         SourceListing::Latest(latest) => latest.as_ref(),
         _ => None,
     };
-    let plan = plan(&observed.spec, &existing, latest_remote, &observed.in_use);
+    let plan = plan(
+        &observed.spec,
+        &existing,
+        latest_remote,
+        &observed.in_use,
+        &observed.available,
+    );
     let ensure = plan
         .wanted
         .iter()
@@ -309,12 +339,47 @@ pub(crate) fn conclude(
 
     let outcome = if !failed.is_empty() {
         Outcome::Retry(failed.join("; "))
-    } else if observed.spec.auto_subscribe {
+    } else if observed.spec.auto_subscribe || !actions.plan.unavailable_in_use.is_empty() {
+        // A release a Cluster asks for may be published later: asked again at the next poll.
         Outcome::Requeue(Some(next_poll))
     } else {
         Outcome::Requeue(None)
     };
     (events, outcome)
+}
+
+/// What to tell Clusters: each Cluster using a release of the stack that does not exist and cannot be had
+/// gets a Warning naming the versions there are. `source` names where releases come from (`github`, ...).
+pub(crate) fn cluster_reports(
+    stack: &str,
+    observed: &Observed,
+    actions: &Actions,
+    source: &str,
+) -> Vec<ClusterReport> {
+    let there_are = match &observed.available {
+        Available::Only(ids) if !ids.is_empty() => {
+            let versions: Vec<String> = ids.iter().map(|id| id.version.to_dot()).collect();
+            format!("; it has {}", versions.join(", "))
+        }
+        _ => String::new(),
+    };
+    let mut reports = Vec::new();
+    for id in &actions.plan.unavailable_in_use {
+        for cluster in observed.users.get(id).into_iter().flatten() {
+            reports.push(ClusterReport {
+                cluster: cluster.clone(),
+                about: id.tag(),
+                reason: UNKNOWN_CLUSTER_STACK_RELEASE,
+                note: format!(
+                    "class {} names release {} of ClusterStack {stack}, which neither the source ({source}) nor \
+                     the cache has{there_are}; no release is created for it (a typo in the class?)",
+                    id.cluster_class_name(),
+                    id.tag(),
+                ),
+            });
+        }
+    }
+    reports
 }
 
 #[cfg(test)]
@@ -374,6 +439,8 @@ mod tests {
             releases,
             source,
             in_use: BTreeSet::new(),
+            users: BTreeMap::new(),
+            available: Available::Unknown,
         }
     }
 
@@ -637,6 +704,46 @@ mod tests {
             a.ensure
                 .iter()
                 .any(|e| e.name == "docker-ferrol-1-27-v5" && e.existing.is_none())
+        );
+    }
+
+    #[rstest]
+    // The source has v1 and v2; a Cluster names v8: not created, its Clusters told, asked again at the poll.
+    #[case::a_typo(&["v1", "v2"], false, Outcome::Requeue(Some(POLL)), 2)]
+    // The source has v8: created for its Clusters, nobody told.
+    #[case::published(&["v1", "v8"], true, Outcome::Requeue(None), 0)]
+    fn a_release_a_cluster_names_is_created_only_if_it_can_be_had(
+        #[case] at_source: &[&str],
+        #[case] created: bool,
+        #[case] outcome: Outcome,
+        #[case] told: usize,
+    ) {
+        let mut o = observed(&["v1"], vec![release("v1", true)], SourceListing::NotAsked);
+        o.in_use = [id("v8")].into();
+        o.users = [(id("v8"), ["ns/c1".to_owned(), "ns/c2".to_owned()].into())].into();
+        o.available = Available::Only(at_source.iter().map(|v| id(v)).collect());
+        let a = actions(&o, true);
+        assert_eq!(
+            a.ensure.iter().any(|e| e.name == "docker-ferrol-1-27-v8"),
+            created
+        );
+        let mut s = stack();
+        let (_, got) = conclude(&mut s, &o, &a, &Done::default(), POLL);
+        assert_eq!(got, outcome);
+        let reports = cluster_reports("ferrol", &o, &a, "github");
+        assert_eq!(reports.len(), told);
+        if let Some(first) = reports.first() {
+            assert_eq!(first.cluster, "ns/c1");
+            assert_eq!(first.reason, UNKNOWN_CLUSTER_STACK_RELEASE);
+            assert!(
+                first.note.contains("docker-ferrol-1-27-v8") && first.note.contains("it has v1, v2"),
+                "{}",
+                first.note
+            );
+        }
+        assert!(
+            s.is_condition_true(condition::CLUSTER_STACK_RELEASES_SYNCED),
+            "a Cluster's typo is not the ClusterStack's failure"
         );
     }
 }

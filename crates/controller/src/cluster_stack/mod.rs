@@ -4,17 +4,25 @@
 //!
 //! Shape: `observe` reads everything the decision needs, `decide::actions` (pure) names the writes, the
 //! act step here makes them and records what happened in `decide::Done`, and `decide::conclude` (pure)
-//! turns that into the status, the events and the retry; the status is written once.
+//! turns that into the status, the events and the retry; the status is written once. A Cluster whose class
+//! names a release the stack does not have and cannot get is told by an event on the Cluster
+//! (`decide::cluster_reports`), once while it lasts.
 
 pub(crate) mod decide;
 pub mod plan;
 pub mod provider;
 pub mod summary;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use cso_api::rules::StackSpec;
-use cso_api::{ClusterStack, ClusterStackRelease, GROUP, conditions::ConditionsExt, names::event};
+use cso_api::{
+    ClusterStack, ClusterStackRelease, GROUP, ReleaseId, capi::Cluster, conditions::ConditionsExt,
+    names::event,
+};
 use cso_release::{SourceError, source::releases_of};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
@@ -25,26 +33,62 @@ use kube::{
 use serde_json::json;
 
 use self::{
-    decide::{Actions, Done, Observed, Outcome, SourceListing, actions, conclude, conclude_invalid},
+    decide::{
+        Actions, ClusterReport, Done, Observed, Outcome, SourceListing, actions, cluster_reports, conclude,
+        conclude_invalid,
+    },
+    plan::{Available, ExistingRelease},
     provider::{ProviderChange, ProviderError, sync_provider_object},
 };
 use crate::{
     Context, Error,
+    cluster_addon_create::{Announced, event_about},
     context::object_key,
     filter::{is_paused, propagated_labels},
     in_use::list_clusters,
     patch,
 };
 
-/// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`, bounded by
-/// the reconcile timeout).
-pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
-    Context::bounded("clusterstack", stack, ctx, reconcile_object).await
+/// The ClusterStack controller's context: the shared one, and which Clusters were told about a release
+/// they name that cannot be had.
+#[derive(Debug)]
+pub struct StackContext {
+    shared: Arc<Context>,
+    announced: Announced,
 }
 
-async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Result<Action, Error> {
+impl StackContext {
+    pub fn new(shared: Arc<Context>) -> Arc<Self> {
+        Arc::new(StackContext {
+            shared,
+            announced: Announced::default(),
+        })
+    }
+}
+
+impl std::ops::Deref for StackContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
+
+/// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`, bounded by
+/// the reconcile timeout).
+pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<StackContext>) -> Result<Action, Error> {
+    let shared = ctx.shared.clone();
+    Context::bounded("clusterstack", stack, shared, move |stack, _| {
+        reconcile_object(stack, ctx)
+    })
+    .await
+}
+
+async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<StackContext>) -> Result<Action, Error> {
     let api: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
+    let key = object_key(queued.as_ref());
     let Some(stack) = patch::current(&api, queued.as_ref()).await? else {
+        ctx.announced.news(&key, BTreeSet::new());
         return Ok(Action::await_change());
     };
     if is_paused(&stack) || stack.meta().deletion_timestamp.is_some() {
@@ -52,12 +96,21 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Resul
         return Ok(Action::await_change());
     }
     let mut working = stack.clone();
+    let mut reports = Vec::new();
+    let mut clusters = Vec::new();
     let (events, outcome) = match StackSpec::parse(&stack) {
         Err(message) => (Default::default(), conclude_invalid(&mut working, &message)),
         Ok(spec) => {
-            let observed = observe(&stack, spec, &ctx).await?;
+            let (observed, seen) = observe(&stack, spec, &ctx).await?;
+            clusters = seen;
             let actions = actions(&observed, stack.spec.no_provider);
             let done = act(&stack, &actions, &ctx).await;
+            reports = cluster_reports(
+                &stack.name_any(),
+                &observed,
+                &actions,
+                ctx.releases.source().kind(),
+            );
             conclude(
                 &mut working,
                 &observed,
@@ -71,6 +124,7 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Resul
     let status = working.status.clone().unwrap_or_default();
     patch::status(&api, &working, stack.status.as_ref(), &status).await?;
     ctx.publish(&working, events).await;
+    tell_clusters(&ctx, &key, &clusters, reports).await;
     match outcome {
         Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
         Outcome::Requeue(None) => Ok(Action::await_change()),
@@ -78,8 +132,30 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<Context>) -> Resul
     }
 }
 
+/// Publishes the reports on their Clusters, each once while it lasts (`key` is the ClusterStack's).
+async fn tell_clusters(ctx: &StackContext, key: &str, clusters: &[Cluster], reports: Vec<ClusterReport>) {
+    let problems = reports
+        .iter()
+        .map(|r| format!("{}/{}", r.cluster, r.about))
+        .collect();
+    let news = ctx.announced.news(key, problems);
+    for report in reports {
+        if !news.contains(&format!("{}/{}", report.cluster, report.about)) {
+            continue;
+        }
+        tracing::warn!(cluster = %report.cluster, note = %report.note, "a Cluster names a release that cannot be had");
+        let Some(cluster) = clusters
+            .iter()
+            .find(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()) == report.cluster)
+        else {
+            continue;
+        };
+        event_about(ctx, cluster, EventType::Warning, report.reason, report.note).await;
+    }
+}
+
 /// Retry after a failed reconcile, with per-object backoff.
-pub fn error_policy(stack: Arc<ClusterStack>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(stack: Arc<ClusterStack>, error: &Error, ctx: Arc<StackContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(stack.as_ref()));
     tracing::warn!(cluster_stack = %stack.name_any(), namespace = ?stack.namespace(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
@@ -93,8 +169,13 @@ fn owned_by(release: &ClusterStackRelease, stack_name: &str) -> bool {
     })
 }
 
-/// Reads the stack's releases, the source (with auto-subscribe) and the Clusters.
-async fn observe(stack: &ClusterStack, spec: StackSpec, ctx: &Context) -> Result<Observed, Error> {
+/// Reads the stack's releases, the source (with auto-subscribe, or when a Cluster names a release nothing
+/// else wants) and the Clusters, which it returns too (events about them go on them).
+async fn observe(
+    stack: &ClusterStack,
+    spec: StackSpec,
+    ctx: &Context,
+) -> Result<(Observed, Vec<Cluster>), Error> {
     let namespace = stack.namespace().unwrap_or_default();
     let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &namespace);
     let owned: Vec<ClusterStackRelease> = releases
@@ -105,10 +186,16 @@ async fn observe(stack: &ClusterStack, spec: StackSpec, ctx: &Context) -> Result
         .into_iter()
         .filter(|r| owned_by(r, &stack.name_any()))
         .collect();
-    let source = if spec.auto_subscribe {
-        let source = ctx.releases.source();
+    let source = ctx.releases.source();
+    let mut listed: Option<Vec<ReleaseId>> = None;
+    let listing = if spec.auto_subscribe {
         match source.list_tags().await {
-            Ok(tags) => SourceListing::Latest(releases_of(&tags, &spec.stack, spec.channel).pop()),
+            Ok(tags) => {
+                let releases = releases_of(&tags, &spec.stack, spec.channel);
+                let latest = releases.last().cloned();
+                listed = Some(releases);
+                SourceListing::Latest(latest)
+            }
             Err(SourceError::Config(message)) => SourceListing::Unconfigured(message),
             Err(e) => SourceListing::Failed {
                 message: format!("failed to list the releases at {}: {e}", source.kind()),
@@ -119,15 +206,57 @@ async fn observe(stack: &ClusterStack, spec: StackSpec, ctx: &Context) -> Result
         SourceListing::NotAsked
     };
     let clusters = list_clusters(ctx).await?;
-    let in_use = cso_api::rules::releases_in_use(&clusters, &namespace)
-        .into_keys()
+    let users = cso_api::rules::releases_in_use(&clusters, &namespace);
+    let in_use: BTreeSet<ReleaseId> = users.keys().cloned().collect();
+
+    // What can be had matters only for a release that a Cluster names and nothing else wants.
+    let existing: Vec<ExistingRelease> = owned
+        .iter()
+        .filter_map(|r| {
+            Some(ExistingRelease {
+                id: ReleaseId::parse_tag(&r.name_any()).ok()?,
+                ready: r.status.as_ref().is_some_and(|s| s.ready),
+            })
+        })
         .collect();
-    Ok(Observed {
+    let latest_remote = match &listing {
+        SourceListing::Latest(latest) => latest.as_ref(),
+        _ => None,
+    };
+    let available = if !plan::needs_availability(&spec, &existing, latest_remote, &in_use) {
+        Available::Unknown
+    } else {
+        let at_source = match listed {
+            Some(releases) => Ok(releases),
+            None => source
+                .list_tags()
+                .await
+                .map(|tags| releases_of(&tags, &spec.stack, spec.channel)),
+        };
+        match at_source {
+            Ok(mut releases) => {
+                releases.extend(releases_of(
+                    &ctx.releases.cached_tags(),
+                    &spec.stack,
+                    spec.channel,
+                ));
+                Available::Only(releases.into_iter().collect())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot tell which releases the source has; creating those Clusters use");
+                Available::Unknown
+            }
+        }
+    };
+    let observed = Observed {
         spec,
         releases: owned,
-        source,
+        source: listing,
         in_use,
-    })
+        users,
+        available,
+    };
+    Ok((observed, clusters))
 }
 
 /// Makes the writes; every failure is recorded, none stops the others.
