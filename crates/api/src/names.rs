@@ -97,6 +97,10 @@ pub mod event {
     /// *New.* The API server refused to delete objects a release no longer has (403, 405, 409): left in place
     /// and dropped from the inventory, so the rest of the work goes on.
     pub const PRUNE_REFUSED: &str = "PruneRefused";
+    /// *New.* On a Cluster: no ClusterAddon can be made for it (its name leaves no room for `cluster-addon-`).
+    pub const CLUSTER_ADDON_NOT_CREATED: &str = "ClusterAddonNotCreated";
+    /// *New.* On a Cluster: its class names a release of a known stack that the source does not have (a typo).
+    pub const UNKNOWN_CLUSTER_STACK_RELEASE: &str = "UnknownClusterStackRelease";
 }
 
 /// The label with the release tag that every object applied for a release carries (besides

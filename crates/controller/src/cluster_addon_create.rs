@@ -38,10 +38,6 @@ use crate::{
 /// The longest object name the API server accepts (a DNS subdomain).
 const MAX_NAME_LENGTH: usize = 253;
 
-/// The reason of the Warning event on a Cluster that gets no ClusterAddon because `cluster-addon-<name>`
-/// is not a valid object name. **New**: the Go operator only logs it.
-pub(crate) const CLUSTER_ADDON_NOT_CREATED: &str = "ClusterAddonNotCreated";
-
 /// The ClusterAddonCreate controller's context: the shared one, and which Clusters were told about a
 /// problem already.
 #[derive(Debug)]
@@ -152,7 +148,7 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step 
     let name = cluster_addon_name(&cluster.name_any());
     if name.len() > MAX_NAME_LENGTH {
         return Step::Refuse {
-            reason: CLUSTER_ADDON_NOT_CREATED,
+            reason: cso_api::names::event::CLUSTER_ADDON_NOT_CREATED,
             note: format!(
                 "its ClusterAddon would be named {name:?} ({} characters), longer than the {MAX_NAME_LENGTH} \
                  an object name may have: the Cluster gets no addons; a Cluster name of at most {} characters \
@@ -444,7 +440,7 @@ mod tests {
         let Step::Refuse { reason, note } = next_step(Some(&long), &read(Some(true), None)) else {
             panic!("refused")
         };
-        assert_eq!(reason, CLUSTER_ADDON_NOT_CREATED);
+        assert_eq!(reason, cso_api::names::event::CLUSTER_ADDON_NOT_CREATED);
         assert!(note.contains("(254 characters)"), "{note}");
         assert!(note.contains("at most 239 characters"), "{note}");
         assert_eq!(

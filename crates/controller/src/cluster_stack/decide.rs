@@ -39,11 +39,6 @@ pub(crate) struct Observed {
     pub(crate) available: Available,
 }
 
-/// The reason of the event on a Cluster whose class names a release of a stack that does not exist and cannot
-/// be had (a typo such as `docker-ferrol-1-27-v8`). **New**: the Go operator creates the release, which then
-/// fails with `ReleaseNotFound`.
-pub(crate) const UNKNOWN_CLUSTER_STACK_RELEASE: &str = "UnknownClusterStackRelease";
-
 /// Something to say on a Cluster (not on the ClusterStack being reconciled).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ClusterReport {
@@ -369,7 +364,7 @@ pub(crate) fn cluster_reports(
             reports.push(ClusterReport {
                 cluster: cluster.clone(),
                 about: id.tag(),
-                reason: UNKNOWN_CLUSTER_STACK_RELEASE,
+                reason: cso_api::names::event::UNKNOWN_CLUSTER_STACK_RELEASE,
                 note: format!(
                     "class {} names release {} of ClusterStack {stack}, which neither the source ({source}) nor \
                      the cache has{there_are}; no release is created for it (a typo in the class?)",
@@ -734,7 +729,7 @@ mod tests {
         assert_eq!(reports.len(), told);
         if let Some(first) = reports.first() {
             assert_eq!(first.cluster, "ns/c1");
-            assert_eq!(first.reason, UNKNOWN_CLUSTER_STACK_RELEASE);
+            assert_eq!(first.reason, cso_api::names::event::UNKNOWN_CLUSTER_STACK_RELEASE);
             assert!(
                 first.note.contains("docker-ferrol-1-27-v8") && first.note.contains("it has v1, v2"),
                 "{}",
