@@ -542,48 +542,10 @@ fn owned(labels: Option<&BTreeMap<String, String>>) -> bool {
         .is_some_and(|v| v == cso_api::OWNED_LABEL.1)
 }
 
-/// Applies `object` as the Go operator does (upstream-behaviour.md §5.5): its label on the object and, for
-/// the workload kinds, on the pod template; namespaced objects into `namespace`; server-side apply with
-/// field manager `kubectl`, forced.
-async fn go_apply(client: &kube::Client, namespace: &str, mut object: serde_json::Value) -> DynamicObject {
-    let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
-        Some((group, version)) => (group.to_owned(), version.to_owned()),
-        None => (String::new(), object["apiVersion"].as_str().unwrap().to_owned()),
-    };
-    let kind = object["kind"].as_str().unwrap().to_owned();
-    let label = serde_json::json!({cso_api::OWNED_LABEL.0: cso_api::OWNED_LABEL.1});
-    let merge = |at: &mut serde_json::Value| {
-        let labels = at
-            .as_object_mut()
-            .unwrap()
-            .entry("labels")
-            .or_insert(serde_json::json!({}));
-        labels
-            .as_object_mut()
-            .unwrap()
-            .extend(label.as_object().unwrap().clone());
-    };
-    merge(&mut object["metadata"]);
-    let template_kinds = ["Deployment", "ReplicaSet", "StatefulSet", "DaemonSet"];
-    if (group == "apps" && template_kinds.contains(&kind.as_str())) || (group == "batch" && kind == "Job") {
-        merge(&mut object["spec"]["template"]["metadata"]);
-    }
-    let gvk = GroupVersionKind::gvk(&group, &version, &kind);
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-    let name = object["metadata"]["name"].as_str().unwrap().to_owned();
-    let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
-        object["metadata"]["namespace"] = namespace.into();
-        Api::namespaced_with(client.clone(), namespace, &resource)
-    } else {
-        Api::all_with(client.clone(), &resource)
-    };
-    api.patch(
-        &name,
-        &kube::api::PatchParams::apply("kubectl").force(),
-        &kube::api::Patch::Apply(&object),
-    )
-    .await
-    .unwrap()
+async fn go_apply(client: &kube::Client, namespace: &str, object: serde_json::Value) -> DynamicObject {
+    cso_testenv::go_operator::apply(client, namespace, object)
+        .await
+        .unwrap()
 }
 
 /// The inventory entry the Go operator records for a rendered object: the namespace as rendered (empty

@@ -34,7 +34,6 @@
 
 use std::{
     collections::BTreeMap,
-    net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
     sync::OnceLock,
@@ -56,7 +55,7 @@ use kube::{
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{ControlPlane, Error, Tools, crds, pki, process::Supervised};
+use crate::{ControlPlane, Error, Tools, control_plane::free_port, crds, pki, process::Supervised};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const FIELD_MANAGER: &str = "cso-testenv";
@@ -612,14 +611,6 @@ fn string_array(value: Option<&Value>) -> Vec<String> {
         .flatten()
         .filter_map(|v| v.as_str().map(str::to_owned))
         .collect()
-}
-
-fn free_port() -> Result<u16, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))
 }
 
 /// `GET path` over plain HTTP on loopback answers 200.

@@ -141,7 +141,8 @@ pub async fn client_from_yaml(yaml: &str) -> Result<kube::Client, Error> {
     kube::Client::try_from(config).map_err(|e| Error::Kube(e.to_string()))
 }
 
-fn free_port() -> Result<u16, Error> {
+/// A port on loopback that nothing listens on now.
+pub(crate) fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
     listener
         .local_addr()

@@ -9,6 +9,7 @@ pub mod capi;
 pub mod control_plane;
 pub mod crds;
 pub mod github;
+pub mod go_operator;
 pub mod pki;
 pub mod process;
 pub mod registry;

@@ -386,39 +386,9 @@ impl RunningOperator {
     }
 }
 
-/// Applies `object` as the Go operator does (upstream-behaviour.md §5.5, `setLabel`): its label
-/// `clusterstack.x-k8s.io/instance: owned` on the object and, for Deployments, ReplicaSets, StatefulSets,
-/// DaemonSets and Jobs, on the pod template; namespaced objects into `namespace` (its client's namespace);
-/// server-side apply with field manager `kubectl`, forced. Returns the object as applied.
-pub async fn go_operator_apply(client: &Client, namespace: &str, mut object: Value) -> DynamicObject {
-    let api_version = object["apiVersion"].as_str().unwrap().to_owned();
-    let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
-    let kind = object["kind"].as_str().unwrap().to_owned();
-    let label = |at: &mut Value| {
-        if !at["labels"].is_object() {
-            at["labels"] = json!({});
-        }
-        at["labels"][cso_api::OWNED_LABEL.0] = json!(cso_api::OWNED_LABEL.1);
-    };
-    label(&mut object["metadata"]);
-    let template_kinds = ["Deployment", "ReplicaSet", "StatefulSet", "DaemonSet"];
-    if (group == "apps" && template_kinds.contains(&kind.as_str())) || (group == "batch" && kind == "Job") {
-        label(&mut object["spec"]["template"]["metadata"]);
-    }
-    let gvk = GroupVersionKind::gvk(group, version, &kind);
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-    let name = object["metadata"]["name"].as_str().unwrap().to_owned();
-    let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
-        object["metadata"]["namespace"] = json!(namespace);
-        Api::namespaced_with(client.clone(), namespace, &resource)
-    } else {
-        Api::all_with(client.clone(), &resource)
-    };
-    api.patch(
-        &name,
-        &kube::api::PatchParams::apply("kubectl").force(),
-        &kube::api::Patch::Apply(&object),
-    )
-    .await
-    .unwrap()
+/// Applies `object` as the Go operator does (see `cso_testenv::go_operator`).
+pub async fn go_operator_apply(client: &Client, namespace: &str, object: Value) -> DynamicObject {
+    cso_testenv::go_operator::apply(client, namespace, object)
+        .await
+        .unwrap()
 }
