@@ -322,8 +322,23 @@ mod tests {
     fn fake_helm(dir: &Path, body: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
         let path = dir.join("helm");
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\n[ \"$FAKE_HELM_PROBE\" = 1 ] && exit 0\n{body}\n"),
+        )
+        .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Another test of this binary may fork while the script was open for writing; its child holds the
+        // file open until it execs, and running the script meanwhile fails with ETXTBSY. Wait until it runs.
+        for _ in 0..100 {
+            match std::process::Command::new(&path)
+                .env("FAKE_HELM_PROBE", "1")
+                .status()
+            {
+                Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(Duration::from_millis(20)),
+                _ => break,
+            }
+        }
         path
     }
 
