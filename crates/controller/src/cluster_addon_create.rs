@@ -8,20 +8,13 @@
 //! says what to read or write next, and the driver here does it. A Cluster whose ClusterAddon cannot be
 //! made (its name is too long) is told so by a Warning event, once.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex},
-};
+use std::{collections::BTreeSet, sync::Arc};
 
 use cso_api::{
     ClusterAddon, ClusterAddonSpec, ClusterStackRelease, capi::Cluster, cluster_addon::cluster_addon_name,
     common::ObjectReference,
 };
-use k8s_openapi::{
-    api::events::v1::Event as EventObject,
-    apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
-    jiff::Timestamp,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
@@ -29,14 +22,15 @@ use kube::{
 };
 
 use crate::{
-    Context, EVENT_REPORTER, Error,
+    Context, Error,
     context::object_key,
+    events::Announced,
     filter::{is_paused, propagated_labels},
     patch,
 };
 
 /// The longest object name the API server accepts (a DNS subdomain).
-const MAX_NAME_LENGTH: usize = 253;
+pub(crate) const MAX_NAME_LENGTH: usize = 253;
 
 /// The ClusterAddonCreate controller's context: the shared one, and which Clusters were told about a
 /// problem already.
@@ -209,7 +203,7 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 tracing::warn!(cluster = %cluster.name_any(), %namespace, %note, "no ClusterAddon for a Cluster");
                 // Only a new Cluster can change it (names are for good): no retry, one event per problem.
                 if !ctx.announced.news(&key, [reason.to_owned()].into()).is_empty() {
-                    event_about(&ctx, cluster, EventType::Warning, reason, note).await;
+                    ctx.event(cluster, EventType::Warning, reason, note).await;
                 }
                 return Ok(Action::await_change());
             }
@@ -262,86 +256,9 @@ pub fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<CreateContext
     Action::requeue(delay)
 }
 
-/// The problems each object was told about, so that a problem is announced once while it lasts (and again
-/// if it comes back after going away), not at every reconcile. Kept in memory: a restart announces a lasting
-/// problem once more.
-#[derive(Debug, Default)]
-pub(crate) struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);
-
-impl Announced {
-    /// Records `current` as the problems of `key` now; returns those that are news (not announced before).
-    pub(crate) fn news(&self, key: &str, current: BTreeSet<String>) -> BTreeSet<String> {
-        let mut announced = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let news = match announced.get(key) {
-            Some(before) => current.difference(before).cloned().collect(),
-            None => current.clone(),
-        };
-        if current.is_empty() {
-            announced.remove(key);
-        } else {
-            announced.insert(key.to_owned(), current);
-        }
-        news
-    }
-}
-
-/// The longest object name the event recorder can name an event after: it names events
-/// `<object>.<16 hex digits>`, and event names are object names too.
-const MAX_RECORDED_NAME: usize = MAX_NAME_LENGTH - 17;
-
-/// Publishes an event about `object` through [`Context::event`], or, for an object whose name is too long for
-/// the recorder's event names, as an event with a generated name (the recorder's would be refused).
-pub(crate) async fn event_about<K>(ctx: &Context, object: &K, type_: EventType, reason: &str, note: String)
-where
-    K: Resource<DynamicType = ()>,
-{
-    if object.name_any().len() <= MAX_RECORDED_NAME {
-        ctx.event(object, type_, reason, note).await;
-        return;
-    }
-    let reference = object.object_ref(&());
-    let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
-    let mut note = note;
-    if note.len() > 1000 {
-        let mut cut = 1000;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
-    // The API server keeps at most 58 characters of a generated name's base; it must end alphanumeric.
-    let prefix: String = object.name_any().chars().take(58).collect();
-    let prefix = prefix.trim_end_matches(['.', '-']);
-    let event = EventObject {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{prefix}-")),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        },
-        event_time: Some(MicroTime(Timestamp::now())),
-        action: Some(reason.to_owned()),
-        reason: Some(reason.to_owned()),
-        note: Some(note),
-        regarding: Some(reference),
-        reporting_controller: Some(EVENT_REPORTER.to_owned()),
-        reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned())),
-        type_: Some(
-            match type_ {
-                EventType::Normal => "Normal",
-                EventType::Warning => "Warning",
-            }
-            .to_owned(),
-        ),
-        ..Default::default()
-    };
-    let events: Api<EventObject> = Api::namespaced(ctx.client.clone(), &namespace);
-    if let Err(e) = events.create(&PostParams::default(), &event).await {
-        tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::jiff::Timestamp;
     use kube::api::ObjectMeta;
     use rstest::rstest;
     use serde_json::json;

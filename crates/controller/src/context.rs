@@ -13,8 +13,12 @@ use std::{
 use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
+use k8s_openapi::{
+    api::events::v1::Event as EventObject, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+};
 use kube::{
-    Client, Resource, ResourceExt,
+    Api, Client, Resource, ResourceExt,
+    api::{ObjectMeta, PostParams},
     runtime::{
         controller::Action,
         events::{Event, EventType, Recorder, Reporter},
@@ -27,6 +31,10 @@ use crate::metrics::{MeteredRenderer, TargetCluster};
 /// Connecting to a workload cluster may take this long; an unreachable one costs no more.
 const WORKLOAD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const WORKLOAD_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest object name the event recorder can name an event after: it names events
+/// `<object>.<16 hex digits>`, and event names are object names too (253 characters at most).
+const MAX_RECORDED_NAME: usize = crate::cluster_addon_create::MAX_NAME_LENGTH - 17;
 
 /// The event reporter, named as the Go operator names its recorder.
 pub const EVENT_REPORTER: &str = "clusterstack-controller";
@@ -206,16 +214,64 @@ impl Context {
             }
             note.truncate(cut);
         }
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: reason.to_owned(),
-            secondary: None,
+        let published = if object.name_any().len() <= MAX_RECORDED_NAME {
+            let event = Event {
+                type_,
+                reason: reason.to_owned(),
+                note: Some(note),
+                action: reason.to_owned(),
+                secondary: None,
+            };
+            self.recorder.publish(&event, &object.object_ref(&())).await
+        } else {
+            self.event_with_generated_name(object, type_, reason, note).await
         };
-        if let Err(e) = self.recorder.publish(&event, &object.object_ref(&())).await {
+        if let Err(e) = published {
             tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");
         }
+    }
+
+    /// An event about an object whose name is too long for the recorder's event names
+    /// (`<object>.<16 hex digits>` would be refused): created with a generated name instead.
+    async fn event_with_generated_name<K>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) -> Result<(), kube::Error>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let reference = object.object_ref(&());
+        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
+        // The API server keeps at most 58 characters of a generated name's base; it must end alphanumeric.
+        let prefix: String = object.name_any().chars().take(58).collect();
+        let prefix = prefix.trim_end_matches(['.', '-']);
+        let event = EventObject {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{prefix}-")),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(Timestamp::now())),
+            action: Some(reason.to_owned()),
+            reason: Some(reason.to_owned()),
+            note: Some(note),
+            regarding: Some(reference),
+            reporting_controller: Some(EVENT_REPORTER.to_owned()),
+            reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned())),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            ..Default::default()
+        };
+        let events: Api<EventObject> = Api::namespaced(self.client.clone(), &namespace);
+        events.create(&PostParams::default(), &event).await.map(|_| ())
     }
 
     /// Publishes the events a reconcile decided on, in order.

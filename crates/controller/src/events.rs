@@ -1,7 +1,13 @@
 //! Events a reconcile decided to publish. The pure steps of a reconciler collect them here (with the
 //! conditions they go with); the act step publishes them. One rule lives here: a condition that turns False
 //! publishes an event, unless it already said the same (a retry that fails the same way stays quiet: one
-//! event per problem, not one per attempt).
+//! event per problem, not one per attempt). Problems that are not conditions (events about Clusters) are
+//! announced once while they last through [`Announced`].
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Mutex,
+};
 
 use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
 
@@ -70,6 +76,29 @@ impl Events {
     #[cfg(test)]
     pub(crate) fn reasons(&self) -> Vec<&'static str> {
         self.0.iter().map(|e| e.reason).collect()
+    }
+}
+
+/// The problems each object was told about, so that a problem is announced once while it lasts (and again
+/// if it comes back after going away), not at every reconcile. Kept in memory: a restart announces a lasting
+/// problem once more.
+#[derive(Debug, Default)]
+pub(crate) struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);
+
+impl Announced {
+    /// Records `current` as the problems of `key` now; returns those that are news (not announced before).
+    pub(crate) fn news(&self, key: &str, current: BTreeSet<String>) -> BTreeSet<String> {
+        let mut announced = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let news = match announced.get(key) {
+            Some(before) => current.difference(before).cloned().collect(),
+            None => current.clone(),
+        };
+        if current.is_empty() {
+            announced.remove(key);
+        } else {
+            announced.insert(key.to_owned(), current);
+        }
+        news
     }
 }
 

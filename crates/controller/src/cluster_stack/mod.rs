@@ -42,8 +42,8 @@ use self::{
 };
 use crate::{
     Context, Error,
-    cluster_addon_create::{Announced, event_about},
     context::object_key,
+    events::Announced,
     filter::{is_paused, propagated_labels},
     in_use::list_clusters,
     patch,
@@ -150,7 +150,8 @@ async fn tell_clusters(ctx: &StackContext, key: &str, clusters: &[Cluster], repo
         else {
             continue;
         };
-        event_about(ctx, cluster, EventType::Warning, report.reason, report.note).await;
+        ctx.event(cluster, EventType::Warning, report.reason, report.note)
+            .await;
     }
 }
 
