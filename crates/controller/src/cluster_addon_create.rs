@@ -23,6 +23,7 @@ use kube::{
 
 use crate::{
     Context, Error,
+    context::ControllerContext,
     context::object_key,
     events::Announced,
     filter::{is_paused, propagated_labels},
@@ -32,39 +33,14 @@ use crate::{
 /// The longest object name the API server accepts (a DNS subdomain).
 pub(crate) const MAX_NAME_LENGTH: usize = 253;
 
-/// The ClusterAddonCreate controller's context: the shared one, and which Clusters were told about a
-/// problem already.
-#[derive(Debug)]
-pub struct CreateContext {
-    shared: Arc<Context>,
-    announced: Announced,
-}
-
-impl CreateContext {
-    pub fn new(shared: Arc<Context>) -> Arc<Self> {
-        Arc::new(CreateContext {
-            shared,
-            announced: Announced::default(),
-        })
-    }
-}
-
-impl std::ops::Deref for CreateContext {
-    type Target = Context;
-
-    fn deref(&self) -> &Context {
-        &self.shared
-    }
-}
+/// The ClusterAddonCreate controller's context: the shared one, and which Clusters were told about a problem
+/// already.
+pub type CreateContext = ControllerContext<Announced>;
 
 /// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result<Action, Error> {
-    let shared = ctx.shared.clone();
-    Context::bounded("clusteraddoncreate", cluster, shared, move |cluster, _| {
-        reconcile_object(cluster, ctx)
-    })
-    .await
+    ctx.bounded("clusteraddoncreate", cluster, reconcile_object).await
 }
 
 /// What the reconcile has read so far (`None`: not read yet).
@@ -169,7 +145,7 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
         match next_step(cluster.as_ref(), &progress) {
             Step::Idle(why) => {
                 tracing::trace!(cluster = %queued.name_any(), ?why, "no ClusterAddon to create");
-                ctx.announced.news(&key, BTreeSet::new());
+                ctx.own.news(&key, BTreeSet::new());
                 return Ok(Action::await_change());
             }
             Step::ReadRelease { name, namespace } => {
@@ -193,7 +169,7 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                     return Ok(Action::await_change());
                 };
                 create(&ctx, cluster, &name).await?;
-                ctx.announced.news(&key, BTreeSet::new());
+                ctx.own.news(&key, BTreeSet::new());
                 return Ok(Action::await_change());
             }
             Step::Refuse { reason, note } => {
@@ -202,7 +178,7 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 };
                 tracing::warn!(cluster = %cluster.name_any(), %namespace, %note, "no ClusterAddon for a Cluster");
                 // Only a new Cluster can change it (names are for good): no retry, one event per problem.
-                if !ctx.announced.news(&key, [reason.to_owned()].into()).is_empty() {
+                if !ctx.own.news(&key, [reason.to_owned()].into()).is_empty() {
                     ctx.event(cluster, EventType::Warning, reason, note).await;
                 }
                 return Ok(Action::await_change());

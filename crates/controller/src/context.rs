@@ -320,6 +320,56 @@ impl Context {
     }
 }
 
+/// One controller's context: the shared [`Context`] (reached through `Deref`) and what only that controller
+/// keeps across its reconciles (`own`: the ClusterAddon's resync clock, the ClusterStackRelease's provider
+/// watches, the once-per-problem memory of the controllers that tell Clusters about problems).
+#[derive(Debug)]
+pub struct ControllerContext<S> {
+    shared: Arc<Context>,
+    pub(crate) own: S,
+}
+
+impl<S> ControllerContext<S> {
+    pub(crate) fn with(shared: Arc<Context>, own: S) -> Arc<Self> {
+        Arc::new(ControllerContext { shared, own })
+    }
+
+    /// Runs `reconcile` of `object` for `controller` through [`Context::bounded`] (metrics, timeout, backoff
+    /// reset), handing it this context.
+    pub(crate) async fn bounded<K, Reconcile, Running>(
+        self: Arc<Self>,
+        controller: &str,
+        object: Arc<K>,
+        reconcile: Reconcile,
+    ) -> Result<Action, crate::Error>
+    where
+        K: Resource<DynamicType = ()>,
+        Reconcile: FnOnce(Arc<K>, Arc<Self>) -> Running,
+        Running: Future<Output = Result<Action, crate::Error>>,
+    {
+        let shared = self.shared.clone();
+        Context::bounded(controller, object, shared, move |object, _| {
+            reconcile(object, self)
+        })
+        .await
+    }
+}
+
+impl<S: Default> ControllerContext<S> {
+    /// The context of a controller whose own state starts empty.
+    pub fn new(shared: Arc<Context>) -> Arc<Self> {
+        Self::with(shared, S::default())
+    }
+}
+
+impl<S> std::ops::Deref for ControllerContext<S> {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
+
 /// Exponential per-object backoff, so that a broken object neither loops hot nor waits long once fixed.
 #[derive(Debug, Default)]
 struct Backoff {

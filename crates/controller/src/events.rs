@@ -83,7 +83,7 @@ impl Events {
 /// if it comes back after going away), not at every reconcile. Kept in memory: a restart announces a lasting
 /// problem once more.
 #[derive(Debug, Default)]
-pub(crate) struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);
+pub struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);
 
 impl Announced {
     /// Records `current` as the problems of `key` now; returns those that are news (not announced before).

@@ -23,7 +23,7 @@ pub mod rendering;
 mod run;
 mod watch;
 
-pub use context::{Context, EVENT_REPORTER, Settings};
+pub use context::{Context, ControllerContext, EVENT_REPORTER, Settings};
 pub use metrics::{MeteredRenderer, MeteredSource, Metrics};
 pub use run::{Operator, run};
 

@@ -17,7 +17,7 @@ use kube::{
 use tokio::sync::mpsc;
 
 /// The provider-object watches of one operator.
-pub(crate) struct ProviderWatches {
+pub struct ProviderWatches {
     client: Client,
     namespace: Option<String>,
     sender: mpsc::UnboundedSender<ObjectRef<ClusterStackRelease>>,

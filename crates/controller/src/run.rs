@@ -88,7 +88,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let settings = ctx.settings.clone();
     let (provider_watches, provider_triggers) =
         ProviderWatches::new(client.clone(), settings.namespace.clone());
-    let release_ctx = ReleaseContext::new(ctx.clone(), provider_watches);
+    let release_ctx = ReleaseContext::with(ctx.clone(), provider_watches);
     let addon_ctx = AddonContext::new(ctx.clone());
     let shutdown = shutdown.boxed().shared();
     let config = watcher_config(&settings);

@@ -47,39 +47,18 @@ use crate::{
     Context, Error,
     applier::{Target, Work},
     cluster_stack_release::FetchFailure,
+    context::ControllerContext,
     context::object_key,
     filter::is_paused,
     patch, rendering,
 };
 
-/// The ClusterAddon controller's context: the shared [`Context`] and when each ClusterAddon last applied
-/// all its objects (the clock of drift correction).
-#[derive(Debug)]
-pub struct AddonContext {
-    shared: Arc<Context>,
-    resync: ResyncClock,
-}
-
-impl AddonContext {
-    pub fn new(shared: Arc<Context>) -> Arc<Self> {
-        Arc::new(AddonContext {
-            shared,
-            resync: ResyncClock::default(),
-        })
-    }
-}
-
-impl std::ops::Deref for AddonContext {
-    type Target = Context;
-
-    fn deref(&self) -> &Context {
-        &self.shared
-    }
-}
+/// The ClusterAddon controller's context: the shared one and the resync clock.
+pub type AddonContext = ControllerContext<ResyncClock>;
 
 /// When each object last applied everything it has; a full re-apply is due a resync interval later.
 #[derive(Debug, Default)]
-struct ResyncClock(Mutex<HashMap<String, Instant>>);
+pub struct ResyncClock(Mutex<HashMap<String, Instant>>);
 
 impl ResyncClock {
     fn due(&self, key: &str, interval: Duration) -> bool {
@@ -101,11 +80,7 @@ impl ResyncClock {
 /// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
-    let shared = ctx.shared.clone();
-    Context::bounded("clusteraddon", addon, shared, move |addon, _| {
-        reconcile_object(addon, ctx)
-    })
-    .await
+    ctx.bounded("clusteraddon", addon, reconcile_object).await
 }
 
 async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
@@ -127,7 +102,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
 
     let key = object_key(&addon);
     let mut progress = Progress {
-        resync_due: ctx.resync.due(&key, ctx.settings.resync_interval),
+        resync_due: ctx.own.due(&key, ctx.settings.resync_interval),
         ..Progress::default()
     };
     let mut driver = Driver {
@@ -167,7 +142,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         applied_all,
     } = conclusion;
     if applied_all {
-        ctx.resync.applied(&key);
+        ctx.own.applied(&key);
     }
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();

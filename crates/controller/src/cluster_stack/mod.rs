@@ -42,6 +42,7 @@ use self::{
 };
 use crate::{
     Context, Error,
+    context::ControllerContext,
     context::object_key,
     events::Announced,
     filter::{is_paused, propagated_labels},
@@ -49,46 +50,21 @@ use crate::{
     patch,
 };
 
-/// The ClusterStack controller's context: the shared one, and which Clusters were told about a release
-/// they name that cannot be had.
-#[derive(Debug)]
-pub struct StackContext {
-    shared: Arc<Context>,
-    announced: Announced,
-}
-
-impl StackContext {
-    pub fn new(shared: Arc<Context>) -> Arc<Self> {
-        Arc::new(StackContext {
-            shared,
-            announced: Announced::default(),
-        })
-    }
-}
-
-impl std::ops::Deref for StackContext {
-    type Target = Context;
-
-    fn deref(&self) -> &Context {
-        &self.shared
-    }
-}
+/// The ClusterStack controller's context: the shared one, and which Clusters were told about a release they
+/// name that cannot be had.
+pub type StackContext = ControllerContext<Announced>;
 
 /// Reconciles one ClusterStack (recorded in the reconcile metrics as `clusterstack`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<StackContext>) -> Result<Action, Error> {
-    let shared = ctx.shared.clone();
-    Context::bounded("clusterstack", stack, shared, move |stack, _| {
-        reconcile_object(stack, ctx)
-    })
-    .await
+    ctx.bounded("clusterstack", stack, reconcile_object).await
 }
 
 async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<StackContext>) -> Result<Action, Error> {
     let api: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
     let key = object_key(queued.as_ref());
     let Some(stack) = patch::current(&api, queued.as_ref()).await? else {
-        ctx.announced.news(&key, BTreeSet::new());
+        ctx.own.news(&key, BTreeSet::new());
         return Ok(Action::await_change());
     };
     if is_paused(&stack) || stack.meta().deletion_timestamp.is_some() {
@@ -138,7 +114,7 @@ async fn tell_clusters(ctx: &StackContext, key: &str, clusters: &[Cluster], repo
         .iter()
         .map(|r| format!("{}/{}", r.cluster, r.about))
         .collect();
-    let news = ctx.announced.news(key, problems);
+    let news = ctx.own.news(key, problems);
     for report in reports {
         if !news.contains(&format!("{}/{}", report.cluster, report.about)) {
             continue;

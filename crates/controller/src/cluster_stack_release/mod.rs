@@ -31,8 +31,9 @@ use serde_json::json;
 pub(crate) use self::decide::FetchFailure;
 use self::decide::{Files, Outcome, Progress, Step, conclude, next_step};
 use crate::{
-    Context, Error,
+    Error,
     applier::{Target, Work},
+    context::ControllerContext,
     context::object_key,
     filter::is_paused,
     in_use::list_clusters,
@@ -41,39 +42,15 @@ use crate::{
     rendering,
 };
 
-/// The ClusterStackRelease controller's context: the shared [`Context`] and the watches of the provider
-/// objects its releases name.
-#[derive(Debug)]
-pub struct ReleaseContext {
-    shared: Arc<Context>,
-    provider_watches: ProviderWatches,
-}
-
-impl ReleaseContext {
-    pub(crate) fn new(shared: Arc<Context>, provider_watches: ProviderWatches) -> Arc<Self> {
-        Arc::new(ReleaseContext {
-            shared,
-            provider_watches,
-        })
-    }
-}
-
-impl std::ops::Deref for ReleaseContext {
-    type Target = Context;
-
-    fn deref(&self) -> &Context {
-        &self.shared
-    }
-}
+/// The ClusterStackRelease controller's context: the shared one and the watches of the provider objects its
+/// releases name.
+pub type ReleaseContext = ControllerContext<ProviderWatches>;
 
 /// Reconciles one ClusterStackRelease (recorded in the reconcile metrics as `clusterstackrelease`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(release: Arc<ClusterStackRelease>, ctx: Arc<ReleaseContext>) -> Result<Action, Error> {
-    let shared = ctx.shared.clone();
-    Context::bounded("clusterstackrelease", release, shared, move |release, _| {
-        reconcile_object(release, ctx)
-    })
-    .await
+    ctx.bounded("clusterstackrelease", release, reconcile_object)
+        .await
 }
 
 async fn reconcile_object(
@@ -254,7 +231,7 @@ async fn provider_ready(
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version.as_str()));
     let gvk = GroupVersionKind::gvk(group, version, &kind);
     let resolved = ctx.discovery.resolve(&gvk).await.map_err(|e| e.to_string())?;
-    ctx.provider_watches.ensure(&gvk, &resolved.resource);
+    ctx.own.ensure(&gvk, &resolved.resource);
     let object = ctx
         .discovery
         .get_object(ApiRef::Version(&api_version), &kind, Some(&namespace), &name)
