@@ -12,6 +12,9 @@ pub mod condition {
     pub const HELM_CHART_APPLIED: &str = "HelmChartApplied";
     pub const HOOK_SERVER_READY: &str = "HookServerReady";
     pub const HELM_CHART_DELETED: &str = "HelmChartDeleted";
+    /// *New.* False (Warning, reason `StageTimedOut`) when a stage of the last hook run was given up after the
+    /// per-stage timeout (`--stage-timeout`) so that Cluster API could go on; removed when a run starts.
+    pub const HOOK_STAGES_COMPLETED: &str = "HookStagesCompleted";
     pub const PROVIDER_CLUSTER_STACK_RELEASES_SYNCED: &str = "ProviderClusterStackReleasesSynced";
     pub const CLUSTER_STACK_RELEASES_SYNCED: &str = "ClusterStackReleasesSynced";
     pub const CLUSTER_STACK_RELEASE_AVAILABLE: &str = "ClusterStackReleaseAvailable";
@@ -57,6 +60,8 @@ pub mod reason {
     pub const PARSING_CLUSTER_ADDON_CONFIG_FAILED: &str = "ParsingClusterAddonConfigFailed";
     /// *New.* `HookServerReady` False: `spec.hook` names a hook that does not exist.
     pub const UNKNOWN_HOOK: &str = "UnknownHook";
+    /// *New.* `HookStagesCompleted` False: a stage did not finish within the per-stage timeout.
+    pub const STAGE_TIMED_OUT: &str = "StageTimedOut";
     /// *New.* `ClusterReady` False: the Cluster's class is not set or not a cluster stack's.
     pub const NO_CLUSTER_STACK_CLASS: &str = "NoClusterStackClass";
     /// *New.* `HelmChartDeleted` / deletion of a ClusterStackRelease: some objects could not be deleted.
@@ -90,6 +95,8 @@ pub mod event {
     pub const TEMPLATE_NEW_CLUSTER_STACK_FAILED: &str = "TemplateNewClusterStackFailed";
     /// *New.* A stage of a lifecycle hook failed (render, apply, CEL).
     pub const STAGE_FAILED: &str = "StageFailed";
+    /// *New.* A stage of a lifecycle hook did not finish within `--stage-timeout`: given up, the hook goes on.
+    pub const STAGE_TIMED_OUT: &str = "StageTimedOut";
     /// *New.* The addons of a ClusterAddon were applied into its workload cluster.
     pub const CLUSTER_ADDON_APPLIED: &str = "ClusterAddonApplied";
     /// *New.* A reconcile took longer than `--reconcile-timeout` and was stopped (it is retried).

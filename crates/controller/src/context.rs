@@ -65,6 +65,10 @@ pub struct Settings {
     /// `--reconcile-timeout`: a reconcile still running after this long is stopped and retried, so no
     /// object waits forever on a request or a process that hangs.
     pub reconcile_timeout: Duration,
+    /// `--stage-timeout`: a stage of a lifecycle hook that has not finished after this long (its condition
+    /// never holds, its objects cannot be applied) is given up with a Warning, so that Cluster API is not held
+    /// forever.
+    pub stage_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -80,6 +84,7 @@ impl Default for Settings {
             workload_retry_interval: Duration::from_secs(10),
             client_limits: cso_apply::ClientLimits::UNLIMITED,
             reconcile_timeout: Duration::from_secs(600),
+            stage_timeout: Duration::from_secs(600),
         }
     }
 }

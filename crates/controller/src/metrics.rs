@@ -70,6 +70,19 @@ struct LeaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabels {
+    /// The lifecycle hook, as Cluster API names it (`BeforeClusterUpgrade`, ...).
+    hook: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookResultLabels {
+    hook: String,
+    /// `success`, `retry` (a blocking hook holds the Cluster) or `failure`.
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceRequestLabels {
     source: String,
     /// `list` or `download`.
@@ -95,6 +108,8 @@ pub struct Metrics {
     releases_cached: Gauge,
     leader: Family<LeaseLabels, Gauge>,
     renewal_failures: Family<LeaseLabels, Counter>,
+    hook_requests: Family<HookResultLabels, Counter>,
+    hook_durations: Family<HookLabels, Histogram>,
     /// The release cache whose size `releases_cached` shows, read at scrape time.
     cache: OnceLock<Arc<ReleaseCache>>,
 }
@@ -126,6 +141,8 @@ impl Default for Metrics {
             releases_cached: Gauge::default(),
             leader: Family::default(),
             renewal_failures: Family::default(),
+            hook_requests: Family::default(),
+            hook_durations: Family::new_with_constructor(reconcile_buckets),
             cache: OnceLock::new(),
         };
         registry.register(
@@ -192,6 +209,16 @@ impl Default for Metrics {
             "cso_leader_election_renewal_failures",
             "Failed attempts to renew the held lease (retried until shortly before it expires)",
             metrics.renewal_failures.clone(),
+        );
+        registry.register(
+            "cso_hook_requests",
+            "Lifecycle hook calls from Cluster API answered, per hook and result",
+            metrics.hook_requests.clone(),
+        );
+        registry.register(
+            "cso_hook_duration_seconds",
+            "Length of time to answer a lifecycle hook call, per hook",
+            metrics.hook_durations.clone(),
         );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics
@@ -271,6 +298,20 @@ impl Metrics {
                 name: lease.to_owned(),
             })
             .inc();
+    }
+
+    /// Records one answered lifecycle hook call: `cso_hook_requests_total{hook, result}` and
+    /// `cso_hook_duration_seconds{hook}`.
+    pub fn hook_answered(&self, hook: &str, result: &str, duration: std::time::Duration) {
+        self.hook_requests
+            .get_or_create(&HookResultLabels {
+                hook: hook.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+        self.hook_durations
+            .get_or_create(&HookLabels { hook: hook.to_owned() })
+            .observe(duration.as_secs_f64());
     }
 
     /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).

@@ -189,6 +189,7 @@ async fn addon_manifests(
         chart,
         values,
         target.workload_kubeconfig.clone(),
+        None,
     )
     .await
     .map_err(|e| e.to_string())

@@ -35,19 +35,22 @@ pub fn cluster_class_request(release: &Release, namespace: &str) -> RenderReques
 }
 
 /// An addon chart (the whole addon archive, or one stage's chart directory) with its templated values,
-/// rendered against the workload cluster of `target_kubeconfig` when given.
+/// rendered against the workload cluster of `target_kubeconfig` when given, for Kubernetes `kube_version`
+/// (`--kube-version`; the release's own version when `None`: a stage of an upgrade step renders for that
+/// step's version).
 pub fn addon_request(
     release: &Release,
     chart: &Path,
     values: Option<String>,
     target_kubeconfig: Option<PathBuf>,
+    kube_version: Option<&str>,
 ) -> RenderRequest {
     RenderRequest {
         chart: chart.to_path_buf(),
         release_name: ADDON_RELEASE_NAME.into(),
         namespace: ADDON_NAMESPACE.into(),
         values,
-        kube_version: Some(release.metadata.kubernetes.clone()),
+        kube_version: Some(kube_version.unwrap_or(&release.metadata.kubernetes).to_owned()),
         include_crds: true,
         target_kubeconfig,
         ..Default::default()
@@ -73,8 +76,8 @@ impl std::fmt::Display for AddonRenderError {
 
 /// Renders the addon chart `chart` of `release` (the whole addon archive, or one stage's chart directory):
 /// with `values`, the values file templated over the data (`{Cluster, ControlPlane, InfraCluster}`); against
-/// the workload cluster of `target_kubeconfig` when given. The controllers and `cso render` both render
-/// addons through here.
+/// the workload cluster of `target_kubeconfig` when given; for `kube_version` (see [`addon_request`]). The
+/// controllers and `cso render` both render addons through here.
 pub async fn render_addon_chart(
     renderer: &dyn ChartRenderer,
     templater: &ValuesTemplater,
@@ -82,6 +85,7 @@ pub async fn render_addon_chart(
     chart: &Path,
     values: Option<(&Path, &Value)>,
     target_kubeconfig: Option<PathBuf>,
+    kube_version: Option<&str>,
 ) -> Result<Vec<Manifest>, AddonRenderError> {
     let values = match values {
         Some((file, data)) => Some(
@@ -91,7 +95,7 @@ pub async fn render_addon_chart(
         ),
         None => None,
     };
-    let request = addon_request(release, chart, values, target_kubeconfig);
+    let request = addon_request(release, chart, values, target_kubeconfig, kube_version);
     render(renderer, request).await.map_err(AddonRenderError::Chart)
 }
 

@@ -164,6 +164,7 @@ async fn taking_over_from_the_go_operator_deletes_nothing_and_rolls_no_pod() {
         &release.cluster_addon_archive,
         Some((values_file, &data)),
         None,
+        None,
     )
     .await
     .unwrap();

@@ -694,7 +694,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     let certs = tempfile::tempdir().unwrap();
     let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let server = cso_webhook::TlsServer::start(
-        cso_webhook::hook_router(client.clone()),
+        cso_webhook::hook_router(client.clone(), cso_webhook::hooks::unobserved()),
         "127.0.0.1:0".parse().unwrap(),
         certs.path(),
     )
@@ -756,7 +756,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
         .await
     };
     let answer = before_upgrade().await;
-    assert_eq!(answer["retryAfterSeconds"], 10, "{answer}");
+    assert_eq!(answer["retryAfterSeconds"], cso_webhook::hooks::RETRY_AFTER_SECONDS, "{answer}");
     wait_condition::<ClusterAddon>(
         &client,
         &ns,
@@ -767,7 +767,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     .await;
     let answer = before_upgrade().await;
     assert_eq!(
-        answer["retryAfterSeconds"], 10,
+        answer["retryAfterSeconds"], cso_webhook::hooks::RETRY_AFTER_SECONDS,
         "still held while the condition does not hold: {answer}"
     );
 
@@ -791,15 +791,26 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
         Some("upgraded")
     );
 
-    // AfterClusterUpgrade (no stages in this release): answered, and the ClusterAddon settles.
-    let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
-    let answer = call_hook(
-        &https,
-        port,
-        "afterclusterupgrade/after-cluster-upgrade",
-        "AfterClusterUpgradeRequest",
-        cluster,
-    )
+    // AfterClusterUpgrade (no stages in this release; blocking since Cluster API 1.12): held while the
+    // controller runs its (empty) stage list, then answered, and the ClusterAddon settles.
+    let after_upgrade = || async {
+        let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
+        call_hook(
+            &https,
+            port,
+            "afterclusterupgrade/after-cluster-upgrade",
+            "AfterClusterUpgradeRequest",
+            cluster,
+        )
+        .await
+    };
+    let first = after_upgrade().await;
+    assert_eq!(first["status"], "Success", "{first}");
+    assert_eq!(first["retryAfterSeconds"], cso_webhook::hooks::RETRY_AFTER_SECONDS, "{first}");
+    let answer = eventually("AfterClusterUpgrade is done", CONVERGE, || async {
+        let answer = after_upgrade().await;
+        answer.get("retryAfterSeconds").is_none().then_some(answer)
+    })
     .await;
     assert_eq!(answer["status"], "Success", "{answer}");
     eventually(

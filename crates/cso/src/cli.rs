@@ -141,6 +141,11 @@ pub struct RunArgs {
     /// A reconcile still running after this long is stopped (event `ReconcileTimedOut`) and retried.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub reconcile_timeout: Duration,
+    /// A stage of a lifecycle hook that has not finished after this long (its CEL condition never holds, its
+    /// objects cannot be applied) is given up with a Warning (condition `HookStagesCompleted`, event
+    /// `StageTimedOut`), so that Cluster API can go on instead of holding the Cluster forever.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub stage_timeout: Duration,
     /// Field managers whose applied fields are taken over (comma-separated; `kubectl` is how the Go
     /// operator applies, so swapping operators leaves no fields stranded). Empty to disable.
     #[arg(long, default_value = "kubectl", value_delimiter = ',')]

@@ -38,12 +38,18 @@ impl Hook {
         Hook::BeforeClusterDelete,
     ];
 
-    /// The hooks `clusteraddon.yaml` may list stages for (the Go operator's three). Stages under another
-    /// hook's name would never run, because nothing serves that hook yet; they are reported, not accepted.
-    pub const ADDON_STAGES: [Hook; 3] = [
+    /// The hooks `clusteraddon.yaml` may list stages for: every hook at which the workload cluster exists.
+    /// `BeforeClusterCreate` comes before there is a workload cluster to apply anything to, so stages under
+    /// it are reported, not accepted.
+    pub const ADDON_STAGES: [Hook; 8] = [
         Hook::AfterControlPlaneInitialized,
         Hook::BeforeClusterUpgrade,
+        Hook::BeforeControlPlaneUpgrade,
+        Hook::AfterControlPlaneUpgrade,
+        Hook::BeforeWorkersUpgrade,
+        Hook::AfterWorkersUpgrade,
         Hook::AfterClusterUpgrade,
+        Hook::BeforeClusterDelete,
     ];
 
     /// The hook's name, as Cluster API spells it in discovery and as `spec.hook` records it.
@@ -181,9 +187,11 @@ mod tests {
     }
 
     #[test]
-    fn only_the_go_operators_three_hooks_have_addon_stages() {
+    fn every_hook_with_a_workload_cluster_can_have_addon_stages() {
         let staged: Vec<Hook> = Hook::ALL.into_iter().filter(|h| h.has_addon_stages()).collect();
         assert_eq!(staged, Hook::ADDON_STAGES);
+        assert!(!Hook::BeforeClusterCreate.has_addon_stages());
+        assert_eq!(staged.len(), Hook::ALL.len() - 1);
     }
 
     #[test]

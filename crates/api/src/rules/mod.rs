@@ -5,17 +5,20 @@
 //! - [`stack`]: what a ClusterStack's spec means ([`StackSpec`], [`StackKey`]) and which releases it owns;
 //! - [`users`]: which Clusters use which release;
 //! - [`hooks`]: the Cluster API lifecycle hooks ([`Hook`]);
+//! - [`hook_runs`]: which run of each hook a ClusterAddon is on, and its stage clock ([`HookRuns`]);
 //! - [`addons`]: what a ClusterAddon records as applied, and whether that is done ([`AppliedAddons`]).
 //!
 //! The identity of an applied object, [`crate::common::ObjectKey`], lives beside the inventory entry it keys.
 //! Nothing here talks to a cluster: every function takes the objects it reads.
 
 pub mod addons;
+pub mod hook_runs;
 pub mod hooks;
 pub mod stack;
 pub mod users;
 
 pub use addons::AppliedAddons;
+pub use hook_runs::{HookRun, HookRuns, StageClock};
 pub use hooks::Hook;
 pub use stack::{FieldError, StackKey, StackSpec};
 pub use users::{release_users, releases_in_use, stack_users};

@@ -255,6 +255,7 @@ impl Driver<'_> {
                     release,
                     &release.cluster_addon_archive,
                     Some(values_file),
+                    None,
                 )
                 .await;
                 progress.rendered = Some(rendered.map(|manifests| {
@@ -315,8 +316,8 @@ impl Driver<'_> {
 }
 
 /// Renders `chart` for the workload cluster: values from `values_file` (templated over the Cluster and
-/// the objects it references) if given, rendered against the workload cluster. On failure, the
-/// `HelmChartTemplated` reason and a message.
+/// the objects it references) if given, rendered against the workload cluster for `kube_version` (the
+/// release's when `None`). On failure, the `HelmChartTemplated` reason and a message.
 pub(crate) async fn render_addon(
     ctx: &Context,
     cluster: &Cluster,
@@ -324,6 +325,7 @@ pub(crate) async fn render_addon(
     release: &Release,
     chart: &std::path::Path,
     values_file: Option<&std::path::Path>,
+    kube_version: Option<&str>,
 ) -> Result<Vec<Manifest>, (&'static str, String)> {
     let overwrite = |message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message);
     let data = match values_file {
@@ -342,6 +344,7 @@ pub(crate) async fn render_addon(
         chart,
         values,
         Some(workload.kubeconfig_path.clone()),
+        kube_version,
     )
     .await
     .map_err(|e| match e {

@@ -13,6 +13,10 @@ use cso_api::{
     ClusterAddon, ClusterAddonStatus,
     capi::Cluster,
     cluster_addon::{STAGE_ANNOTATION, STAGE_INVENTORY_ANNOTATION, StageAction},
+    rules::{
+        HookRuns, StageClock,
+        hook_runs::STAGE_CLOCK_ANNOTATION,
+    },
     common::Resource,
     conditions::{ConditionsExt, Severity},
     names::{condition, event, reason},
@@ -58,6 +62,8 @@ pub(super) struct StagedRun<'a> {
 pub(super) struct StagedEnd {
     pub(super) conclusion: Conclusion,
     pub(super) persisted: Option<ClusterAddonStatus>,
+    /// The progress annotations as last written (to write only what changed).
+    written_annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl StagedRun<'_> {
@@ -74,6 +80,10 @@ impl StagedRun<'_> {
                 applied_all: false,
             },
             persisted: None,
+            written_annotations: [STAGE_INVENTORY_ANNOTATION, STAGE_CLOCK_ANNOTATION]
+                .into_iter()
+                .filter_map(|key| Some((key.to_owned(), addon.annotations().get(key)?.clone())))
+                .collect(),
         };
         let last_stage = addon.annotations().get(STAGE_ANNOTATION).cloned();
         let hook = match stages::choose_hook(addon, decision, last_stage.as_deref()) {
@@ -105,6 +115,8 @@ impl StagedRun<'_> {
             tracing::info!(cluster_addon = %addon.name_any(), hook = hook.as_str(), "starting the stages of a hook");
             let hook_changes = addon.spec.hook != hook.as_str();
             stages::start(addon, hook, stages);
+            // A new run: its stages' clocks start when they do.
+            addon.annotations_mut().remove(STAGE_CLOCK_ANNOTATION);
             if hook_changes {
                 // Written at once, so a restart resumes this hook.
                 self.api
@@ -119,9 +131,24 @@ impl StagedRun<'_> {
             self.persist(addon, &inventory, &mut end).await?;
         }
         let charts = self.charts(addon)?;
+        let kube_version = self.step_version(addon, hook);
 
         loop {
-            let flow = match stages::next_step(addon, hook, stages) {
+            let step = stages::next_step(addon, hook, stages);
+            if let Some(index) = stages::stage_of(step) {
+                let now = chrono::Utc::now();
+                let clock = StageClock::for_stage(StageClock::of(addon).as_ref(), hook, index, now);
+                if clock.expired(self.ctx.settings.stage_timeout, now) {
+                    let timeout = self.ctx.settings.stage_timeout;
+                    stages::give_up(addon, hook, index, timeout, &mut end.conclusion.events);
+                    self.persist(addon, &inventory, &mut end).await?;
+                    continue;
+                }
+                addon
+                    .annotations_mut()
+                    .insert(STAGE_CLOCK_ANNOTATION.to_owned(), clock.encode());
+            }
+            let flow = match step {
                 StageStep::Start => {
                     Flow::Fail(format!("the stages of {} changed while they ran", hook.as_str()))
                 }
@@ -134,7 +161,9 @@ impl StagedRun<'_> {
                     stages::after_check(addon, i, false, check, &mut end.conclusion.events)
                 }
                 StageStep::Work(i) => {
-                    let work = self.work(addon, &stages[i], &charts, &inventory).await;
+                    let work = self
+                        .work(addon, &stages[i], &charts, &inventory, kube_version.as_deref())
+                        .await;
                     stages::after_stage_work(
                         addon,
                         i,
@@ -187,6 +216,7 @@ impl StagedRun<'_> {
             inventory.remove(&stage);
         }
 
+        addon.annotations_mut().remove(STAGE_CLOCK_ANNOTATION);
         let stage = stages::finish(addon, hook, &inventory);
         self.persist(addon, &inventory, &mut end).await?;
         let class = self.release.id.cluster_class_name();
@@ -199,7 +229,7 @@ impl StagedRun<'_> {
             cluster_stack: Some(class),
             version: Some(self.release.metadata.cluster_addon.to_dash()),
             hook: Some(String::new()),
-            stage: Some(stage),
+            stage,
         };
         Ok(end)
     }
@@ -216,7 +246,7 @@ impl StagedRun<'_> {
             .enumerate()
             .filter(|(_, s)| stages::applies(s))
         {
-            let work = self.work(addon, stage, &charts, &inventory).await;
+            let work = self.work(addon, stage, &charts, &inventory, None).await;
             let flow = stages::after_stage_work(
                 addon,
                 index,
@@ -276,13 +306,25 @@ impl StagedRun<'_> {
         }
     }
 
-    /// Renders stage `stage` and applies or deletes its objects.
+    /// The Kubernetes version the stages of `hook` render with: the one of the step the hook server recorded
+    /// for this hook's run of this class (an upgrade step's target or the version reached), else the
+    /// release's.
+    fn step_version(&self, addon: &ClusterAddon, hook: Hook) -> Option<String> {
+        let runs = HookRuns::of(addon);
+        let run = runs.get(hook)?;
+        (run.class == self.release.id.cluster_class_name() && !run.kubernetes_version.is_empty())
+            .then(|| run.kubernetes_version.clone())
+    }
+
+    /// Renders stage `stage` (for `kube_version`, the release's when `None`) and applies or deletes its
+    /// objects.
     async fn work(
         &self,
         addon: &ClusterAddon,
         stage: &Stage,
         charts: &Path,
         inventory: &StageInventory,
+        kube_version: Option<&str>,
     ) -> StageWork {
         let (chart, values) = rendering::stage_chart(charts, stage);
         if !chart.is_dir() {
@@ -295,6 +337,7 @@ impl StagedRun<'_> {
             self.release,
             &chart,
             values.as_deref(),
+            kube_version,
         )
         .await
         {
@@ -329,7 +372,8 @@ impl StagedRun<'_> {
         }
     }
 
-    /// Writes the stage inventory, the status and the events so far, now.
+    /// Writes the stage inventory and the stage clock (annotations, in one patch when either changed), the
+    /// status and the events so far, now.
     async fn persist(
         &self,
         addon: &mut ClusterAddon,
@@ -337,20 +381,31 @@ impl StagedRun<'_> {
         end: &mut StagedEnd,
     ) -> Result<(), Error> {
         let encoded = serde_json::to_string(inventory).map_err(|e| Error::Internal(e.to_string()))?;
-        if addon.annotations().get(STAGE_INVENTORY_ANNOTATION) != Some(&encoded) {
+        addon
+            .annotations_mut()
+            .insert(STAGE_INVENTORY_ANNOTATION.to_owned(), encoded);
+        let mut changed = serde_json::Map::new();
+        for key in [STAGE_INVENTORY_ANNOTATION, STAGE_CLOCK_ANNOTATION] {
+            let value = addon.annotations().get(key);
+            if value != end.written_annotations.get(key) {
+                changed.insert(key.to_owned(), value.cloned().into());
+            }
+        }
+        if !changed.is_empty() {
             self.api
                 .patch(
                     &addon.name_any(),
                     &PatchParams::default(),
-                    &Patch::Merge(
-                        json!({"metadata": {"annotations": {STAGE_INVENTORY_ANNOTATION: encoded}}}),
-                    ),
+                    &Patch::Merge(json!({"metadata": {"annotations": changed}})),
                 )
                 .await
-                .map_err(|e| Error::kube(format!("record the stage inventory of {}", addon.name_any()), e))?;
-            addon
-                .annotations_mut()
-                .insert(STAGE_INVENTORY_ANNOTATION.to_owned(), encoded);
+                .map_err(|e| Error::kube(format!("record the stage progress of {}", addon.name_any()), e))?;
+            for key in changed.keys() {
+                match addon.annotations().get(key) {
+                    Some(value) => end.written_annotations.insert(key.clone(), value.clone()),
+                    None => end.written_annotations.remove(key),
+                };
+            }
         }
         let mut shown = addon.clone();
         shown.set_summary();

@@ -118,12 +118,13 @@ fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
     addon.status.get_or_insert_with(Default::default)
 }
 
-/// Records that `hook` starts: every stage pending, not ready.
+/// Records that `hook` starts: every stage pending, not ready, no stage given up yet.
 pub(crate) fn start(addon: &mut ClusterAddon, hook: Hook, stages: &[Stage]) {
     let status = status_of(addon);
     status.stages = planned(stages);
     status.ready = false;
     addon.delete_condition(condition::HELM_CHART_APPLIED);
+    addon.delete_condition(condition::HOOK_STAGES_COMPLETED);
     addon.spec.hook = hook.as_str().to_owned();
 }
 
@@ -200,6 +201,68 @@ pub(crate) fn after_check(
             Flow::Fail(message)
         }
     }
+}
+
+/// The stage a step works on, if any.
+pub(crate) fn stage_of(step: StageStep) -> Option<usize> {
+    match step {
+        StageStep::CheckPre(i) | StageStep::Work(i) | StageStep::CheckPost(i) => Some(i),
+        StageStep::Start | StageStep::Finished => None,
+    }
+}
+
+/// Stage `index` did not finish within `timeout`: it is given up (counted as done, so the hook's other
+/// stages run and Cluster API can go on) and reported: `HookStagesCompleted` False with the stage's last
+/// problem, and a Warning event. The message names no time, so it reads the same at every hook call.
+pub(crate) fn give_up(
+    addon: &mut ClusterAddon,
+    hook: Hook,
+    index: usize,
+    timeout: std::time::Duration,
+    events: &mut Events,
+) -> Flow {
+    let name = stage_name(addon, index);
+    let phase = addon
+        .status
+        .as_ref()
+        .and_then(|s| s.stages.get(index))
+        .map(|s| s.phase)
+        .unwrap_or_default();
+    let waiting_for = match phase {
+        StagePhase::WaitingForPreCondition | StagePhase::Pending | StagePhase::None => "its pre-condition",
+        StagePhase::ApplyingOrDeleting => "its objects to be applied or deleted",
+        StagePhase::WaitingForPostCondition | StagePhase::Done => "its post-condition",
+    };
+    let message = format!(
+        "stage {name:?} of {hook} did not finish within {} (waiting for {waiting_for}); given up so that the \
+         Cluster can go on",
+        go_duration(timeout)
+    );
+    addon.mark_false(
+        condition::HOOK_STAGES_COMPLETED,
+        reason::STAGE_TIMED_OUT,
+        Severity::Warning,
+        message.clone(),
+    );
+    events.warning(event::STAGE_TIMED_OUT, message);
+    set_phase(addon, index, StagePhase::Done);
+    Flow::Continue
+}
+
+/// `timeout` as the flags spell durations (`10m`, `1h30m`, `45s`).
+fn go_duration(timeout: std::time::Duration) -> String {
+    let seconds = timeout.as_secs();
+    let (hours, minutes, seconds) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    let mut text = String::new();
+    for (value, unit) in [(hours, "h"), (minutes, "m"), (seconds, "s")] {
+        if value > 0 {
+            text.push_str(&format!("{value}{unit}"));
+        }
+    }
+    if text.is_empty() {
+        text = format!("{}ms", timeout.as_millis());
+    }
+    text
 }
 
 /// What applying or deleting a stage's objects gave.
@@ -376,8 +439,9 @@ pub(crate) fn after_gone_chart_failed(
 }
 
 /// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied.
-/// Returns the `ClusterAddonStage` annotation to record.
-pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInventory) -> &'static str {
+/// Returns the `ClusterAddonStage` annotation to record (`created` after the install, `upgraded` after any
+/// upgrade hook; a deletion changes nothing).
+pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInventory) -> Option<&'static str> {
     addon.delete_condition(condition::HELM_CHART_DELETED);
     addon.mark_true(condition::HELM_CHART_APPLIED);
     let status = status_of(addon);
@@ -385,8 +449,9 @@ pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInve
     status.stages.clear();
     status.ready = true;
     match hook {
-        Hook::AfterControlPlaneInitialized => "created",
-        _ => "upgraded",
+        Hook::AfterControlPlaneInitialized => Some("created"),
+        Hook::BeforeClusterCreate | Hook::BeforeClusterDelete => None,
+        _ => Some("upgraded"),
     }
 }
 
@@ -487,7 +552,8 @@ mod tests {
         HookChoice::Run(Hook::BeforeClusterUpgrade)
     )]
     #[case::unknown_hook("BeforeEverything", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeEverything".into()))]
-    #[case::hook_without_stages("BeforeClusterDelete", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeClusterDelete".into()))]
+    #[case::hook_without_stages("BeforeClusterCreate", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeClusterCreate".into()))]
+    #[case::chained_upgrade_step("AfterControlPlaneUpgrade", "docker-scs-1-35-v1", Decision::RecordOnly, Some("upgraded"), HookChoice::Run(Hook::AfterControlPlaneUpgrade))]
     #[case::same_addons(
         "",
         "docker-ferrol-1-27-v1",
@@ -801,10 +867,12 @@ mod tests {
     }
 
     #[rstest]
-    #[case::install(Hook::AfterControlPlaneInitialized, "created")]
-    #[case::upgrade(Hook::BeforeClusterUpgrade, "upgraded")]
-    #[case::after_upgrade(Hook::AfterClusterUpgrade, "upgraded")]
-    fn a_finished_hook_is_ready_and_recorded(#[case] hook: Hook, #[case] stage: &str) {
+    #[case::install(Hook::AfterControlPlaneInitialized, Some("created"))]
+    #[case::upgrade(Hook::BeforeClusterUpgrade, Some("upgraded"))]
+    #[case::upgrade_step(Hook::AfterControlPlaneUpgrade, Some("upgraded"))]
+    #[case::after_upgrade(Hook::AfterClusterUpgrade, Some("upgraded"))]
+    #[case::deletion(Hook::BeforeClusterDelete, None)]
+    fn a_finished_hook_is_ready_and_recorded(#[case] hook: Hook, #[case] stage: Option<&str>) {
         let mut a = addon(hook.as_str(), "", &[StagePhase::Done, StagePhase::Done]);
         a.mark_false(condition::HELM_CHART_DELETED, "x", Severity::Warning, "old");
         let inventory =
@@ -815,5 +883,58 @@ mod tests {
         assert_eq!(status.resources.len(), 1);
         assert!(a.is_condition_true(condition::HELM_CHART_APPLIED));
         assert!(a.get_condition(condition::HELM_CHART_DELETED).is_none());
+    }
+
+    #[rstest]
+    #[case::pre_condition(StagePhase::WaitingForPreCondition, "its pre-condition")]
+    #[case::apply(StagePhase::ApplyingOrDeleting, "its objects to be applied or deleted")]
+    #[case::post_condition(StagePhase::WaitingForPostCondition, "its post-condition")]
+    fn a_stage_past_its_timeout_is_given_up_with_a_warning_and_the_hook_goes_on(
+        #[case] phase: StagePhase,
+        #[case] waiting_for: &str,
+    ) {
+        let mut a = addon("AfterClusterUpgrade", "docker-ferrol-1-27-v1", &[phase, StagePhase::Pending]);
+        let mut events = Events::default();
+        let flow = give_up(
+            &mut a,
+            Hook::AfterClusterUpgrade,
+            0,
+            std::time::Duration::from_secs(90),
+            &mut events,
+        );
+        assert_eq!(flow, Flow::Continue);
+        let message = format!(
+            "stage \"ngnix\" of AfterClusterUpgrade did not finish within 1m30s (waiting for {waiting_for}); \
+             given up so that the Cluster can go on"
+        );
+        let condition = a.get_condition(condition::HOOK_STAGES_COMPLETED).unwrap();
+        assert_eq!(condition.status, ConditionStatus::False);
+        assert_eq!(condition.reason.as_deref(), Some(reason::STAGE_TIMED_OUT));
+        assert_eq!(condition.message.as_deref(), Some(message.as_str()));
+        assert_eq!(
+            events.0,
+            [crate::events::Pending {
+                kind: Kind::Warning,
+                reason: event::STAGE_TIMED_OUT,
+                note: message.clone(),
+            }]
+        );
+        // The stage counts as done: the next step is the next stage's pre-condition.
+        assert_eq!(
+            next_step(&a, Hook::AfterClusterUpgrade, &two_stages()),
+            StageStep::CheckPre(1)
+        );
+        // A new run of the hook starts without the warning.
+        start(&mut a, Hook::AfterClusterUpgrade, &two_stages());
+        assert!(a.get_condition(condition::HOOK_STAGES_COMPLETED).is_none());
+    }
+
+    #[test]
+    fn durations_read_as_the_flags_spell_them() {
+        use std::time::Duration;
+        assert_eq!(go_duration(Duration::from_secs(600)), "10m");
+        assert_eq!(go_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(go_duration(Duration::from_secs(45)), "45s");
+        assert_eq!(go_duration(Duration::from_millis(300)), "300ms");
     }
 }

@@ -104,6 +104,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             resync_interval: args.resync_interval,
             client_limits: limits,
             reconcile_timeout: args.reconcile_timeout,
+            stage_timeout: args.stage_timeout,
             ..Settings::default()
         },
     };
@@ -118,7 +119,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let hooks = spawn_tls_server(
         "hook server",
-        cso_webhook::hook_router(operator.client.clone()),
+        cso_webhook::hook_router(operator.client.clone(), {
+            let metrics = metrics.clone();
+            Arc::new(move |hook, outcome: &cso_webhook::hooks::Outcome, took| {
+                metrics.hook_answered(hook.as_str(), outcome.result_label(), took)
+            })
+        }),
         args.hook_port,
         args.hook_cert_dir.clone(),
     );
