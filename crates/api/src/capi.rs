@@ -3,8 +3,15 @@
 //! The `Cluster` view understands both `v1beta1` (`spec.topology.class`, optional `classNamespace`) and
 //! `v1beta2` (`spec.topology.classRef {name, namespace}`) and both reference shapes (`apiVersion` or `apiGroup`).
 //! Fields the operator does not need are ignored, so newer Cluster API releases do not break parsing.
+//!
+//! Which version Clusters are read in is not fixed by the type: Cluster API 1.11 stores `v1beta2` and will stop
+//! serving `v1beta1`, older releases serve `v1beta1` only. So `Cluster` is a [`Resource`] whose dynamic type is
+//! the [`ApiResource`] of the version chosen at start-up ([`read_version`] over what the API server serves),
+//! and every `Api<Cluster>` is made with it (`Api::namespaced_with`, `Api::all_with`).
 
-use kube::CustomResource;
+use std::borrow::Cow;
+
+use kube::core::{ApiResource, DynamicResourceScope, ObjectMeta, Resource, TypeMeta};
 use serde::{Deserialize, Serialize};
 
 /// The Cluster API group.
@@ -14,15 +21,97 @@ pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 /// Annotation that pauses reconciliation of an object.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 
-/// The parts of a Cluster API `Cluster` the operator reads.
-#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[kube(
-    group = "cluster.x-k8s.io",
-    version = "v1beta1",
-    kind = "Cluster",
-    namespaced,
-    schema = "disabled"
-)]
+/// The versions of `Cluster` the view is written for, newest first.
+pub const CLUSTER_VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
+/// The version Clusters are read in when the API server does not say which it serves (Cluster API is not
+/// installed yet, or discovery failed): the one every Cluster API release so far serves.
+pub const FALLBACK_CLUSTER_VERSION: &str = "v1beta1";
+
+/// The version to read Clusters in, given the versions the API server serves them in (`served`, its
+/// preferred version first, as discovery lists them):
+///
+/// - the newest the view is written for ([`CLUSTER_VERSIONS`]): `v1beta2` on Cluster API 1.11 and later,
+///   `v1beta1` before;
+/// - when it serves neither (a Cluster API much newer or much older than this operator), its preferred one:
+///   the view is tolerant, and asking for a version that is not served would read as "no Clusters at all";
+/// - when it serves none (the group or the kind is not there), [`FALLBACK_CLUSTER_VERSION`].
+pub fn read_version(served: &[String]) -> &str {
+    CLUSTER_VERSIONS
+        .into_iter()
+        .find(|known| served.iter().any(|v| v == known))
+        .or_else(|| served.first().map(String::as_str))
+        .unwrap_or(FALLBACK_CLUSTER_VERSION)
+}
+
+/// A Cluster API `Cluster`, the parts the operator reads. A [`Resource`] of any Cluster API version: its
+/// dynamic type is the [`ApiResource`] of the version it is read in ([`Cluster::resource`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    /// `apiVersion` and `kind`, as the object came (kept so that a Cluster made from a manifest, in tests,
+    /// is created in the version the manifest names).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub types: Option<TypeMeta>,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClusterSpec,
+}
+
+impl Cluster {
+    /// The API resource of Clusters in `version` (`v1beta1`, `v1beta2`).
+    pub fn resource(version: &str) -> ApiResource {
+        ApiResource {
+            group: CAPI_GROUP.to_owned(),
+            version: version.to_owned(),
+            api_version: format!("{CAPI_GROUP}/{version}"),
+            kind: "Cluster".to_owned(),
+            plural: "clusters".to_owned(),
+        }
+    }
+
+    /// The API resource of `v1beta1` Clusters ([`FALLBACK_CLUSTER_VERSION`]).
+    pub fn v1beta1_resource() -> ApiResource {
+        Cluster::resource(FALLBACK_CLUSTER_VERSION)
+    }
+}
+
+impl Resource for Cluster {
+    type DynamicType = ApiResource;
+    // Namespaced; the dynamic scope is what lets `Api::namespaced_with` build an `Api<Cluster>` of a version
+    // chosen at run time.
+    type Scope = DynamicResourceScope;
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The parts of a Cluster API `Cluster`'s spec the operator reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,6 +280,57 @@ mod tests {
         assert_eq!(
             cluster.spec.control_plane_ref.unwrap().api_group.as_deref(),
             Some("controlplane.cluster.x-k8s.io")
+        );
+    }
+
+    fn served(versions: &[&str]) -> Vec<String> {
+        versions.iter().map(|v| (*v).to_owned()).collect()
+    }
+
+    #[test]
+    fn clusters_are_read_in_the_newest_version_served_that_the_view_knows() {
+        // Cluster API 1.11+: both served, v1beta2 preferred (and stored).
+        assert_eq!(read_version(&served(&["v1beta2", "v1beta1"])), "v1beta2");
+        // Whatever the server prefers: v1beta2 is read when it is served at all.
+        assert_eq!(read_version(&served(&["v1beta1", "v1beta2"])), "v1beta2");
+        // After v1beta1 is removed (announced for 2027).
+        assert_eq!(read_version(&served(&["v1beta2"])), "v1beta2");
+        // Cluster API 1.10 and older.
+        assert_eq!(read_version(&served(&["v1beta1", "v1alpha4"])), "v1beta1");
+        // A version the view is not written for beside a known one: the known one.
+        assert_eq!(read_version(&served(&["v1", "v1beta2"])), "v1beta2");
+        // Neither known version: the server's preferred one, which at least is served.
+        assert_eq!(read_version(&served(&["v1", "v1alpha9"])), "v1");
+        // Nothing served (no Cluster API, or discovery failed): v1beta1.
+        assert_eq!(read_version(&[]), "v1beta1");
+    }
+
+    #[test]
+    fn the_resource_of_a_version_names_clusters_in_it() {
+        let resource = Cluster::resource("v1beta2");
+        assert_eq!(Cluster::api_version(&resource), "cluster.x-k8s.io/v1beta2");
+        assert_eq!(Cluster::kind(&resource), "Cluster");
+        assert_eq!(
+            Cluster::url_path(&resource, Some("team")),
+            "/apis/cluster.x-k8s.io/v1beta2/namespaces/team/clusters"
+        );
+        assert_eq!(
+            Cluster::v1beta1_resource().api_version,
+            "cluster.x-k8s.io/v1beta1"
+        );
+        let cluster = parse(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "team", "uid": "u1"}, "spec": {}
+        }));
+        let reference = cluster.object_ref(&resource);
+        assert_eq!(
+            (reference.api_version.as_deref(), reference.kind.as_deref()),
+            (Some("cluster.x-k8s.io/v1beta2"), Some("Cluster"))
+        );
+        // A manifest's apiVersion and kind are kept, so a Cluster created from one is created as written.
+        assert_eq!(
+            serde_json::to_value(&cluster).unwrap()["apiVersion"],
+            "cluster.x-k8s.io/v1beta2"
         );
     }
 

@@ -1,9 +1,11 @@
 //! One discovery cache per cluster: kinds are resolved once and asked again only when unknown (a CRD that
 //! was just installed, or a kind the cluster does not serve). [`ClusterDiscovery::get_object`] reads one
-//! object of any kind through it, named the way Cluster API references name objects.
+//! object of any kind through it, named the way Cluster API references name objects. [`cluster_resource`]
+//! decides, once at start-up, which version of Cluster API `Cluster`s the operator reads.
 
 use std::{collections::HashMap, sync::RwLock};
 
+use cso_api::capi::{CAPI_GROUP, CLUSTER_VERSIONS, Cluster, FALLBACK_CLUSTER_VERSION, read_version};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
 use kube::{
     Api, Client,
@@ -67,6 +69,85 @@ fn describe_object(namespace: Option<&str>, name: &str) -> String {
         None => name.to_owned(),
     }
 }
+
+/// The versions in which the cluster serves `kind` of API `group`, the group's preferred version first and
+/// then the others newest first (Kubernetes' version priority). Empty when the group is served but not the
+/// kind; [`DiscoveryError::UnknownKind`] when the group is not served at all.
+pub async fn served_versions(
+    client: &Client,
+    group: &str,
+    kind: &str,
+) -> Result<Vec<String>, DiscoveryError> {
+    let unversioned = GroupVersionKind::gvk(group, "", kind);
+    let api_group = match kube::discovery::group(client, group).await {
+        Ok(api_group) => api_group,
+        Err(kube::Error::Discovery(_)) => return Err(DiscoveryError::UnknownKind(unversioned)),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(DiscoveryError::UnknownKind(unversioned));
+        }
+        Err(error) => {
+            return Err(DiscoveryError::Failed {
+                gvk: unversioned,
+                error,
+            });
+        }
+    };
+    let serves_kind = |version: &str| {
+        api_group
+            .versioned_resources(version)
+            .iter()
+            .any(|(resource, _)| resource.kind == kind)
+    };
+    let preferred = api_group.preferred_version().filter(|v| serves_kind(v));
+    let others = api_group
+        .versions()
+        .filter(|v| Some(*v) != preferred && serves_kind(v));
+    Ok(preferred.into_iter().chain(others).map(str::to_owned).collect())
+}
+
+/// The API resource the operator reads, lists and watches Cluster API `Cluster`s in, decided once at
+/// start-up: the newest version the cluster serves that the view is written for
+/// ([`cso_api::capi::read_version`]); `v1beta1` when discovery fails or Cluster API is not installed (yet).
+///
+/// Cluster API 1.11 and later serve `v1beta2` (and store it); `v1beta1` is to be removed, and an operator
+/// that reads through it would then see no Clusters at all. A Cluster API installed or upgraded after the
+/// start is read in the version decided at the start until the operator restarts (`v1beta1` stays served
+/// for releases to come, so that is still correct, only older).
+pub async fn cluster_resource(client: &Client) -> ApiResource {
+    let mut wait = CLUSTER_DISCOVERY_FIRST_WAIT;
+    let mut attempts = 1;
+    let served = loop {
+        match served_versions(client, CAPI_GROUP, "Cluster").await {
+            Ok(served) => break served,
+            Err(DiscoveryError::UnknownKind(_)) => break Vec::new(),
+            // A failure (not an answer) is asked again a few times: the choice stays for the whole run, and
+            // falling back for a blip would read Clusters in v1beta1 until the next restart.
+            Err(error) if attempts < CLUSTER_DISCOVERY_ATTEMPTS => {
+                tracing::debug!(%error, retry_in = ?wait, "asking which versions of Clusters are served");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+                attempts += 1;
+            }
+            Err(error) => {
+                tracing::warn!(%error, fallback = FALLBACK_CLUSTER_VERSION,
+                    "cannot tell which versions of Cluster API Clusters are served");
+                break Vec::new();
+            }
+        }
+    };
+    let version = read_version(&served);
+    if !served.is_empty() && !CLUSTER_VERSIONS.contains(&version) {
+        tracing::warn!(%version, ?served, known = ?CLUSTER_VERSIONS,
+            "Clusters are served in no version this operator is written for; reading them in the preferred one");
+    }
+    tracing::info!(group = CAPI_GROUP, %version, ?served, "reading Cluster API Clusters");
+    Cluster::resource(version)
+}
+
+/// How often [`cluster_resource`] asks when discovery fails, and how long it first waits (doubling): 3.5 s
+/// of waiting in all, before falling back.
+const CLUSTER_DISCOVERY_ATTEMPTS: u32 = 4;
+const CLUSTER_DISCOVERY_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How the operator addresses one kind.
 #[derive(Clone, Debug)]

@@ -13,7 +13,7 @@ pub mod rate_limit;
 pub mod template_data;
 pub mod workload;
 
-pub use discovery::{ClusterDiscovery, DiscoveryError};
+pub use discovery::{ClusterDiscovery, DiscoveryError, cluster_resource};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure};
 pub use inventory::{ObjectKey, resource_of};
 pub use plan::{Change, PlannedChange};

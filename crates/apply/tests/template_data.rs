@@ -85,7 +85,7 @@ async fn cluster_with_references(client: &Client, ns: &str) -> (Api<DynamicObjec
         .await
         .unwrap();
     // The typed view the controller holds: only which Cluster, and a few fields.
-    let cluster = Api::<Cluster>::namespaced(client.clone(), ns)
+    let cluster = Api::<Cluster>::namespaced_with(client.clone(), ns, &Cluster::v1beta1_resource())
         .get("c1")
         .await
         .unwrap();

@@ -71,6 +71,7 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
             cluster_addon_concurrency: CONCURRENCY,
             ..Settings::default()
         },
+        cluster_resource: cso_controller::cluster_resource(client).await,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(cso_controller::run(operator, async move {

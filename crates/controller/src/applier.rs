@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use cso_api::common::Resource;
 use cso_apply::{ApplyEngine, ApplyReport, WorkloadCluster};
 use cso_render::Manifest;
-use kube::Resource as KubeResource;
 
-use crate::{Context, metrics::TargetCluster, rendering};
+use crate::{Context, context::Subject, metrics::TargetCluster, rendering};
 
 /// The cluster objects go to.
 #[derive(Clone, Copy)]
@@ -53,7 +52,7 @@ pub(crate) struct Work<'a, K> {
     pub(crate) target: Target<'a>,
 }
 
-impl<K: KubeResource<DynamicType = ()>> Work<'_, K> {
+impl<K: Subject> Work<'_, K> {
     /// Applies `manifests` and prunes what `previous` has and they do not.
     pub(crate) async fn apply(
         &self,

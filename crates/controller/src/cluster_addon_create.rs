@@ -138,8 +138,7 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step 
 async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result<Action, Error> {
     let namespace = queued.namespace().unwrap_or_default();
     let key = object_key(queued.as_ref());
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let cluster = patch::current(&clusters, queued.as_ref()).await?;
+    let cluster = patch::current(&ctx.clusters(Some(&namespace)), queued.as_ref()).await?;
     let mut progress = Progress::default();
     loop {
         match next_step(cluster.as_ref(), &progress) {
@@ -195,9 +194,12 @@ async fn create(ctx: &Context, cluster: &Cluster, name: &str) -> Result<(), Erro
             name: Some(name.to_owned()),
             namespace: Some(namespace.clone()),
             labels: (!labels.is_empty()).then_some(labels),
+            // Named in the version Clusters are read in, a served one: the garbage collector must resolve
+            // the owner's apiVersion, and one no longer served (v1beta1, once Cluster API drops it) would
+            // leave the ClusterAddon behind when its Cluster goes.
             owner_references: Some(vec![OwnerReference {
-                api_version: Cluster::api_version(&()).into_owned(),
-                kind: Cluster::kind(&()).into_owned(),
+                api_version: Cluster::api_version(&ctx.cluster_resource).into_owned(),
+                kind: Cluster::kind(&ctx.cluster_resource).into_owned(),
                 name: cluster.name_any(),
                 uid: cluster.uid().unwrap_or_default(),
                 ..Default::default()
@@ -206,8 +208,8 @@ async fn create(ctx: &Context, cluster: &Cluster, name: &str) -> Result<(), Erro
         },
         spec: ClusterAddonSpec {
             cluster_ref: ObjectReference {
-                api_version: Some(Cluster::api_version(&()).into_owned()),
-                kind: Some(Cluster::kind(&()).into_owned()),
+                api_version: Some(Cluster::api_version(&ctx.cluster_resource).into_owned()),
+                kind: Some(Cluster::kind(&ctx.cluster_resource).into_owned()),
                 name: Some(cluster.name_any()),
                 namespace: Some(namespace.clone()),
                 uid: cluster.uid(),

@@ -1,7 +1,8 @@
 //! What every reconciler shares, assembled from the operator's parts: the management client, the release
-//! cache, the chart renderer, the apply engine, the event recorder, the settings, and a per-object retry
-//! backoff. State that only one controller keeps (the ClusterAddon's resync clock, the ClusterStackRelease's
-//! provider-object watches) lives in that controller's own context, beside a shared `Context`.
+//! cache, the chart renderer, the apply engine, the event recorder, the settings, the version Clusters are
+//! read in, and a per-object retry backoff. State that only one controller keeps (the ClusterAddon's resync
+//! clock, the ClusterStackRelease's provider-object watches) lives in that controller's own context, beside a
+//! shared `Context`.
 
 use std::{
     collections::HashMap,
@@ -10,15 +11,19 @@ use std::{
     time::Duration,
 };
 
+use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
 use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use k8s_openapi::{
-    api::events::v1::Event as EventObject, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+    api::{core::v1::ObjectReference, events::v1::Event as EventObject},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
+    discovery::ApiResource,
     runtime::{
         controller::Action,
         events::{Event, EventType, Recorder, Reporter},
@@ -103,6 +108,8 @@ pub struct Context {
     pub(crate) values: Arc<ValuesTemplater>,
     pub(crate) metrics: Arc<crate::Metrics>,
     pub(crate) settings: Settings,
+    /// The version Clusters are read, listed and watched in (`cso_apply::cluster_resource`).
+    pub(crate) cluster_resource: ApiResource,
     recorder: Recorder,
     backoff: Backoff,
     in_flight: InFlight,
@@ -128,6 +135,7 @@ impl Context {
             metrics,
             take_over_from,
             settings,
+            cluster_resource,
         } = operator;
         let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
         let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
@@ -153,10 +161,19 @@ impl Context {
             values,
             metrics,
             settings,
+            cluster_resource,
             backoff: Backoff::default(),
             in_flight: InFlight::default(),
         };
         Ok(ctx)
+    }
+
+    /// The Clusters in `namespace` (in every namespace with `None`), in the version they are read in.
+    pub(crate) fn clusters(&self, namespace: Option<&str>) -> Api<Cluster> {
+        match namespace {
+            Some(namespace) => Api::namespaced_with(self.client.clone(), namespace, &self.cluster_resource),
+            None => Api::all_with(self.client.clone(), &self.cluster_resource),
+        }
     }
 
     /// Runs `reconcile` of `object` for `controller`: recorded in the metrics, and stopped after the reconcile
@@ -169,7 +186,7 @@ impl Context {
         reconcile: Reconcile,
     ) -> Result<Action, crate::Error>
     where
-        K: Resource<DynamicType = ()>,
+        K: Subject,
         Reconcile: FnOnce(Arc<K>, Arc<Context>) -> Running,
         Running: Future<Output = Result<Action, crate::Error>>,
     {
@@ -208,7 +225,7 @@ impl Context {
     /// Publishes an event about `object`. A failure to publish is logged, never fatal.
     pub(crate) async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: impl Into<String>)
     where
-        K: Resource<DynamicType = ()>,
+        K: Subject,
     {
         let mut note: String = note.into();
         // The Events API limits the note to 1 kB.
@@ -227,7 +244,7 @@ impl Context {
                 action: reason.to_owned(),
                 secondary: None,
             };
-            self.recorder.publish(&event, &object.object_ref(&())).await
+            self.recorder.publish(&event, &object.reference(self)).await
         } else {
             self.event_with_generated_name(object, type_, reason, note).await
         };
@@ -246,9 +263,9 @@ impl Context {
         note: String,
     ) -> Result<(), kube::Error>
     where
-        K: Resource<DynamicType = ()>,
+        K: Subject,
     {
-        let reference = object.object_ref(&());
+        let reference = object.reference(self);
         let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
         // The API server keeps at most 58 characters of a generated name's base; it must end alphanumeric.
         let prefix: String = object.name_any().chars().take(58).collect();
@@ -282,7 +299,7 @@ impl Context {
     /// Publishes the events a reconcile decided on, in order.
     pub(crate) async fn publish<K>(&self, object: &K, events: crate::events::Events)
     where
-        K: Resource<DynamicType = ()>,
+        K: Subject,
     {
         for pending in events.0 {
             let type_ = match pending.kind {
@@ -297,7 +314,7 @@ impl Context {
     /// changed in the `target` cluster.
     pub(crate) async fn report_drift<K>(&self, object: &K, target: TargetCluster, report: &ApplyReport)
     where
-        K: Resource<DynamicType = ()>,
+        K: Subject,
     {
         if report.drift_corrected.is_empty() {
             return;
@@ -348,7 +365,7 @@ impl<S> ControllerContext<S> {
         reconcile: Reconcile,
     ) -> Result<Action, crate::Error>
     where
-        K: Resource<DynamicType = ()>,
+        K: Subject,
         Reconcile: FnOnce(Arc<K>, Arc<Self>) -> Running,
         Running: Future<Output = Result<Action, crate::Error>>,
     {
@@ -452,11 +469,45 @@ impl Drop for Running {
     }
 }
 
+/// An object reconciles are run for and events are published about: how it is named in events and retry
+/// keys. Our kinds name their version in their type; a Cluster's is the one it is read in
+/// ([`Context::cluster_resource`]), so the reference comes from the context.
+pub(crate) trait Subject: Resource {
+    /// The kind, e.g. `ClusterStack`.
+    const KIND: &'static str;
+
+    /// The reference to this object that events name.
+    fn reference(&self, ctx: &Context) -> ObjectReference;
+}
+
+/// [`Subject`] for kinds whose type names their version.
+macro_rules! typed_subject {
+    ($($kind:ty),*) => {$(
+        impl Subject for $kind {
+            const KIND: &'static str = stringify!($kind);
+
+            fn reference(&self, _: &Context) -> ObjectReference {
+                self.object_ref(&())
+            }
+        }
+    )*};
+}
+
+typed_subject!(ClusterStack, ClusterStackRelease, ClusterAddon);
+
+impl Subject for Cluster {
+    const KIND: &'static str = "Cluster";
+
+    fn reference(&self, ctx: &Context) -> ObjectReference {
+        self.object_ref(&ctx.cluster_resource)
+    }
+}
+
 /// The backoff key of an object.
-pub(crate) fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+pub(crate) fn object_key<K: Subject>(object: &K) -> String {
     format!(
         "{}/{}/{}",
-        K::kind(&()),
+        K::KIND,
         object.meta().namespace.as_deref().unwrap_or_default(),
         object.meta().name.as_deref().unwrap_or_default()
     )
@@ -465,6 +516,16 @@ pub(crate) fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subjects_are_keyed_by_their_kind() {
+        assert_eq!(ClusterStack::KIND, ClusterStack::kind(&()));
+        assert_eq!(ClusterStackRelease::KIND, ClusterStackRelease::kind(&()));
+        assert_eq!(ClusterAddon::KIND, ClusterAddon::kind(&()));
+        for version in cso_api::capi::CLUSTER_VERSIONS {
+            assert_eq!(Cluster::KIND, Cluster::kind(&Cluster::resource(version)));
+        }
+    }
 
     #[test]
     fn backoff_doubles_caps_and_resets() {

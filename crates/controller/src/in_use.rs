@@ -1,17 +1,17 @@
 //! The Clusters the operator may see (which releases they use is a shared rule: `cso_api::rules`).
 
 use cso_api::capi::Cluster;
-use kube::{Api, api::ListParams};
+use kube::api::ListParams;
 
 use crate::{Context, Error};
 
 /// Every Cluster the operator may see. Without Cluster API installed there are none.
 pub(crate) async fn list_clusters(ctx: &Context) -> Result<Vec<Cluster>, Error> {
-    let api: Api<Cluster> = match &ctx.settings.namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
-    match api.list(&ListParams::default()).await {
+    match ctx
+        .clusters(ctx.settings.namespace.as_deref())
+        .list(&ListParams::default())
+        .await
+    {
         Ok(list) => Ok(list.items),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
         Err(source) => Err(Error::kube("list Clusters", source)),

@@ -24,6 +24,8 @@ mod run;
 mod watch;
 
 pub use context::{Context, ControllerContext, EVENT_REPORTER, Settings};
+/// The version Clusters are read in, for [`Operator::cluster_resource`].
+pub use cso_apply::cluster_resource;
 pub use metrics::{MeteredRenderer, MeteredSource, Metrics};
 pub use run::{Operator, run};
 

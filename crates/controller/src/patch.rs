@@ -20,7 +20,7 @@ pub(crate) const FIELD_MANAGER: &str = cso_apply::DEFAULT_FIELD_MANAGER;
 /// One read per reconcile is what that costs.
 pub(crate) async fn current<K>(api: &Api<K>, object: &K) -> Result<Option<K>, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     api.get_opt(&object.name_any())
         .await

@@ -4,8 +4,10 @@
 use std::{future::Future, sync::Arc};
 
 use cso_api::{
-    ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId, capi::Cluster,
-    cluster_addon::cluster_addon_name, names::RELEASE_LABEL,
+    ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId,
+    capi::{CAPI_GROUP, Cluster},
+    cluster_addon::cluster_addon_name,
+    names::RELEASE_LABEL,
 };
 use cso_apply::workload::{CAPI_SECRET_SELECTOR, cluster_of_kubeconfig_secret};
 use cso_release::ReleaseCache;
@@ -45,6 +47,9 @@ pub struct Operator {
     /// Field managers whose server-side-applied fields we take over (`kubectl` for the Go operator's).
     pub take_over_from: Vec<String>,
     pub settings: Settings,
+    /// The version Clusters are read, listed and watched in: [`cso_apply::cluster_resource`], asked of the
+    /// management cluster at start-up.
+    pub cluster_resource: ApiResource,
 }
 
 impl std::fmt::Debug for Operator {
@@ -64,6 +69,19 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
+}
+
+/// The Clusters the operator may see, as a stream of those that changed, for `Controller::watches_stream_with`
+/// (with `ctx.cluster_resource`).
+fn touched_clusters(
+    ctx: &Context,
+    config: &watcher::Config,
+) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + use<> {
+    watch::touched_with(
+        ctx.clusters(ctx.settings.namespace.as_deref()),
+        config.clone(),
+        &ctx.cluster_resource,
+    )
 }
 
 impl Operator {
@@ -111,8 +129,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             },
         )
         // A Cluster moved to another class or went away: what is in use changed.
-        .watches_stream(
-            watch::touched(scoped::<Cluster>(&client, namespace), config.clone()),
+        .watches_stream_with(
+            touched_clusters(&ctx, &config),
             move |cluster| {
                 let Some((id, class_namespace)) = cluster.stack_release() else {
                     return Vec::new();
@@ -125,6 +143,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                     .map(|s| ObjectRef::from_obj(s.as_ref()))
                     .collect::<Vec<_>>()
             },
+            ctx.cluster_resource.clone(),
         )
         .with_config(Config::default().concurrency(settings.cluster_stack_concurrency))
         .graceful_shutdown_on(shutdown.clone())
@@ -139,9 +158,10 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
+    // ClusterClasses in the version Clusters are read in: Cluster API serves its kinds in the same versions.
     let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "cluster.x-k8s.io",
-        "v1beta1",
+        CAPI_GROUP,
+        &ctx.cluster_resource.version,
         "ClusterClass",
     ));
     let owned_classes = watcher::Config::default()
@@ -181,12 +201,13 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         });
     let releases = releases
         // A Cluster moved on or went away: a release waiting to be deleted may go now.
-        .watches_stream(
-            watch::touched(scoped::<Cluster>(&client, namespace), config.clone()),
+        .watches_stream_with(
+            touched_clusters(&ctx, &config),
             |cluster| {
                 let (id, class_namespace) = cluster.stack_release()?;
                 Some(ObjectRef::new(&id.tag()).within(&class_namespace))
             },
+            ctx.cluster_resource.clone(),
         )
         .reconcile_on(class_triggers)
         // A CustomResourceDefinition appeared or changed (Established): releases that are not ready may
@@ -207,19 +228,25 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
-    let clusters = watch::controller(scoped::<Cluster>(&client, namespace), config.clone());
+    let clusters = watch::controller_with(
+        ctx.clusters(namespace.as_deref()),
+        config.clone(),
+        ctx.cluster_resource.clone(),
+    );
     let cluster_store = clusters.store();
+    let cluster_resource = ctx.cluster_resource.clone();
+    let owner_resource = ctx.cluster_resource.clone();
     let addon_create = clusters
         // A ClusterAddon was deleted: make it again.
         .watches_stream(
             watch::touched(scoped::<ClusterAddon>(&client, namespace), config.clone()),
-            |addon| {
+            move |addon| {
                 let namespace = addon.namespace().unwrap_or_default();
                 addon
                     .owner_references()
                     .iter()
                     .filter(|o| o.kind == "Cluster")
-                    .map(|o| ObjectRef::new(&o.name).within(&namespace))
+                    .map(|o| ObjectRef::new_with(&o.name, owner_resource.clone()).within(&namespace))
                     .collect::<Vec<_>>()
             },
         )
@@ -238,7 +265,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                         c.stack_release()
                             .is_some_and(|(c_id, ns)| c_id == id && ns == release_namespace)
                     })
-                    .map(|c| ObjectRef::from_obj(c.as_ref()))
+                    .map(|c| ObjectRef::from_obj_with(c.as_ref(), cluster_resource.clone()))
                     .collect::<Vec<_>>()
             },
         )
@@ -256,14 +283,15 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
 
     let addons = watch::controller(scoped::<ClusterAddon>(&client, namespace), config.clone())
         // Any change of the Cluster (its class, its endpoint used by values templates) is looked at.
-        .watches_stream(
-            watch::touched(scoped::<Cluster>(&client, namespace), config.clone()),
+        .watches_stream_with(
+            touched_clusters(&ctx, &config),
             |cluster| {
                 Some(
                     ObjectRef::new(&cluster_addon_name(&cluster.name_any()))
                         .within(&cluster.namespace().unwrap_or_default()),
                 )
             },
+            ctx.cluster_resource.clone(),
         )
         // A kubeconfig Secret appeared or changed: its Cluster's addons go ahead without waiting for the
         // next poll. Only Cluster API's Secrets, and only their metadata, are watched.

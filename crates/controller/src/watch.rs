@@ -77,12 +77,27 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Debug + Unpin,
 {
-    let (reader, writer) = reflector::store();
+    controller_with(api, config, K::DynamicType::default())
+}
+
+/// [`controller`] of a kind whose version is chosen at run time (`dyntype`, e.g. Cluster API's `Cluster`).
+pub(crate) fn controller_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: K::DynamicType,
+) -> Controller<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Unpin,
+{
+    let kind = K::kind(&dyntype).into_owned();
+    let writer = reflector::store::Writer::new(dyntype.clone());
+    let reader = writer.as_reader();
     let objects = watcher(api, config)
         .backoff(backoff())
         .reflect(writer)
         .applied_objects();
-    Controller::for_stream(without_errors::<K, _>(objects), reader)
+    Controller::for_stream_with(without_errors(kind, objects), reader, dyntype)
         // Nothing fails through the streams above; a trigger stream added later gets a bounded backoff too.
         .trigger_backoff(backoff())
 }
@@ -96,19 +111,32 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K::DynamicType: Default,
 {
-    without_errors::<K, _>(watcher(api, config).backoff(backoff()).touched_objects())
+    touched_with(api, config, &K::DynamicType::default())
 }
 
-/// `stream` with its errors logged and left out: the backoff has already waited for them.
-fn without_errors<K, T>(
+/// [`touched`] of a kind whose version is chosen at run time (`dyntype`; for
+/// `Controller::watches_stream_with`).
+pub(crate) fn touched_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: &K::DynamicType,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + use<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let kind = K::kind(dyntype).into_owned();
+    without_errors(kind, watcher(api, config).backoff(backoff()).touched_objects())
+}
+
+/// `stream` (of objects of `kind`) with its errors logged and left out: the backoff has already waited for
+/// them.
+fn without_errors<T>(
+    kind: String,
     stream: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
 ) -> impl Stream<Item = Result<T, watcher::Error>> + Send + 'static
 where
-    K: Resource,
-    K::DynamicType: Default,
     T: Send + 'static,
 {
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
     stream.filter(move |item| {
         if let Err(e) = item {
             tracing::debug!(%kind, error = %e, "watch interrupted; retrying");

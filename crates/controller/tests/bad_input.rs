@@ -478,7 +478,7 @@ async fn a_cluster_deleted_after_it_was_seen_gets_no_cluster_addon() {
     ));
     let (parts, _) = operator(&client, &ns, dir.path(), source, |_| {});
     let ctx = CreateContext::new(parts.context().unwrap());
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource());
     let addons: Api<cso_api::ClusterAddon> = Api::namespaced(client.clone(), &ns);
 
     // Gone: deleted after the cache saw it.

@@ -316,10 +316,14 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
                  "controlPlaneEndpoint": {"host": "c1.example.test", "port": 6443}},
     }))
     .unwrap();
-    Api::<cso_api::capi::Cluster>::namespaced(client.clone(), "cso-system")
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
+    Api::<cso_api::capi::Cluster>::namespaced_with(
+        client.clone(),
+        "cso-system",
+        &cso_api::capi::Cluster::v1beta1_resource(),
+    )
+    .create(&PostParams::default(), &cluster)
+    .await
+    .unwrap();
     cso_testenv::kubeconfig_secret(&client, "cso-system", "c1", workload.kubeconfig_yaml())
         .await
         .unwrap();

@@ -180,7 +180,7 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
                  "controlPlaneEndpoint": {"host": "c1.example.test", "port": 6443}},
     }))
     .unwrap();
-    Api::<Cluster>::namespaced(client.clone(), &ns)
+    Api::<Cluster>::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource())
         .create(&PostParams::default(), &cluster)
         .await
         .unwrap();

@@ -100,6 +100,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         metrics: Default::default(),
         take_over_from: Vec::new(),
         settings: Settings::default(),
+        cluster_resource: cso_controller::cluster_resource(&client).await,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controllers = tokio::spawn(cso_controller::run(operator, async move {
@@ -170,7 +171,7 @@ async fn install_addons(
         "spec": {"topology": {"class": CLUSTER_CLASS, "version": "v1.27.3"},
                  "controlPlaneEndpoint": {"host": format!("{CLUSTER}.demo.test"), "port": 6443}},
     }))?;
-    Api::<Cluster>::namespaced(client.clone(), NAMESPACE)
+    Api::<Cluster>::namespaced_with(client.clone(), NAMESPACE, &Cluster::v1beta1_resource())
         .create(&PostParams::default(), &cluster)
         .await
         .context("failed to create the Cluster")?;

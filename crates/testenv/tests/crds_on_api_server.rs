@@ -145,7 +145,7 @@ async fn cluster_api_v1beta1_kinds_are_served() {
     }));
     classes.create(&PostParams::default(), &class).await.unwrap();
 
-    let clusters: Api<Cluster> = Api::namespaced(client, &ns);
+    let clusters: Api<Cluster> = Api::namespaced_with(client, &ns, &Cluster::v1beta1_resource());
     let cluster: Cluster = object(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
         "metadata": {"name": "c1"},

@@ -11,6 +11,11 @@
 //! name and Kubernetes version must make release names (the controller refuses them otherwise), one
 //! non-conforming Cluster does not switch off the delete protection, and a ClusterAddon's `clusterRef` may
 //! leave out the namespace.
+//!
+//! A Cluster under review is read in whatever version the API server sends (the view understands `v1beta1`
+//! and `v1beta2`; the chart's webhook configuration names both, so each request comes in the version it was
+//! made in). Clusters listed for the delete protection are read in the version the operator decided at
+//! start-up (`cso_apply::cluster_resource`), given to [`router`].
 
 use std::sync::Arc;
 
@@ -24,7 +29,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::ListParams,
     core::{
-        DynamicObject, Status,
+        ApiResource, DynamicObject, Status,
         admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
     },
 };
@@ -236,6 +241,8 @@ pub fn cluster(new: &Cluster, old: Option<&Cluster>, release: &ReleaseLookup) ->
 
 struct Admission {
     client: Client,
+    /// The version Clusters are listed in.
+    cluster_resource: ApiResource,
 }
 
 impl std::fmt::Debug for Admission {
@@ -244,14 +251,18 @@ impl std::fmt::Debug for Admission {
     }
 }
 
-/// The four validating webhooks on the Go operator's paths.
-pub fn router(client: Client) -> Router {
+/// The four validating webhooks on the Go operator's paths; Clusters are listed in `cluster_resource`'s
+/// version.
+pub fn router(client: Client, cluster_resource: ApiResource) -> Router {
     Router::new()
         .route(CLUSTER_STACK_PATH, post(review_cluster_stack))
         .route(CLUSTER_STACK_RELEASE_PATH, post(review_cluster_stack_release))
         .route(CLUSTER_ADDON_PATH, post(review_cluster_addon))
         .route(CLUSTER_PATH, post(review_cluster))
-        .with_state(Arc::new(Admission { client }))
+        .with_state(Arc::new(Admission {
+            client,
+            cluster_resource,
+        }))
 }
 
 type Review = Json<AdmissionReview<DynamicObject>>;
@@ -317,8 +328,8 @@ fn required<K: DeserializeOwned>(o: Option<&DynamicObject>) -> Result<K, String>
     object(o)?.ok_or_else(|| "the request carries no object".to_owned())
 }
 
-async fn clusters_or_warning(client: &Client, what: &str) -> Result<Vec<Cluster>, Verdict> {
-    Api::<Cluster>::all(client.clone())
+async fn clusters_or_warning(state: &Admission, what: &str) -> Result<Vec<Cluster>, Verdict> {
+    Api::<Cluster>::all_with(state.client.clone(), &state.cluster_resource)
         .list(&ListParams::default())
         .await
         .map(|list| list.items)
@@ -337,7 +348,7 @@ async fn review_cluster_stack(State(state): State<Arc<Admission>>, Json(review):
             Ok(match request.operation {
                 Operation::Delete => {
                     let stack: ClusterStack = required(request.old_object.as_ref())?;
-                    match clusters_or_warning(&state.client, "clusterstack").await {
+                    match clusters_or_warning(&state, "clusterstack").await {
                         Err(warning) => warning,
                         Ok(clusters) => in_use("ClusterStack", rules::stack_users(&clusters, &stack)),
                     }
@@ -362,18 +373,16 @@ async fn review_cluster_stack_release(State(state): State<Arc<Admission>>, Json(
                 return Ok(Verdict::allowed());
             }
             let namespace = request.namespace.clone().unwrap_or_default();
-            Ok(
-                match clusters_or_warning(&state.client, "clusterstackrelease").await {
-                    Err(warning) => warning,
-                    // A name that is not a release's cannot be a class's: nobody uses it.
-                    Ok(clusters) => in_use(
-                        "ClusterStackRelease",
-                        ReleaseId::parse_tag(&request.name)
-                            .map(|release| rules::release_users(&clusters, &namespace, &release))
-                            .unwrap_or_default(),
-                    ),
-                },
-            )
+            Ok(match clusters_or_warning(&state, "clusterstackrelease").await {
+                Err(warning) => warning,
+                // A name that is not a release's cannot be a class's: nobody uses it.
+                Ok(clusters) => in_use(
+                    "ClusterStackRelease",
+                    ReleaseId::parse_tag(&request.name)
+                        .map(|release| rules::release_users(&clusters, &namespace, &release))
+                        .unwrap_or_default(),
+                ),
+            })
         },
     )
     .await

@@ -51,7 +51,7 @@ async fn start_webhooks(client: &Client, ns: &str) -> Webhooks {
     let certs = tempfile::tempdir().unwrap();
     let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let server = TlsServer::start(
-        admission_router(client.clone()),
+        admission_router(client.clone(), Cluster::v1beta1_resource()),
         "127.0.0.1:0".parse().unwrap(),
         certs.path(),
     )
@@ -67,7 +67,7 @@ async fn start_webhooks(client: &Client, ns: &str) -> Webhooks {
         "metadata": {"name": format!("cso-{ns}")},
         "webhooks": [
             webhook("validation.cluster.cluster.x-k8s.io", admission::CLUSTER_PATH, port, &ca, ns,
-                json!({"apiGroups": ["cluster.x-k8s.io"], "apiVersions": ["v1beta1"], "resources": ["clusters"],
+                json!({"apiGroups": ["cluster.x-k8s.io"], "apiVersions": ["v1beta1", "v1beta2"], "resources": ["clusters"],
                        "operations": ["CREATE", "UPDATE"]})),
             webhook("validation.clusteraddon.clusterstack.x-k8s.io", admission::CLUSTER_ADDON_PATH, port, &ca, ns,
                 ours("clusteraddons", json!(["CREATE", "UPDATE"]))),
@@ -210,7 +210,7 @@ async fn cluster_stacks_are_validated_on_create_update_and_delete() {
     .unwrap();
 
     // Delete: refused while a Cluster uses any version of the stack and channel, hash builds included.
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource());
     let user = cluster("c1", Some(("docker-ferrol-1-27-v6", "v1.27.3")));
     clusters.create(&PostParams::default(), &user).await.unwrap();
     let odd = cluster("odd", Some(("test-cluster-class", "v1.27.3")));
@@ -238,7 +238,7 @@ async fn releases_in_use_are_protected_even_beside_non_conforming_clusters() {
             "metadata": {"name": name}, "spec": {}}));
         releases.create(&PostParams::default(), &release).await.unwrap();
     }
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource());
     // With the Go operator this one Cluster switches the protection off for the whole namespace.
     let odd = cluster("odd", Some(("test-cluster-class", "v1.27.3")));
     clusters.create(&PostParams::default(), &odd).await.unwrap();
@@ -344,7 +344,7 @@ async fn clusters_of_cluster_stacks_get_the_releases_kubernetes_version_and_one_
         )
         .await
         .unwrap();
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource());
     let create = |c: Cluster| {
         let clusters = clusters.clone();
         async move { clusters.create(&PostParams::default(), &c).await }

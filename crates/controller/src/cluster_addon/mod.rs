@@ -189,8 +189,9 @@ impl Driver<'_> {
         let cluster_name = cluster_name(self.addon);
         match step {
             Step::ReadCluster => {
-                let clusters: Api<Cluster> = Api::namespaced(self.ctx.client.clone(), &namespace);
-                let cluster = clusters
+                let cluster = self
+                    .ctx
+                    .clusters(Some(&namespace))
                     .get_opt(&cluster_name)
                     .await
                     .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?;

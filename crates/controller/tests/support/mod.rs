@@ -77,6 +77,8 @@ pub fn operator(
         metrics: Default::default(),
         take_over_from: Vec::new(),
         settings,
+        // The version the test API server's Cluster API CRDs serve; `RunningOperator` asks it as `cso run` does.
+        cluster_resource: cso_api::capi::Cluster::v1beta1_resource(),
     };
     (operator, renderer)
 }
@@ -112,7 +114,8 @@ impl RunningOperator {
         source: Arc<dyn ReleaseSource>,
         adjust: impl FnOnce(&mut Settings),
     ) -> Self {
-        let (operator, renderer) = operator(client, namespace, release_dir, source, adjust);
+        let (mut operator, renderer) = operator(client, namespace, release_dir, source, adjust);
+        operator.cluster_resource = cso_controller::cluster_resource(client).await;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(cso_controller::run(operator, async move {
             let _ = stopped.await;
@@ -374,6 +377,7 @@ impl RunningOperator {
         let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
         let (mut operator, renderer) = operator(client, namespace, release_dir, source, |_| {});
         operator.take_over_from = managers.iter().map(|m| (*m).to_owned()).collect();
+        operator.cluster_resource = cso_controller::cluster_resource(client).await;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(cso_controller::run(operator, async move {
             let _ = stopped.await;

@@ -100,7 +100,8 @@ async fn live_target(
     name: &str,
     diff: bool,
 ) -> anyhow::Result<(ForCluster, Option<LiveWorkload>)> {
-    let cluster = Api::<Cluster>::namespaced(client.clone(), namespace)
+    let resource = cso_apply::cluster_resource(client).await;
+    let cluster = Api::<Cluster>::namespaced_with(client.clone(), namespace, &resource)
         .get(name)
         .await
         .with_context(|| format!("failed to read Cluster {namespace}/{name}"))?;

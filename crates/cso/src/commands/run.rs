@@ -36,6 +36,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         crate::endpoints::API_PROBE_INTERVAL,
     ));
 
+    // Decided once, here: the controllers and the admission webhooks read Clusters in the same version.
+    let cluster_resource = cso_apply::cluster_resource(&client).await;
+
     let kind: SourceKind = args.source.parse()?;
     let settings = SourceSettings {
         kind,
@@ -88,6 +91,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .context("failed to prepare the values templater")?,
         ),
         metrics: metrics.clone(),
+        cluster_resource: cluster_resource.clone(),
         take_over_from: args
             .take_over_field_managers
             .iter()
@@ -113,7 +117,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // up anything else.
     let webhooks = spawn_tls_server(
         "admission webhooks",
-        cso_webhook::admission_router(operator.client.clone()),
+        cso_webhook::admission_router(operator.client.clone(), cluster_resource),
         args.webhook_port,
         args.webhook_cert_dir.clone(),
     );
