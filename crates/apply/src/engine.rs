@@ -112,6 +112,20 @@ struct Observed {
     generation: Option<i64>,
 }
 
+/// Whether an apply of unchanged content (`before` is what our last apply left, `now` what this one did)
+/// undid someone's change: the object was deleted and made again (another uid), or its spec was edited in
+/// between (the generation moved by two or more: the edit, then our apply putting it back). One step alone is
+/// no edit: applying the same content to a kind served through a conversion webhook that does not round-trip
+/// (Cluster API's `v1beta1` ClusterClass on 1.11+, whose conversion data carries the status) moves the
+/// generation at every apply.
+fn undid_a_change(before: &Observed, now: &Observed) -> bool {
+    let moved = match (before.generation, now.generation) {
+        (Some(before), Some(now)) => now - before >= 2 || now < before,
+        (before, now) => before != now,
+    };
+    before.uid != now.uid || moved
+}
+
 /// A rendered object made ready to apply.
 pub(crate) struct Prepared {
     pub(crate) key: ObjectKey,
@@ -509,11 +523,8 @@ impl ApplyEngine {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(item.key.clone(), now.clone());
-                // Applying what we applied last time changes nothing, so a new uid (the object was
-                // deleted) or a new generation (its spec was edited) means we just undid someone's change.
-                item.drift_corrected = before.is_some_and(|b| {
-                    b.content == now.content && (b.uid != now.uid || b.generation != now.generation)
-                });
+                item.drift_corrected =
+                    before.is_some_and(|b| b.content == now.content && undid_a_change(&b, &now));
             }
             Err(e) => {
                 if matches!(&e, kube::Error::Api(s) if s.code == 404) {
@@ -527,6 +538,18 @@ impl ApplyEngine {
             }
         }
         item
+    }
+
+    /// Whether `key`, seen with `uid` at `generation` (a watch event), is as our last apply of it left it:
+    /// only its status or metadata changed since (Cluster API's controllers write both), or the event is our
+    /// own apply's. Watches use it to ignore the writes that are not drift, so an apply never triggers the
+    /// next one.
+    pub fn left_as_applied(&self, key: &ObjectKey, uid: Option<&str>, generation: Option<i64>) -> bool {
+        self.observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|o| o.uid.as_deref() == uid && o.generation == generation)
     }
 
     pub(crate) fn api(&self, kind: &ResolvedKind, namespace: &str) -> Api<DynamicObject> {
@@ -784,6 +807,34 @@ pub(crate) fn api_error(error: &kube::Error) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn only_a_delete_or_an_edit_between_two_applies_is_drift() {
+        let at = |uid: &str, generation: i64| Observed {
+            content: [0; 32],
+            uid: Some(uid.into()),
+            generation: Some(generation),
+        };
+        for (before, now, drift, why) in [
+            (at("a", 3), at("a", 3), false, "nothing changed"),
+            (
+                at("a", 3),
+                at("a", 4),
+                false,
+                "a conversion that does not round-trip moves it once per apply",
+            ),
+            (at("a", 3), at("a", 5), true, "edited, then put back"),
+            (at("a", 3), at("b", 1), true, "deleted and made again"),
+            (
+                at("a", 3),
+                at("b", 4),
+                true,
+                "deleted and made again, any generation",
+            ),
+        ] {
+            assert_eq!(undid_a_change(&before, &now), drift, "{why}");
+        }
+    }
 
     #[test]
     fn pod_templates_of_the_go_operators_kinds_get_the_label() {

@@ -310,7 +310,9 @@ impl Metrics {
             })
             .inc();
         self.hook_durations
-            .get_or_create(&HookLabels { hook: hook.to_owned() })
+            .get_or_create(&HookLabels {
+                hook: hook.to_owned(),
+            })
             .observe(duration.as_secs_f64());
     }
 

@@ -177,10 +177,15 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
     // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
     // it first listed) has no event of its own.
+    let engine = ctx.engine.clone();
     let class_triggers = watcher(class_api, owned_classes)
         .backoff(watch::backoff())
         .flat_map(move |event| {
             let triggered: Vec<ObjectRef<ClusterStackRelease>> = match event {
+                // Cluster API writes the status of every ClusterClass, and applying a v1beta1 class to Cluster
+                // API 1.11+ moves its generation: events that show a class as our last apply left it are no
+                // drift, and reacting to them would apply again and again.
+                Ok(watcher::Event::Apply(class)) if class_left_as_applied(&engine, &class) => Vec::new(),
                 Ok(
                     watcher::Event::Apply(class)
                     | watcher::Event::Delete(class)
@@ -389,6 +394,17 @@ fn not_ready(releases: &[Arc<ClusterStackRelease>]) -> Vec<ObjectRef<ClusterStac
         .filter(|r| r.meta().deletion_timestamp.is_none())
         .map(|r| ObjectRef::from_obj(r.as_ref()))
         .collect()
+}
+
+/// Whether the ClusterClass event shows it as our last apply left it (see `ApplyEngine::left_as_applied`).
+fn class_left_as_applied(engine: &cso_apply::ApplyEngine, class: &DynamicObject) -> bool {
+    let key = cso_api::common::ObjectKey {
+        group: CAPI_GROUP.to_owned(),
+        kind: "ClusterClass".to_owned(),
+        namespace: class.namespace().unwrap_or_default(),
+        name: class.name_any(),
+    };
+    engine.left_as_applied(&key, class.uid().as_deref(), class.metadata.generation)
 }
 
 /// The release a ClusterClass of ours was applied for (its release label).

@@ -756,7 +756,11 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
         .await
     };
     let answer = before_upgrade().await;
-    assert_eq!(answer["retryAfterSeconds"], cso_webhook::hooks::RETRY_AFTER_SECONDS, "{answer}");
+    assert_eq!(
+        answer["retryAfterSeconds"],
+        cso_webhook::hooks::RETRY_AFTER_SECONDS,
+        "{answer}"
+    );
     wait_condition::<ClusterAddon>(
         &client,
         &ns,
@@ -767,7 +771,8 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     .await;
     let answer = before_upgrade().await;
     assert_eq!(
-        answer["retryAfterSeconds"], cso_webhook::hooks::RETRY_AFTER_SECONDS,
+        answer["retryAfterSeconds"],
+        cso_webhook::hooks::RETRY_AFTER_SECONDS,
         "still held while the condition does not hold: {answer}"
     );
 
@@ -806,7 +811,11 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     };
     let first = after_upgrade().await;
     assert_eq!(first["status"], "Success", "{first}");
-    assert_eq!(first["retryAfterSeconds"], cso_webhook::hooks::RETRY_AFTER_SECONDS, "{first}");
+    assert_eq!(
+        first["retryAfterSeconds"],
+        cso_webhook::hooks::RETRY_AFTER_SECONDS,
+        "{first}"
+    );
     let answer = eventually("AfterClusterUpgrade is done", CONVERGE, || async {
         let answer = after_upgrade().await;
         answer.get("retryAfterSeconds").is_none().then_some(answer)

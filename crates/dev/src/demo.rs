@@ -1,22 +1,35 @@
-//! `cso-dev demo`: the operator's main job on an embedded default. Starts a local management control plane and a
-//! workload control plane, runs the controllers with the bundled example stack (ferrol v1 and v2, local
-//! source), creates a ClusterStack and waits until both ClusterClasses and their templates are applied,
-//! creates a Cluster with its kubeconfig Secret and waits until its addons run in the workload cluster,
-//! prints what was created where and how long each step took, and stops everything.
+//! `cso-dev demo`: the operator's main job on an embedded default, through Cluster API. Starts a local
+//! management control plane with Cluster API v1.14 (its managers, and the provider stand-in for machines) and
+//! a workload control plane, runs the controllers and the hook server (registered with Cluster API by an
+//! `ExtensionConfig`) with the bundled example stack (ferrol v1 and v2, local source), creates a ClusterStack
+//! and waits until both ClusterClasses and their templates are applied, creates a Cluster with a topology
+//! (Cluster API builds it from our ClusterClass and calls our hooks; its addons land in the workload cluster),
+//! upgrades it to v2 (held by `BeforeClusterUpgrade` until v2's addons are applied), prints what was created
+//! where, the hooks Cluster API called in order with their times, how long each step took, and stops
+//! everything.
 
 use std::{
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
-use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
+use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, rules::Hook};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
 use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
-use cso_testenv::Tools;
-use kube::{Api, api::PostParams};
+use cso_testenv::{
+    Tools,
+    capi::{ClusterApiTools, Options, start_management_with_cluster_api},
+    stand_in::{StandIn, Workload},
+};
+use cso_webhook::TlsServer;
+use kube::{
+    Api,
+    api::{DynamicObject, Patch, PatchParams, PostParams},
+    core::{ApiResource, GroupVersionKind},
+};
 
 /// The example releases built into the repository.
 pub const BUNDLED_RELEASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/releases");
@@ -24,6 +37,8 @@ const STACK_RELEASES: [&str; 2] = ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-
 const NAMESPACE: &str = "demo";
 const CLUSTER: &str = "c1";
 const CLUSTER_CLASS: &str = "docker-ferrol-1-27-v1";
+const UPGRADE_CLASS: &str = "docker-ferrol-1-27-v2";
+const UPGRADE_VERSION: &str = "v1.27.4";
 
 struct Steps {
     started: Instant,
@@ -56,31 +71,41 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let mut steps = Steps::new();
     let tools = Tools::discover().context("the tools are missing: run `make tools`")?;
     let helm = tools.helm.clone().context("helm is missing: run `make tools`")?;
+    let capi = ClusterApiTools::discover().context("Cluster API is missing: run `make tools`")?;
 
-    steps.begin("starting a management control plane (etcd + kube-apiserver, Cluster API CRDs)");
+    steps.begin(&format!(
+        "starting a management control plane (etcd + kube-apiserver) with Cluster API {}",
+        capi.version
+    ));
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("failed to clean {}", dir.display()))?;
     }
     std::fs::create_dir_all(dir)?;
     let dir = dir.canonicalize()?;
-    let plane = cso_testenv::start_management(&tools, Some(&dir.join("management"))).await?;
-    let client = plane.client().await?;
-    std::fs::write(dir.join("management.kubeconfig"), plane.kubeconfig_yaml())?;
-    steps.end("management control plane");
+    let management =
+        start_management_with_cluster_api(&tools, &capi, Some(&dir.join("management")), &Options::default())
+            .await?;
+    let client = management.control_plane.client().await?;
+    std::fs::write(
+        dir.join("management.kubeconfig"),
+        management.control_plane.kubeconfig_yaml(),
+    )?;
+    steps.end("management control plane + Cluster API");
 
-    steps.begin("starting a workload control plane (stands in for the Cluster's API server)");
+    steps.begin("starting a workload control plane (the Cluster's API server)");
     let workload =
         match cso_testenv::ControlPlane::start(&tools, "workload", Some(&dir.join("workload"))).await {
             Ok(workload) => workload,
             Err(e) => {
-                plane.stop();
+                management.cluster_api.stop();
+                management.control_plane.stop();
                 return Err(e).context("failed to start the workload control plane");
             }
         };
     std::fs::write(dir.join("workload.kubeconfig"), workload.kubeconfig_yaml())?;
     steps.end("workload control plane");
 
-    steps.begin("starting the operator with the bundled ferrol stack (local source)");
+    steps.begin("starting the operator and its hook server with the bundled ferrol stack (local source)");
     let release_dir = dir.join("releases");
     for tag in STACK_RELEASES {
         cso_release::release::copy_release_dir(
@@ -106,33 +131,51 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let controllers = tokio::spawn(cso_controller::run(operator, async move {
         let _ = stopped.await;
     }));
-    steps.end("operator start");
+    let calls: Arc<Mutex<Vec<HookCall>>> = Arc::default();
+    let hook_server = start_hook_server(&client, &dir, steps.started, calls.clone()).await?;
+    let _stand_in = StandIn::start(
+        client.clone(),
+        Workload {
+            kubeconfig: workload.kubeconfig_yaml().to_owned(),
+            server_url: workload.server_url().to_owned(),
+        },
+    );
+    steps.end("operator, hook server discovered by Cluster API");
 
     steps.begin("creating ClusterStack demo/ferrol (versions v1, v2) and waiting for its ClusterClasses");
     let classes = converge(&client).await;
     steps.end("ClusterStack to ready ClusterClasses");
 
-    let addons = match &classes {
-        Ok(_) => {
+    let mut addons = None;
+    let mut upgraded = None;
+    if classes.is_ok() {
+        steps.begin(&format!(
+            "creating Cluster {NAMESPACE}/{CLUSTER} with a topology of class {CLUSTER_CLASS}: Cluster API builds \
+             it and calls AfterControlPlaneInitialized; waiting for its addons in the workload cluster"
+        ));
+        addons = Some(install_addons(&client).await);
+        steps.end("Cluster to addons running");
+        if matches!(addons, Some(Ok(_))) {
             steps.begin(&format!(
-                "creating Cluster {NAMESPACE}/{CLUSTER} on class {CLUSTER_CLASS} with its kubeconfig Secret, \
-                 waiting for its addons in the workload cluster"
+                "upgrading the Cluster to {UPGRADE_CLASS} at {UPGRADE_VERSION}: Cluster API holds it at \
+                 BeforeClusterUpgrade until the new addons are applied"
             ));
-            let addons = install_addons(&client, &workload).await;
-            steps.end("Cluster to addons running");
-            Some(addons)
+            upgraded = Some(upgrade(&client).await);
+            steps.end("upgrade through Cluster API");
         }
-        Err(_) => None,
-    };
+    }
 
-    steps.begin("cleaning up: stopping the operator and both control planes");
+    steps.begin("cleaning up: stopping the operator, the hook server, Cluster API and both control planes");
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(30), controllers).await;
+    hook_server.shutdown(Duration::from_secs(1)).await;
     workload.stop();
-    plane.stop();
+    management.cluster_api.stop();
+    management.control_plane.stop();
     steps.end("clean-up");
     let (releases_ready, inventory) = classes?;
     let addon_objects = addons.context("the addons were not installed")??;
+    let upgraded_objects = upgraded.context("the Cluster was not upgraded")??;
 
     println!();
     println!(
@@ -140,7 +183,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         steps.started.elapsed().as_secs_f64()
     );
     for (what, took) in &steps.done {
-        println!("  {what:<40} {:>6.1}s", took.as_secs_f64());
+        println!("  {what:<44} {:>6.1}s", took.as_secs_f64());
     }
     println!("created in the management cluster (namespace {NAMESPACE}):");
     println!("  ClusterStack ferrol");
@@ -150,39 +193,204 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
             println!("    {object}");
         }
     }
-    println!("  Cluster {CLUSTER} (class {CLUSTER_CLASS}) and ClusterAddon cluster-addon-{CLUSTER} (ready)");
-    println!("applied into the workload cluster by the ClusterAddon:");
+    println!(
+        "  Cluster {CLUSTER} (class {CLUSTER_CLASS}, then {UPGRADE_CLASS}), built by Cluster API, and ClusterAddon \
+         cluster-addon-{CLUSTER} (ready)"
+    );
+    println!("applied into the workload cluster by the ClusterAddon (class {CLUSTER_CLASS}):");
     for object in addon_objects {
         println!("  {object}");
+    }
+    println!("after the upgrade to {UPGRADE_CLASS}:");
+    for object in upgraded_objects {
+        println!("  {object}");
+    }
+    println!("lifecycle hooks Cluster API called (time since the demo started; repeated answers folded):");
+    for line in hook_summary(&calls.lock().unwrap_or_else(|p| p.into_inner())) {
+        println!("  {line}");
     }
     println!("state and kubeconfigs were in {}", dir.display());
     Ok(())
 }
 
-/// Creates the Cluster (with its kubeconfig Secret pointing at `workload`) and waits until its ClusterAddon
-/// is ready; returns what was applied into the workload cluster.
-async fn install_addons(
+/// One lifecycle hook call Cluster API made: when (since the demo started), which hook, how it was answered.
+#[derive(Clone, Debug)]
+struct HookCall {
+    at: Duration,
+    hook: Hook,
+    result: &'static str,
+}
+
+/// The hook server with certificates in `DIR/hook-certs`, registered with Cluster API (ExtensionConfig
+/// `cso-demo`); every answered call is recorded in `calls`.
+async fn start_hook_server(
     client: &kube::Client,
-    workload: &cso_testenv::ControlPlane,
-) -> anyhow::Result<Vec<String>> {
-    let cluster: Cluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+    dir: &Path,
+    started: Instant,
+    calls: Arc<Mutex<Vec<HookCall>>>,
+) -> anyhow::Result<TlsServer> {
+    let certs = dir.join("hook-certs");
+    let ca = cso_testenv::pki::write_serving_certificate(&certs)?;
+    let observe: cso_webhook::hooks::HookObserver = Arc::new(move |hook, outcome, _took| {
+        calls.lock().unwrap_or_else(|p| p.into_inner()).push(HookCall {
+            at: started.elapsed(),
+            hook,
+            result: outcome.result_label(),
+        });
+    });
+    let server = TlsServer::start(
+        cso_webhook::hook_router(client.clone(), observe),
+        "127.0.0.1:0".parse()?,
+        &certs,
+    )
+    .await?;
+    let url = format!("https://127.0.0.1:{}", server.local_addr.port());
+    cso_testenv::capi::register_extension(client, "cso-demo", &url, &ca, &[NAMESPACE.to_owned()]).await?;
+    cso_testenv::capi::discovered_hooks(client, "cso-demo", Duration::from_secs(60)).await?;
+    Ok(server)
+}
+
+/// The calls, one line per run of answers of one hook: `+12.3s  BeforeClusterUpgrade  retry x2, success`.
+fn hook_summary(calls: &[HookCall]) -> Vec<String> {
+    /// Consecutive calls of one hook: when the first came, and each answer with how often it was given.
+    struct Run {
+        at: Duration,
+        hook: Hook,
+        answers: Vec<(&'static str, usize)>,
+    }
+    let mut runs: Vec<Run> = Vec::new();
+    for call in calls {
+        match runs.last_mut() {
+            Some(run) if run.hook == call.hook => match run.answers.last_mut() {
+                Some((result, count)) if *result == call.result => *count += 1,
+                _ => run.answers.push((call.result, 1)),
+            },
+            _ => runs.push(Run {
+                at: call.at,
+                hook: call.hook,
+                answers: vec![(call.result, 1)],
+            }),
+        }
+    }
+    runs.into_iter()
+        .map(|run| {
+            let answers: Vec<String> = run
+                .answers
+                .into_iter()
+                .map(|(result, count)| {
+                    if count > 1 {
+                        format!("{result} x{count}")
+                    } else {
+                        result.to_owned()
+                    }
+                })
+                .collect();
+            format!(
+                "+{:>6.1}s  {:<30} {}",
+                run.at.as_secs_f64(),
+                run.hook.as_str(),
+                answers.join(", ")
+            )
+        })
+        .collect()
+}
+
+fn capi_api(client: &kube::Client, group: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1beta2", kind), plural);
+    Api::namespaced_with(client.clone(), NAMESPACE, &resource)
+}
+
+/// Creates the Cluster with a topology of [`CLUSTER_CLASS`] (Cluster API builds it; the stand-in makes its
+/// control plane initialised and points it at the workload cluster) and waits until its ClusterAddon is
+/// ready; returns what was applied into the workload cluster.
+async fn install_addons(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let cluster: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
         "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
-        "spec": {"topology": {"class": CLUSTER_CLASS, "version": "v1.27.3"},
-                 "controlPlaneEndpoint": {"host": format!("{CLUSTER}.demo.test"), "port": 6443}},
+        "spec": {
+            "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                               "services": {"cidrBlocks": ["10.128.0.0/12"]}},
+            "topology": {
+                "classRef": {"name": CLUSTER_CLASS},
+                "version": "v1.27.3",
+                "controlPlane": {"replicas": 1},
+                "variables": [{"name": "imageRepository", "value": "registry.k8s.io"}],
+                "workers": {"machineDeployments": [{"class": "workeramd64", "name": "md-0", "replicas": 0}]}
+            }
+        }
     }))?;
-    Api::<Cluster>::namespaced_with(client.clone(), NAMESPACE, &Cluster::v1beta1_resource())
+    capi_api(client, "cluster.x-k8s.io", "Cluster", "clusters")
         .create(&PostParams::default(), &cluster)
         .await
-        .context("failed to create the Cluster")?;
-    cso_testenv::kubeconfig_secret(client, NAMESPACE, CLUSTER, workload.kubeconfig_yaml()).await?;
+        .context("Cluster API refused the Cluster")?;
+    addons_ready(client, CLUSTER_CLASS).await
+}
+
+/// Moves the Cluster to [`UPGRADE_CLASS`] at [`UPGRADE_VERSION`] and waits until the addons of v2 are
+/// applied and Cluster API has finished the upgrade (no hook pending, the control plane at the version).
+async fn upgrade(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let clusters = capi_api(client, "cluster.x-k8s.io", "Cluster", "clusters");
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"topology": {
+                "classRef": {"name": UPGRADE_CLASS}, "version": UPGRADE_VERSION}}})),
+        )
+        .await
+        .context("Cluster API refused the upgrade")?;
+    let objects = addons_ready(client, UPGRADE_CLASS).await?;
+    let control_planes = capi_api(
+        client,
+        "controlplane.cluster.x-k8s.io",
+        "KubeadmControlPlane",
+        "kubeadmcontrolplanes",
+    );
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let cluster = serde_json::to_value(clusters.get(CLUSTER).await?)?;
+        let pending = cluster
+            .pointer("/metadata/annotations/runtime.cluster.x-k8s.io~1pending-hooks")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let control_plane = cluster
+            .pointer("/spec/controlPlaneRef/name")
+            .and_then(serde_json::Value::as_str);
+        let reached = match control_plane {
+            Some(name) => {
+                control_planes
+                    .get_opt(name)
+                    .await?
+                    .map(serde_json::to_value)
+                    .transpose()?
+                    .and_then(|kcp| kcp.pointer("/status/version").cloned())
+                    == Some(serde_json::json!(UPGRADE_VERSION))
+            }
+            None => false,
+        };
+        if pending.is_empty() && reached {
+            return Ok(objects);
+        }
+        if Instant::now() > deadline {
+            bail!("Cluster API did not finish the upgrade within 180s (pending hooks: {pending:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the ClusterAddon is ready with the addons of `class`; returns what it applied.
+async fn addons_ready(client: &kube::Client, class: &str) -> anyhow::Result<Vec<String>> {
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), NAMESPACE);
     let name = cso_api::cluster_addon::cluster_addon_name(CLUSTER);
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let addon = addons.get_opt(&name).await?;
         let status = addon.as_ref().and_then(|a| a.status.as_ref());
-        if status.is_some_and(|s| s.ready) {
+        let of_class = addon
+            .as_ref()
+            .is_some_and(|a| a.spec.cluster_stack == class && a.spec.hook.is_empty());
+        if of_class && status.is_some_and(|s| s.ready) {
             let mut objects: Vec<String> = status
                 .iter()
                 .flat_map(|s| &s.resources)
@@ -205,7 +413,7 @@ async fn install_addons(
                         .join("; ")
                 })
                 .unwrap_or_else(|| format!("{name} was not created"));
-            bail!("the addons were not applied within 120s: {why}");
+            bail!("the addons of {class} were not applied within 180s: {why}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

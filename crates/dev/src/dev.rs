@@ -1,5 +1,9 @@
-//! `cso-dev up`: a management and a workload control plane on loopback, for development and the quick start;
-//! `cso-dev status`: what they serve.
+//! `cso-dev up`: a management and a workload control plane on loopback, for development and the quick start,
+//! with Cluster API (v1.14, built by `make tools`) on the management one by default: its managers, the
+//! provider stand-in for machines ([`cso_testenv::stand_in`]) pointing every Cluster at the workload control
+//! plane, hook-server certificates in `DIR/hook-certs` and an `ExtensionConfig` for
+//! `https://127.0.0.1:<hook port>`, so that `cso run --hook-cert-dir DIR/hook-certs --hook-port 9442` is
+//! discovered and called by Cluster API. `cso-dev status`: what they serve.
 
 use std::{
     path::Path,
@@ -7,12 +11,29 @@ use std::{
 };
 
 use anyhow::Context;
-use cso_testenv::{ControlPlane, Tools};
+use cso_testenv::{
+    ControlPlane, Tools,
+    capi::{ClusterApiTools, Options, start_management_with_cluster_api},
+    stand_in::{StandIn, Workload},
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use tokio::signal::unix::{SignalKind, signal};
 
-pub async fn up(dir: &Path) -> anyhow::Result<()> {
+/// The name of the `ExtensionConfig` `cso-dev up` registers.
+pub const EXTENSION_NAME: &str = "cso";
+
+/// How `cso-dev up` runs.
+#[derive(Clone, Debug)]
+pub struct UpOptions {
+    /// Leave Cluster API out: only the CRDs of Cluster API v1.10 (`v1beta1`) on the management plane, as
+    /// before issue 13.
+    pub without_cluster_api: bool,
+    /// The port `cso run --hook-port` serves the lifecycle hooks on; the ExtensionConfig points there.
+    pub hook_port: u16,
+}
+
+pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
     let started = Instant::now();
     let tools = Tools::discover()?;
     std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
@@ -25,19 +46,69 @@ pub async fn up(dir: &Path) -> anyhow::Result<()> {
                 .with_context(|| format!("failed to clean {}", state.display()))?;
         }
     }
-    eprintln!(
-        "starting the management and workload control planes in {}",
-        dir.display()
-    );
     let (management_dir, workload_dir) = (dir.join("management"), dir.join("workload"));
-    let (mut management, mut workload) = tokio::try_join!(
-        cso_testenv::start_management(&tools, Some(&management_dir)),
-        ControlPlane::start(&tools, "workload", Some(&workload_dir)),
-    )?;
+    let (mut management, mut cluster_api, mut workload) = if options.without_cluster_api {
+        eprintln!(
+            "starting the management and workload control planes in {} (without Cluster API)",
+            dir.display()
+        );
+        let (management, workload) = tokio::try_join!(
+            cso_testenv::start_management(&tools, Some(&management_dir)),
+            ControlPlane::start(&tools, "workload", Some(&workload_dir)),
+        )?;
+        (management, None, workload)
+    } else {
+        let capi = ClusterApiTools::discover()?;
+        eprintln!(
+            "starting the management control plane with Cluster API {} and the workload control plane in {}",
+            capi.version,
+            dir.display()
+        );
+        let options = Options::default();
+        let (with_capi, workload) = tokio::try_join!(
+            start_management_with_cluster_api(&tools, &capi, Some(&management_dir), &options),
+            ControlPlane::start(&tools, "workload", Some(&workload_dir)),
+        )?;
+        (with_capi.control_plane, Some(with_capi.cluster_api), workload)
+    };
     let management_kubeconfig = dir.join("management.kubeconfig");
     let workload_kubeconfig = dir.join("workload.kubeconfig");
     std::fs::write(&management_kubeconfig, management.kubeconfig_yaml())?;
     std::fs::write(&workload_kubeconfig, workload.kubeconfig_yaml())?;
+
+    let mut stand_in = None;
+    if let Some(cluster_api) = &cluster_api {
+        let client = management.client().await?;
+        let hook_certs = dir.join("hook-certs");
+        let ca = cso_testenv::pki::write_serving_certificate(&hook_certs)?;
+        std::fs::write(hook_certs.join("ca.crt"), &ca)?;
+        let url = format!("https://127.0.0.1:{}", options.hook_port);
+        cso_testenv::capi::register_extension(&client, EXTENSION_NAME, &url, &ca, &[]).await?;
+        stand_in = Some(StandIn::start(
+            client,
+            Workload {
+                kubeconfig: workload.kubeconfig_yaml().to_owned(),
+                server_url: workload.server_url().to_owned(),
+            },
+        ));
+        let capi_mib: u64 = cluster_api
+            .pids()
+            .iter()
+            .filter_map(|(_, pid)| cso_testenv::usage::Usage::of(Some(*pid)))
+            .map(|usage| usage.rss_kib)
+            .sum::<u64>()
+            / 1024;
+        eprintln!(
+            "Cluster API {} running (managers {} MiB resident); ExtensionConfig {EXTENSION_NAME} points at {url}: \
+             run `cso run --kubeconfig {} --hook-cert-dir {} --hook-port {}` to be discovered; Clusters get \
+             their control plane from the stand-in, with the workload control plane as their API server",
+            cluster_api.version(),
+            capi_mib,
+            management_kubeconfig.display(),
+            hook_certs.display(),
+            options.hook_port,
+        );
+    }
 
     eprintln!(
         "control planes up in {:.1}s; resident memory: management {} MiB, workload {} MiB",
@@ -59,7 +130,8 @@ pub async fn up(dir: &Path) -> anyhow::Result<()> {
             _ = terminate.recv() => break Ok(()),
             _ = interrupt.recv() => break Ok(()),
             _ = health.tick() => {
-                if let Err(e) = management.check_running().and_then(|()| workload.check_running()) {
+                let capi_running = cluster_api.as_mut().map_or(Ok(()), |c| c.check_running());
+                if let Err(e) = management.check_running().and_then(|()| workload.check_running()).and(capi_running) {
                     // Not restarted: see `cso-dev up --help`.
                     break Err(anyhow::Error::new(e).context(
                         "a control plane stopped on its own; both are stopped (a killed process is not restarted: run `cso-dev up` again)",
@@ -69,6 +141,10 @@ pub async fn up(dir: &Path) -> anyhow::Result<()> {
         }
     };
     eprintln!("stopping the control planes");
+    drop(stand_in);
+    if let Some(cluster_api) = cluster_api {
+        cluster_api.stop();
+    }
     management.stop();
     workload.stop();
     outcome

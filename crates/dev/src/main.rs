@@ -29,10 +29,21 @@ enum Command {
     /// `up` exits non-zero: a killed process cannot be restarted (the test environment starts a control
     /// plane only as a whole, and the next `up` starts afresh, without the old state). For fault tests, cut
     /// the connection with a proxy in front of the API server instead of killing it.
+    ///
+    /// By default Cluster API v1.14 (built by `make tools`) runs on the management control plane: its managers,
+    /// a stand-in for the machine providers (every Cluster's control plane is reported initialised and at its
+    /// version, with the workload control plane as its API server), certificates for the hook server in
+    /// `DIR/hook-certs` and an `ExtensionConfig` `cso` for `https://127.0.0.1:<hook-port>`.
     Up {
         /// Where to keep their files; `management.kubeconfig` and `workload.kubeconfig` are written here.
         #[arg(long)]
         dir: PathBuf,
+        /// Leave Cluster API out (the management plane gets Cluster API v1.10's `v1beta1` CRDs only).
+        #[arg(long)]
+        without_cluster_api: bool,
+        /// The port of `cso run --hook-port` the ExtensionConfig points at.
+        #[arg(long, default_value_t = 9442)]
+        hook_port: u16,
     },
     /// Show what the control planes started by `cso-dev up --dir DIR` serve: version and CRDs.
     Status {
@@ -66,7 +77,20 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Up { dir } => dev::up(&dir).await,
+        Command::Up {
+            dir,
+            without_cluster_api,
+            hook_port,
+        } => {
+            dev::up(
+                &dir,
+                &dev::UpOptions {
+                    without_cluster_api,
+                    hook_port,
+                },
+            )
+            .await
+        }
         Command::Status { dir } => dev::status(&dir).await,
         Command::Demo { dir, releases } => demo::demo(&dir, releases.as_deref()).await,
     }

@@ -1,6 +1,8 @@
-//! `cso-dev up` and `cso-dev status` end to end: the binary starts two real control planes, reports `ready` with both
-//! kubeconfigs, serves our CRDs and the Cluster API CRDs on the management one, and stops every process
-//! it started on SIGTERM.
+//! `cso-dev up` and `cso-dev status` end to end: the binary starts two real control planes with Cluster API
+//! v1.14 on the management one, reports `ready` with both kubeconfigs, serves our CRDs and Cluster API's, has
+//! registered an `ExtensionConfig` that Cluster API uses to discover a hook server serving with the
+//! certificates of `DIR/hook-certs` on `--hook-port` (as `cso run --hook-cert-dir DIR/hook-certs` does), and
+//! stops every process it started on SIGTERM.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -40,9 +42,14 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
         .prefix("cso-dev-up-test")
         .tempdir()
         .unwrap();
+    let hook_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut child = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_cso-dev"))
-            .args(["up", "--dir"])
+            .args(["up", "--hook-port", &hook_port.to_string(), "--dir"])
             .arg(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -73,6 +80,7 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
         "clusterstackreleases.clusterstack.x-k8s.io",
         "clusteraddons.clusterstack.x-k8s.io",
         "clusters.cluster.x-k8s.io",
+        "extensionconfigs.runtime.cluster.x-k8s.io",
         "clusterclasses.cluster.x-k8s.io",
         "kubeadmcontrolplanetemplates.controlplane.cluster.x-k8s.io",
         "kubeadmconfigtemplates.bootstrap.cluster.x-k8s.io",
@@ -88,6 +96,32 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
             .any(|l| l.starts_with("workload: Kubernetes v1.35.") && l.ends_with("(0 CRDs)")),
         "the workload control plane is bare:\n{status}"
     );
+
+    // The hook server, serving with DIR/hook-certs on the port the ExtensionConfig names, is discovered.
+    let management_client = cso_testenv::client_from_yaml(&std::fs::read_to_string(&management).unwrap())
+        .await
+        .unwrap();
+    let certs = dir.path().canonicalize().unwrap().join("hook-certs");
+    let server = cso_webhook::TlsServer::start(
+        cso_webhook::hook_router(management_client.clone(), cso_webhook::hooks::unobserved()),
+        format!("127.0.0.1:{hook_port}").parse().unwrap(),
+        &certs,
+    )
+    .await
+    .unwrap();
+    let hooks = cso_testenv::capi::discovered_hooks(&management_client, "cso", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut every_hook: Vec<String> = cso_api::rules::Hook::ALL
+        .iter()
+        .map(|h| h.as_str().to_owned())
+        .collect();
+    every_hook.sort();
+    assert_eq!(
+        hooks, every_hook,
+        "Cluster API lists a handler of ours for every lifecycle hook"
+    );
+    server.shutdown(Duration::from_secs(1)).await;
 
     let workload_client = cso_testenv::client_from_yaml(&std::fs::read_to_string(&workload).unwrap())
         .await

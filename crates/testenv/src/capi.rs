@@ -630,6 +630,87 @@ async fn http_ok(port: u16, path: &str) -> bool {
     )
 }
 
+/// Registers a runtime extension with Cluster API: the `ExtensionConfig` `name`
+/// (`runtime.cluster.x-k8s.io/v1beta2`, cluster-scoped) for the extension server at `url` (`https://...`),
+/// trusted through `ca_pem`, for the Clusters of `namespaces` (every namespace when empty). Replaces an
+/// earlier one of the same name.
+pub async fn register_extension(
+    client: &kube::Client,
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    namespaces: &[String],
+) -> Result<(), Error> {
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig"),
+        "extensionconfigs",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let mut spec =
+        serde_json::json!({"clientConfig": {"url": url, "caBundle": BASE64.encode(ca_pem.as_bytes())}});
+    if !namespaces.is_empty() {
+        spec["namespaceSelector"] = serde_json::json!({"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]});
+    }
+    let object = serde_json::json!({
+        "apiVersion": "runtime.cluster.x-k8s.io/v1beta2", "kind": "ExtensionConfig",
+        "metadata": {"name": name}, "spec": spec,
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .map_err(|e| Error::Kube(format!("failed to register the runtime extension {name}: {e}")))?;
+    Ok(())
+}
+
+/// Waits (at most `timeout`) until Cluster API has discovered the extension `name`; returns the hooks of its
+/// handlers (`status.handlers[].requestHook.hook`), sorted.
+pub async fn discovered_hooks(
+    client: &kube::Client,
+    name: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, Error> {
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig"),
+        "extensionconfigs",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let config = api
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::Kube(e.to_string()))?
+            .map(|c| serde_json::to_value(c).unwrap_or_default())
+            .unwrap_or_default();
+        let mut hooks: Vec<String> = config
+            .pointer("/status/handlers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|h| {
+                h.pointer("/requestHook/hook")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect();
+        if !hooks.is_empty() {
+            hooks.sort();
+            return Ok(hooks);
+        }
+        if Instant::now() > deadline {
+            let conditions = config.pointer("/status/conditions").cloned().unwrap_or_default();
+            return Err(Error::Kube(format!(
+                "Cluster API did not discover the runtime extension {name} within {timeout:?}: {conditions}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test code")]

@@ -3,7 +3,8 @@
 //! Tests share one control plane per test binary ([`shared_management`]) and isolate themselves by
 //! namespace ([`namespace`]); `cso-dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
 //! [`registry::Registry`] is a real OCI registry. [`capi`] runs Cluster API itself (v1.14's managers, CRDs and
-//! webhooks) on a control plane of its own.
+//! webhooks) on a control plane of its own; [`stand_in::StandIn`] plays the providers' part where machines
+//! would be needed.
 
 pub mod capi;
 pub mod control_plane;
@@ -13,6 +14,7 @@ pub mod go_operator;
 pub mod pki;
 pub mod process;
 pub mod registry;
+pub mod stand_in;
 pub mod tools;
 pub mod usage;
 

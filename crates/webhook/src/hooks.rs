@@ -23,10 +23,7 @@ use axum::{Json, Router, body::Bytes, extract::State, routing::post};
 use cso_api::{
     ClusterAddon, ReleaseId,
     capi::Cluster,
-    rules::{
-        AppliedAddons, Hook, HookRun, HookRuns,
-        hook_runs::HOOK_RUNS_ANNOTATION,
-    },
+    rules::{AppliedAddons, Hook, HookRun, HookRuns, HookStages, hook_runs::HOOK_RUNS_ANNOTATION},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -224,6 +221,10 @@ pub fn decide(addon: &ClusterAddon, call: &Call) -> Step {
                 // for it; the ClusterAddon's conditions say what is wrong.
                 return Step::Answer(Outcome::Done);
             }
+            if HookStages::of(addon).is_some_and(|s| s.nothing_to_run(&this_run.class, hook)) {
+                // The release of this class has no stages for this hook: nothing to wait for.
+                return Step::Answer(Outcome::Done);
+            }
             if let Some(other) = running {
                 return Step::Answer(Outcome::Retry(format!(
                     "waiting for the {other} stages in ClusterAddon {name} to finish"
@@ -336,7 +337,12 @@ async fn answer(client: &Client, hook: Hook, request: HookRequest) -> Result<Out
         Ok(Some(addon)) => addon,
         Ok(None) if hook == Hook::BeforeClusterDelete => return Ok(Outcome::Done),
         Ok(None) => return Err(format!("ClusterAddon {namespace}/{name} does not exist yet")),
-        Err(e) => return Err(format!("failed to read ClusterAddon {namespace}/{name}: {}", reason_of(&e))),
+        Err(e) => {
+            return Err(format!(
+                "failed to read ClusterAddon {namespace}/{name}: {}",
+                reason_of(&e)
+            ));
+        }
     };
     let call = Call {
         hook,
@@ -364,9 +370,9 @@ async fn answer(client: &Client, hook: Hook, request: HookRequest) -> Result<Out
                     tracing::info!(cluster_addon = %name, %namespace, %hook, run = %call.run().describe(), "hook started");
                     Ok(outcome)
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    Err(format!("ClusterAddon {namespace}/{name} changed meanwhile; ask again"))
-                }
+                Err(kube::Error::Api(s)) if s.code == 409 => Err(format!(
+                    "ClusterAddon {namespace}/{name} changed meanwhile; ask again"
+                )),
                 Err(e) => Err(format!(
                     "failed to set the hook of ClusterAddon {namespace}/{name}: {}",
                     reason_of(&e)
@@ -436,18 +442,30 @@ mod tests {
             Step::Start(Outcome::Retry(_))
         ));
         assert!(matches!(
-            decide(&addon("docker-ferrol-1-27-v1", "BeforeClusterUpgrade", false), &upgrade),
+            decide(
+                &addon("docker-ferrol-1-27-v1", "BeforeClusterUpgrade", false),
+                &upgrade
+            ),
             Step::Answer(Outcome::Retry(_))
         ));
-        assert_eq!(decide(&addon(V2, "", true), &upgrade), Step::Answer(Outcome::Done));
+        assert_eq!(
+            decide(&addon(V2, "", true), &upgrade),
+            Step::Answer(Outcome::Done)
+        );
         assert!(
-            matches!(decide(&addon(V2, "", false), &upgrade), Step::Start(Outcome::Retry(_))),
+            matches!(
+                decide(&addon(V2, "", false), &upgrade),
+                Step::Start(Outcome::Retry(_))
+            ),
             "applied but not complete: run the stages again"
         );
         // Hash versions: spec.clusterStack and the class are both dot form.
         let custom = "docker-ferrol-1-27-v0-sha.hipstsw";
         assert_eq!(
-            decide(&addon(custom, "", true), &call(Hook::BeforeClusterUpgrade, custom, "v1.27.3")),
+            decide(
+                &addon(custom, "", true),
+                &call(Hook::BeforeClusterUpgrade, custom, "v1.27.3")
+            ),
             Step::Answer(Outcome::Done)
         );
     }
@@ -455,18 +473,27 @@ mod tests {
     #[test]
     fn after_control_plane_initialized_starts_only_a_fresh_install_and_never_blocks() {
         let initialized = call(Hook::AfterControlPlaneInitialized, V2, "v1.27.3");
-        assert_eq!(decide(&addon("", "", false), &initialized), Step::Start(Outcome::Done));
+        assert_eq!(
+            decide(&addon("", "", false), &initialized),
+            Step::Start(Outcome::Done)
+        );
         assert_eq!(
             decide(&addon("", "AfterControlPlaneInitialized", false), &initialized),
             Step::Answer(Outcome::Done)
         );
-        assert_eq!(decide(&addon(V2, "", true), &initialized), Step::Answer(Outcome::Done));
+        assert_eq!(
+            decide(&addon(V2, "", true), &initialized),
+            Step::Answer(Outcome::Done)
+        );
     }
 
     #[test]
     fn before_cluster_create_is_answered_without_a_cluster_addon() {
         assert_eq!(
-            decide(&addon("", "", false), &call(Hook::BeforeClusterCreate, V2, "v1.27.3")),
+            decide(
+                &addon("", "", false),
+                &call(Hook::BeforeClusterCreate, V2, "v1.27.3")
+            ),
             Step::Answer(Outcome::Done)
         );
     }
@@ -488,7 +515,9 @@ mod tests {
         };
         assert_eq!(
             started,
-            format!("started the {hook} stages of docker-ferrol-1-27-v2 at v1.28.0 in ClusterAddon cluster-addon-c")
+            format!(
+                "started the {hook} stages of docker-ferrol-1-27-v2 at v1.28.0 in ClusterAddon cluster-addon-c"
+            )
         );
         // Running this run: hold, with the same message at every call.
         let running = with_run(addon(V2, hook.as_str(), false), hook, V2, "v1.28.0");
@@ -517,6 +546,18 @@ mod tests {
         );
         // Addons never installed: nothing to run, never hold the Cluster.
         assert_eq!(decide(&addon("", "", false), &this), Step::Answer(Outcome::Done));
+        // The release of the class has no stages for this hook: done at once, nothing started.
+        let mut without_stages = addon(V2, "", true);
+        without_stages.annotations_mut().insert(
+            cso_api::rules::hook_runs::HOOK_STAGES_ANNOTATION.into(),
+            HookStages::new(V2, [Hook::AfterControlPlaneInitialized]).encode(),
+        );
+        assert_eq!(decide(&without_stages, &this), Step::Answer(Outcome::Done));
+        // ... which is known only for that class.
+        assert!(matches!(
+            decide(&without_stages, &call(hook, "docker-ferrol-1-27-v3", "v1.28.0")),
+            Step::Start(Outcome::Retry(_))
+        ));
     }
 
     #[test]
@@ -527,9 +568,11 @@ mod tests {
             "spec": {"topology": {"classRef": {"name": "docker-scs-1-35-v1", "namespace": "stacks"},
                                   "version": "v1.35.1"}},
             "status": {"initialization": {"controlPlaneInitialized": true}, "unknownField": 1}});
-        let before = request(json!({"apiVersion": API_VERSION, "kind": "BeforeControlPlaneUpgradeRequest",
+        let before = request(
+            json!({"apiVersion": API_VERSION, "kind": "BeforeControlPlaneUpgradeRequest",
             "cluster": cluster, "fromKubernetesVersion": "v1.33.4", "toKubernetesVersion": "v1.34.2",
-            "controlPlaneUpgrades": [{"version": "v1.34.2"}, {"version": "v1.35.1"}]}));
+            "controlPlaneUpgrades": [{"version": "v1.34.2"}, {"version": "v1.35.1"}]}),
+        );
         assert_eq!(before.step_version(), "v1.34.2");
         let after = request(json!({"cluster": cluster, "kubernetesVersion": "v1.34.2"}));
         assert_eq!(after.step_version(), "v1.34.2");

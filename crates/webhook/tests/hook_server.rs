@@ -197,7 +197,10 @@ async fn hooks_answer_from_the_cluster_addons_under_concurrent_calls() {
                 "{cluster} is done: {answer}"
             );
         } else {
-            assert_eq!(answer["retryAfterSeconds"], RETRY, "{cluster} is not done: {answer}");
+            assert_eq!(
+                answer["retryAfterSeconds"], RETRY,
+                "{cluster} is not done: {answer}"
+            );
         }
     }
 
@@ -245,9 +248,13 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     let kube = plane.client().await.unwrap();
     let certs = tempfile::tempdir().unwrap();
     let first_ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
-    let server = TlsServer::start(hook_router(kube, cso_webhook::hooks::unobserved()), "127.0.0.1:0".parse().unwrap(), certs.path())
-        .await
-        .unwrap();
+    let server = TlsServer::start(
+        hook_router(kube, cso_webhook::hooks::unobserved()),
+        "127.0.0.1:0".parse().unwrap(),
+        certs.path(),
+    )
+    .await
+    .unwrap();
     let discovery =
         json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"});
     assert_eq!(

@@ -24,6 +24,8 @@ use crate::ClusterAddon;
 /// Annotation of a ClusterAddon: the last run of each hook the hook server started (JSON: hook name ->
 /// [`HookRun`]).
 pub const HOOK_RUNS_ANNOTATION: &str = "clusterstack.x-k8s.io/hook-runs";
+/// Annotation of a ClusterAddon: which hooks the release of its class has stages for (JSON [`HookStages`]).
+pub const HOOK_STAGES_ANNOTATION: &str = "clusterstack.x-k8s.io/hook-stages";
 /// Annotation of a ClusterAddon: since when the current stage of the running hook runs (JSON [`StageClock`]).
 pub const STAGE_CLOCK_ANNOTATION: &str = "clusterstack.x-k8s.io/stage-clock";
 
@@ -95,6 +97,45 @@ impl HookRuns {
     }
 }
 
+/// The hooks the release of `class` has stages for, as the ClusterAddon controller found them in its
+/// `clusteraddon.yaml` (none for a release with one addon chart). With it, the hook server answers a blocking
+/// hook with nothing to run at once, instead of starting an empty run and asking Cluster API to come back
+/// (which costs the `retryAfterSeconds` Cluster API caches, at every hook of every upgrade step).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookStages {
+    pub class: String,
+    pub hooks: Vec<String>,
+}
+
+impl HookStages {
+    pub fn new(class: impl Into<String>, hooks: impl IntoIterator<Item = Hook>) -> Self {
+        HookStages {
+            class: class.into(),
+            hooks: hooks.into_iter().map(|h| h.as_str().to_owned()).collect(),
+        }
+    }
+
+    /// What `addon` records, if anything readable.
+    pub fn of(addon: &ClusterAddon) -> Option<Self> {
+        addon
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(HOOK_STAGES_ANNOTATION))
+            .and_then(|text| serde_json::from_str(text).ok())
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Whether the release of `class` is known to have no stages for `hook` (`false` when the record is of
+    /// another class: then nobody knows yet).
+    pub fn nothing_to_run(&self, class: &str, hook: Hook) -> bool {
+        self.class == class && !self.hooks.iter().any(|h| h == hook.as_str())
+    }
+}
+
 /// Since when stage `index` of `hook` runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -120,7 +161,12 @@ impl StageClock {
     }
 
     /// The clock for stage `index` of `hook`: this one if it already times that stage, else one started `now`.
-    pub fn for_stage(current: Option<&StageClock>, hook: Hook, index: usize, now: DateTime<Utc>) -> StageClock {
+    pub fn for_stage(
+        current: Option<&StageClock>,
+        hook: Hook,
+        index: usize,
+        now: DateTime<Utc>,
+    ) -> StageClock {
         match current {
             Some(clock) if clock.hook == hook.as_str() && clock.index == index => clock.clone(),
             _ => StageClock {
@@ -163,21 +209,55 @@ mod tests {
             HookRuns::of(&addon).kubernetes_version(Hook::AfterControlPlaneUpgrade),
             Some("v1.35.1")
         );
-        assert_eq!(HookRuns::of(&addon).kubernetes_version(Hook::AfterClusterUpgrade), None);
-        assert_eq!(HookRuns::of(&addon_with(HOOK_RUNS_ANNOTATION, "{not json")), HookRuns::default());
+        assert_eq!(
+            HookRuns::of(&addon).kubernetes_version(Hook::AfterClusterUpgrade),
+            None
+        );
+        assert_eq!(
+            HookRuns::of(&addon_with(HOOK_RUNS_ANNOTATION, "{not json")),
+            HookRuns::default()
+        );
+    }
+
+    #[test]
+    fn hook_stages_know_only_about_their_own_class() {
+        let stages = HookStages::new(
+            "docker-scs-1-35-v1",
+            [Hook::AfterControlPlaneInitialized, Hook::AfterClusterUpgrade],
+        );
+        assert!(stages.nothing_to_run("docker-scs-1-35-v1", Hook::AfterControlPlaneUpgrade));
+        assert!(!stages.nothing_to_run("docker-scs-1-35-v1", Hook::AfterClusterUpgrade));
+        assert!(!stages.nothing_to_run("docker-scs-1-35-v2", Hook::AfterControlPlaneUpgrade));
+        let addon = addon_with(HOOK_STAGES_ANNOTATION, &stages.encode());
+        assert_eq!(HookStages::of(&addon), Some(stages));
+        assert_eq!(HookStages::of(&addon_with(HOOK_STAGES_ANNOTATION, "[")), None);
     }
 
     #[test]
     fn a_stage_clock_keeps_running_for_the_same_stage_and_restarts_for_another() {
-        let t0 = DateTime::parse_from_rfc3339("2026-11-23T10:00:00Z").unwrap().with_timezone(&Utc);
+        let t0 = DateTime::parse_from_rfc3339("2026-11-23T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
         let later = t0 + chrono::Duration::seconds(90);
         let clock = StageClock::for_stage(None, Hook::AfterClusterUpgrade, 0, t0);
-        assert_eq!(StageClock::for_stage(Some(&clock), Hook::AfterClusterUpgrade, 0, later).since, t0);
-        assert_eq!(StageClock::for_stage(Some(&clock), Hook::AfterClusterUpgrade, 1, later).since, later);
-        assert_eq!(StageClock::for_stage(Some(&clock), Hook::BeforeClusterUpgrade, 0, later).since, later);
+        assert_eq!(
+            StageClock::for_stage(Some(&clock), Hook::AfterClusterUpgrade, 0, later).since,
+            t0
+        );
+        assert_eq!(
+            StageClock::for_stage(Some(&clock), Hook::AfterClusterUpgrade, 1, later).since,
+            later
+        );
+        assert_eq!(
+            StageClock::for_stage(Some(&clock), Hook::BeforeClusterUpgrade, 0, later).since,
+            later
+        );
         assert!(clock.expired(Duration::from_secs(60), later));
         assert!(!clock.expired(Duration::from_secs(120), later));
-        assert!(!clock.expired(Duration::from_secs(60), t0 - chrono::Duration::seconds(5)), "clock skew");
+        assert!(
+            !clock.expired(Duration::from_secs(60), t0 - chrono::Duration::seconds(5)),
+            "clock skew"
+        );
         let addon = addon_with(STAGE_CLOCK_ANNOTATION, &clock.encode());
         assert_eq!(StageClock::of(&addon), Some(clock));
     }

@@ -18,7 +18,7 @@ pub mod stack;
 pub mod users;
 
 pub use addons::AppliedAddons;
-pub use hook_runs::{HookRun, HookRuns, StageClock};
+pub use hook_runs::{HookRun, HookRuns, HookStages, StageClock};
 pub use hooks::Hook;
 pub use stack::{FieldError, StackKey, StackSpec};
 pub use users::{release_users, releases_in_use, stack_users};

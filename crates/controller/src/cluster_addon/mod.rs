@@ -28,6 +28,7 @@ use cso_api::{
     cluster_addon::{CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
     conditions::ConditionsExt,
     names::reason,
+    rules::{Hook, HookStages, hook_runs::HOOK_STAGES_ANNOTATION},
 };
 use cso_apply::{WorkloadCluster, template_data::template_data};
 use cso_release::{AddonStyle, Release};
@@ -149,6 +150,9 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     patch::status(&api, &working, before.as_ref(), &status).await?;
     ctx.publish(&working, events).await;
     write_spec(&api, &working, spec).await?;
+    if let Some(release) = &driver.release {
+        record_hook_stages(&api, &working, release).await?;
+    }
     match outcome {
         Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
         Outcome::Requeue(None) => Ok(Action::await_change()),
@@ -352,6 +356,32 @@ pub(crate) async fn render_addon(
         rendering::AddonRenderError::Values(message) => overwrite(message),
         rendering::AddonRenderError::Chart(message) => (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message),
     })
+}
+
+/// Records which hooks the release of the Cluster's class has stages for (annotation
+/// [`HOOK_STAGES_ANNOTATION`]), when that changed, so the hook server answers hooks with nothing to run at
+/// once.
+async fn record_hook_stages(
+    api: &Api<ClusterAddon>,
+    addon: &ClusterAddon,
+    release: &Release,
+) -> Result<(), Error> {
+    let hooks: Vec<Hook> = match &release.addons {
+        AddonStyle::Staged { config } => Hook::ADDON_STAGES
+            .into_iter()
+            .filter(|hook| !config.stages(*hook).is_empty())
+            .collect(),
+        AddonStyle::Single { .. } => Vec::new(),
+    };
+    let stages = HookStages::new(release.id.cluster_class_name(), hooks);
+    if HookStages::of(addon).as_ref() == Some(&stages) {
+        return Ok(());
+    }
+    let body = json!({"metadata": {"annotations": {HOOK_STAGES_ANNOTATION: stages.encode()}}});
+    api.patch(&addon.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(|e| Error::kube(format!("record the hook stages of {}", addon.name_any()), e))?;
+    Ok(())
 }
 
 /// Writes the spec fields and the stage annotation that changed (merge patch on fields we own).

@@ -13,13 +13,10 @@ use cso_api::{
     ClusterAddon, ClusterAddonStatus,
     capi::Cluster,
     cluster_addon::{STAGE_ANNOTATION, STAGE_INVENTORY_ANNOTATION, StageAction},
-    rules::{
-        HookRuns, StageClock,
-        hook_runs::STAGE_CLOCK_ANNOTATION,
-    },
     common::Resource,
     conditions::{ConditionsExt, Severity},
     names::{condition, event, reason},
+    rules::{HookRuns, StageClock, hook_runs::STAGE_CLOCK_ANNOTATION},
 };
 use cso_apply::{
     WorkloadCluster,

@@ -441,7 +441,11 @@ pub(crate) fn after_gone_chart_failed(
 /// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied.
 /// Returns the `ClusterAddonStage` annotation to record (`created` after the install, `upgraded` after any
 /// upgrade hook; a deletion changes nothing).
-pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInventory) -> Option<&'static str> {
+pub(crate) fn finish(
+    addon: &mut ClusterAddon,
+    hook: Hook,
+    inventory: &StageInventory,
+) -> Option<&'static str> {
     addon.delete_condition(condition::HELM_CHART_DELETED);
     addon.mark_true(condition::HELM_CHART_APPLIED);
     let status = status_of(addon);
@@ -553,7 +557,13 @@ mod tests {
     )]
     #[case::unknown_hook("BeforeEverything", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeEverything".into()))]
     #[case::hook_without_stages("BeforeClusterCreate", "", Decision::RecordOnly, None, HookChoice::Unknown("BeforeClusterCreate".into()))]
-    #[case::chained_upgrade_step("AfterControlPlaneUpgrade", "docker-scs-1-35-v1", Decision::RecordOnly, Some("upgraded"), HookChoice::Run(Hook::AfterControlPlaneUpgrade))]
+    #[case::chained_upgrade_step(
+        "AfterControlPlaneUpgrade",
+        "docker-scs-1-35-v1",
+        Decision::RecordOnly,
+        Some("upgraded"),
+        HookChoice::Run(Hook::AfterControlPlaneUpgrade)
+    )]
     #[case::same_addons(
         "",
         "docker-ferrol-1-27-v1",
@@ -893,7 +903,11 @@ mod tests {
         #[case] phase: StagePhase,
         #[case] waiting_for: &str,
     ) {
-        let mut a = addon("AfterClusterUpgrade", "docker-ferrol-1-27-v1", &[phase, StagePhase::Pending]);
+        let mut a = addon(
+            "AfterClusterUpgrade",
+            "docker-ferrol-1-27-v1",
+            &[phase, StagePhase::Pending],
+        );
         let mut events = Events::default();
         let flow = give_up(
             &mut a,

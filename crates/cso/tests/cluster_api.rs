@@ -1,0 +1,786 @@
+//! Cluster API itself calling cso (issue 13, "Done when" (b) to (f)): the real Cluster API v1.14 core
+//! manager (with the kubeadm and Docker providers' webhooks and conversions) on a management control plane,
+//! `cso run` as a process with its hook server registered by an `ExtensionConfig`
+//! (`runtime.cluster.x-k8s.io/v1beta2`), and a real workload kube-apiserver that the addons go to.
+//!
+//! Where a provider would need machines, [`cso_testenv::stand_in::StandIn`] plays its part of the contract
+//! (control plane initialised and at its `spec.version`, the kubeconfig Secret, the infrastructure
+//! provisioned) and nothing else: every hook call, its order and what it carries are Cluster API's own.
+//!
+//! One Cluster goes through its life, each phase checking one promise:
+//! 1. (b, f) The stacks are installed in namespace `stacks-*`, the Cluster lives in `tenant-*` with a
+//!    cross-namespace `classRef` (v1beta2). Cluster API calls `AfterControlPlaneInitialized`; the addons
+//!    land in the workload cluster; the ClusterAddon lives beside the Cluster.
+//! 2. (c) An upgrade of class and version (`docker-capi-1-33-v1` at v1.33.4 → `-v2` at v1.33.5) is held by
+//!    `BeforeClusterUpgrade` until v2's addons are applied, then goes through the control-plane and worker
+//!    hooks, and `AfterClusterUpgrade` runs its stage before Cluster API finishes the upgrade.
+//! 3. (d, e) A chained upgrade over two minors (`docker-capi-1-35-v1`, whose class lists
+//!    `kubernetesVersions`) calls the per-step hooks in order, each step's stage renders for that step's
+//!    version, and an `AfterClusterUpgrade` stage that never finishes is given up after `--stage-timeout`
+//!    with a Warning, so the upgrade completes.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+use std::{
+    collections::BTreeSet,
+    io::Read,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use cso_api::{ClusterAddon, ClusterStack, conditions::ConditionsExt, names};
+use cso_testenv::{
+    capi::{Provider, shared_management_with_cluster_api},
+    stand_in::{StandIn, Workload},
+};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, Event},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    core::{ApiResource, GroupVersionKind},
+};
+use serde_json::{Value, json};
+
+mod support;
+
+use support::*;
+
+/// How long Cluster API and the operator get for one phase.
+const PHASE: Duration = Duration::from_secs(180);
+/// `--stage-timeout` of the operator in this test.
+const STAGE_TIMEOUT_SECONDS: u64 = 15;
+
+/// The cluster-class chart of ferrol v1 (a real Cluster API ClusterClass with its templates), renamed to
+/// `<stack>-cluster-class` at `version`, with `spec.kubernetesVersions` when given.
+fn cluster_class_chart(stack: &str, version: &str, kubernetes_versions: &[&str]) -> Vec<u8> {
+    let source = fixtures().join("docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz");
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(source).unwrap()));
+    let mut files = Vec::new();
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut text = String::new();
+        entry.read_to_string(&mut text).unwrap();
+        let relative = path.split_once('/').unwrap().1.to_owned();
+        let text = match relative.as_str() {
+            "Chart.yaml" => text
+                .replace(
+                    "name: docker-ferrol-1-27-cluster-class",
+                    &format!("name: {stack}-cluster-class"),
+                )
+                .replace("version: v1", &format!("version: {version}")),
+            "templates/cluster-class.yaml" if !kubernetes_versions.is_empty() => text.replacen(
+                "spec:\n",
+                &format!(
+                    "spec:\n  kubernetesVersions: [{}]\n",
+                    kubernetes_versions.join(", ")
+                ),
+                1,
+            ),
+            _ => text,
+        };
+        files.push((format!("{stack}-cluster-class/{relative}"), text.into_bytes()));
+    }
+    tgz(&files)
+}
+
+/// The stage charts of the hash fixture (`metrics-server`, `ngnix`) and a `probe` chart whose ConfigMap
+/// records the Kubernetes version it was rendered for.
+fn addon_charts() -> Vec<u8> {
+    let source = fixtures()
+        .join("docker-ferrol-1-27-v0-sha-hipstsw/docker-ferrol-1-27-cluster-addon-v0-sha.hipstsw.tgz");
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(source).unwrap()));
+    let mut files = Vec::new();
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).unwrap();
+        files.push((path, data));
+    }
+    files.push((
+        "probe/Chart.yaml".into(),
+        b"apiVersion: v2\nname: probe\nversion: v1\n".to_vec(),
+    ));
+    files.push((
+        "probe/templates/step.yaml".into(),
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: step-version\ndata:\n  version: {{ .Capabilities.KubeVersion.Version | quote }}\n"
+            .to_vec(),
+    ));
+    tgz(&files)
+}
+
+fn tgz(files: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for (path, content) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, path, content.as_slice())
+            .unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+/// One release of the test stack `docker-capi-1-<minor>`, published as a GitHub release would be.
+struct Release {
+    minor: u32,
+    version: &'static str,
+    kubernetes: &'static str,
+    kubernetes_versions: &'static [&'static str],
+    clusteraddon_yaml: String,
+}
+
+impl Release {
+    fn stack(&self) -> String {
+        format!("docker-capi-1-{}", self.minor)
+    }
+
+    fn tag(&self) -> String {
+        format!("{}-{}", self.stack(), self.version)
+    }
+
+    fn write(&self, root: &Path) -> PathBuf {
+        let dir = root.join(self.tag());
+        std::fs::create_dir_all(&dir).unwrap();
+        let (stack, version) = (self.stack(), self.version);
+        std::fs::write(
+            dir.join("metadata.yaml"),
+            format!(
+                "apiVersion: metadata.clusterstack.x-k8s.io/v1alpha1\nversions:\n  clusterStack: {version}\n  \
+                 kubernetes: {}\n  components:\n    clusterAddon: {version}\n    nodeImage: {version}\n",
+                self.kubernetes
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("clusteraddon.yaml"), &self.clusteraddon_yaml).unwrap();
+        std::fs::write(
+            dir.join(format!("{stack}-cluster-class-{version}.tgz")),
+            cluster_class_chart(&stack, version, self.kubernetes_versions),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join(format!("{stack}-cluster-addon-{version}.tgz")),
+            addon_charts(),
+        )
+        .unwrap();
+        dir
+    }
+}
+
+const HEADER: &str = "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\nclusterAddonVersion: clusteraddons.clusterstack.x-k8s.io/v1alpha1\naddonStages:\n";
+
+fn releases() -> Vec<Release> {
+    vec![
+        Release {
+            minor: 33,
+            version: "v1",
+            kubernetes: "v1.33.4",
+            kubernetes_versions: &[],
+            clusteraddon_yaml: (format!(
+                "{HEADER}  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n  \
+                     BeforeClusterUpgrade:\n    - name: metrics-server\n      action: apply\n"
+            )),
+        },
+        // v2: the upgrade applies metrics-server before the control plane moves, and that stage is done only
+        // once the test opens a gate (a ConfigMap in the workload cluster), so the hold can be seen;
+        // AfterClusterUpgrade brings ngnix, so its Deployment shows that stage ran.
+        Release {
+            minor: 33,
+            version: "v2",
+            kubernetes: "v1.33.5",
+            kubernetes_versions: &[],
+            clusteraddon_yaml: (format!(
+                "{HEADER}  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n  \
+                     BeforeClusterUpgrade:\n    - name: metrics-server\n      action: apply\n      \
+                     waitForPostCondition:\n        objects:\n          - key: gate\n            apiVersion: v1\n            \
+                     kind: ConfigMap\n            name: upgrade-gate\n            namespace: kube-system\n        \
+                     conditions: gate.data.open == \"true\"\n  \
+                     AfterClusterUpgrade:\n    - name: ngnix\n      action: apply\n"
+            )),
+        },
+        // 1.35: reached from 1.33 in two steps; a probe at every control-plane step, and an
+        // AfterClusterUpgrade stage whose post-condition never holds (3 replicas are never 42).
+        Release {
+            minor: 35,
+            version: "v1",
+            kubernetes: "v1.35.1",
+            kubernetes_versions: &["v1.33.5", "v1.34.2", "v1.35.1"],
+            clusteraddon_yaml: (format!(
+                "{HEADER}  AfterControlPlaneInitialized:\n    - name: metrics-server\n      action: apply\n  \
+                     BeforeClusterUpgrade:\n    - name: metrics-server\n      action: apply\n  \
+                     AfterControlPlaneUpgrade:\n    - name: probe\n      action: apply\n  \
+                     AfterClusterUpgrade:\n    - name: ngnix\n      action: apply\n      waitForPostCondition:\n        \
+                     objects:\n          - key: ngnix\n            apiVersion: apps/v1\n            kind: Deployment\n            \
+                     name: cluster-addon-ngnix\n            namespace: kube-system\n        \
+                     conditions: ngnix.spec.replicas == 42\n"
+            )),
+        },
+    ]
+}
+
+fn cluster_stack(namespace: &str, minor: u32, versions: &[&str]) -> ClusterStack {
+    serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+        "metadata": {"name": format!("capi-1-{minor}"), "namespace": namespace},
+        "spec": {"provider": "docker", "name": "capi", "kubernetesVersion": format!("1.{minor}"),
+                 "channel": "stable", "autoSubscribe": false, "noProvider": true, "versions": versions},
+    }))
+    .unwrap()
+}
+
+/// A v1beta2 Cluster in `namespace` of the class `class` in `class_namespace`, with one control-plane replica
+/// and a MachineDeployment with no machines (so worker upgrades complete without machines).
+fn cluster(namespace: &str, name: &str, class: &str, class_namespace: &str, version: &str) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "clusterNetwork": {
+                "services": {"cidrBlocks": ["10.128.0.0/12"]},
+                "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                "serviceDomain": "cluster.local"
+            },
+            "topology": {
+                "classRef": {"name": class, "namespace": class_namespace},
+                "version": version,
+                "controlPlane": {"replicas": 1},
+                "variables": [{"name": "imageRepository", "value": "registry.k8s.io"}],
+                "workers": {"machineDeployments": [{"class": "workeramd64", "name": "md-0", "replicas": 0}]}
+            }
+        }
+    })
+}
+
+fn api(
+    client: &Client,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// `cso run` for every namespace, with its hook server on `instance.hook_port` and a short stage timeout.
+fn start_cso(
+    kubeconfig: &Path,
+    release_dir: &Path,
+    github: &str,
+    log: &Path,
+    instance: &Instance<'_>,
+) -> KillOnDrop {
+    let log = std::fs::File::create(log).unwrap();
+    KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_cso"))
+            .arg("run")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--leader-elect=false")
+            .arg(format!("--release-dir={}", release_dir.display()))
+            .arg("--source=github")
+            .arg(format!("--github-api-url={github}"))
+            .arg(format!("--hook-port={}", instance.hook_port))
+            .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
+            .arg(format!("--webhook-port={}", instance.webhook_port))
+            .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
+            .arg(format!(
+                "--metrics-bind-address=127.0.0.1:{}",
+                instance.metrics_port
+            ))
+            .arg(format!(
+                "--health-probe-bind-address=127.0.0.1:{}",
+                instance.health_port
+            ))
+            .arg(format!("--stage-timeout={STAGE_TIMEOUT_SECONDS}s"))
+            .args(["--log-level=info", "--log-format=json"])
+            .env("GIT_PROVIDER", "github")
+            .env("GIT_ORG_NAME", "SovereignCloudStack")
+            .env("GIT_REPOSITORY_NAME", "cluster-stacks")
+            .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+            .env("TMPDIR", release_dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// One answered hook call, from the operator's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Answer {
+    hook: String,
+    version: String,
+    result: String,
+}
+
+/// The hook calls for `cluster` (`ns/name`) the operator answered, in order.
+fn answers(log: &Path, cluster: &str) -> Vec<Answer> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["message"] == "answered a lifecycle hook call" && line["cluster"] == cluster)
+        .map(|line| Answer {
+            hook: line["hook"].as_str().unwrap_or_default().to_owned(),
+            version: line["kubernetes_version"].as_str().unwrap_or_default().to_owned(),
+            result: line["result"].as_str().unwrap_or_default().to_owned(),
+        })
+        .collect()
+}
+
+/// The hooks that were let through (answered `success`), each (hook, version) once, in the order of their
+/// first success.
+fn passed(answers: &[Answer]) -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    for answer in answers.iter().filter(|a| a.result == "success") {
+        let key = (answer.hook.clone(), answer.version.clone());
+        if !seen.contains(&key) {
+            seen.push(key);
+        }
+    }
+    seen
+}
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected
+        .iter()
+        .map(|(h, v)| ((*h).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Waits until Cluster API has finished the upgrade of `name` to `version`: no hook pending, the control plane
+/// at the version, `TopologyReconciled` True.
+async fn upgrade_finished(
+    clusters: &Api<DynamicObject>,
+    control_planes: &Api<DynamicObject>,
+    key: &str,
+    version: &str,
+    log: &Path,
+    what: &str,
+) {
+    let name = key.split_once('/').unwrap().1;
+    let env = shared_management_with_cluster_api();
+    let deadline = std::time::Instant::now() + PHASE;
+    loop {
+        let cluster = serde_json::to_value(clusters.get(name).await.unwrap()).unwrap();
+        let pending = cluster
+            .pointer("/metadata/annotations/runtime.cluster.x-k8s.io~1pending-hooks")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let kcp_name = cluster
+            .pointer("/spec/controlPlaneRef/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let kcp = control_planes
+            .get_opt(kcp_name)
+            .await
+            .unwrap()
+            .map(|k| serde_json::to_value(k).unwrap());
+        let reached = kcp
+            .as_ref()
+            .and_then(|k| k.pointer("/status/version"))
+            .and_then(Value::as_str)
+            == Some(version);
+        let reconciled = cluster
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "TopologyReconciled" && c["status"] == "True");
+        if pending.is_empty() && reached && reconciled {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not finished after {PHASE:?} (pending hooks {pending:?}, control plane at {version}: {reached}, \
+             TopologyReconciled: {reconciled}); hook answers: {:?}\nconditions: {}\ncore manager:\n{}",
+            answers(log, key),
+            cluster.pointer("/status/conditions").cloned().unwrap_or_default(),
+            env.cluster_api.log_tail(Provider::Core)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The ConfigMaps of `kube-system` in the workload cluster (the gate, the step probe).
+fn probe_api(workload: &Client) -> Api<ConfigMap> {
+    Api::namespaced(workload.clone(), "kube-system")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
+    let env = shared_management_with_cluster_api();
+    let client = env.control_plane.client().await.unwrap();
+    let stacks = cso_testenv::namespace(&client, "stacks").await.unwrap();
+    let tenant = cso_testenv::namespace(&client, "tenant").await.unwrap();
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let workload_plane = cso_testenv::ControlPlane::start(&tools, "capi-workload", None)
+        .await
+        .unwrap();
+    let workload = workload_plane.client().await.unwrap();
+
+    // The releases, on a GitHub stand-in.
+    let published = tempfile::tempdir().unwrap();
+    let github = cso_testenv::github::FakeGithub::start(30).await.unwrap();
+    for release in releases() {
+        let dir = release.write(published.path());
+        github.publish_dir(&release.tag(), &dir).unwrap();
+    }
+
+    // The operator, its hook server registered with Cluster API.
+    // CSO_KEEP_TEST_DIRS=1 keeps the operator's log and files for a look after a failure.
+    let work_dir = tempfile::Builder::new().prefix("cso-capi-e2e").tempdir().unwrap();
+    eprintln!("operator log: {}", work_dir.path().join("operator.log").display());
+    let (work, _cleanup) = if std::env::var_os("CSO_KEEP_TEST_DIRS").is_some() {
+        (work_dir.keep(), None)
+    } else {
+        (work_dir.path().to_path_buf(), Some(work_dir))
+    };
+    let certs = work.as_path().join("hook-certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let ca = cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let instance = Instance::new(&certs, false);
+    let log = work.as_path().join("operator.log");
+    let release_dir = work.as_path().join("releases");
+    std::fs::create_dir_all(&release_dir).unwrap();
+    let _operator = start_cso(
+        env.control_plane.kubeconfig_path(),
+        &release_dir,
+        github.api_url(),
+        &log,
+        &instance,
+    );
+    let extension_name = format!("cso-{tenant}");
+    cso_testenv::capi::register_extension(
+        &client,
+        &extension_name,
+        &format!("https://127.0.0.1:{}", instance.hook_port),
+        &ca,
+        std::slice::from_ref(&tenant),
+    )
+    .await
+    .unwrap();
+    // Cluster API discovers our handlers (every lifecycle hook).
+    let handlers: BTreeSet<String> =
+        cso_testenv::capi::discovered_hooks(&client, &extension_name, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let every_hook: BTreeSet<String> = cso_api::rules::Hook::ALL
+        .iter()
+        .map(|h| h.as_str().to_owned())
+        .collect();
+    assert_eq!(handlers, every_hook);
+
+    // The stacks, in their own namespace.
+    let stacks_api: Api<ClusterStack> = Api::namespaced(client.clone(), &stacks);
+    stacks_api
+        .create(&PostParams::default(), &cluster_stack(&stacks, 33, &["v1", "v2"]))
+        .await
+        .unwrap();
+    stacks_api
+        .create(&PostParams::default(), &cluster_stack(&stacks, 35, &["v1"]))
+        .await
+        .unwrap();
+    let classes = api(
+        &client,
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "ClusterClass",
+        "clusterclasses",
+        Some(&stacks),
+    );
+    wait_for("the three ClusterClasses are applied", PHASE, || async {
+        let names: BTreeSet<String> = classes
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect();
+        (names.len() == 3).then_some(())
+    })
+    .await;
+
+    // Phase 1 (b, f): a Cluster in the tenant namespace, its class in the stacks namespace.
+    let _stand_in = StandIn::start(
+        client.clone(),
+        Workload {
+            kubeconfig: workload_plane.kubeconfig_yaml().to_owned(),
+            server_url: workload_plane.server_url().to_owned(),
+        },
+    );
+    let clusters = api(
+        &client,
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "Cluster",
+        "clusters",
+        Some(&tenant),
+    );
+    let control_planes = api(
+        &client,
+        "controlplane.cluster.x-k8s.io",
+        "v1beta2",
+        "KubeadmControlPlane",
+        "kubeadmcontrolplanes",
+        Some(&tenant),
+    );
+    clusters
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(cluster(&tenant, "c1", "docker-capi-1-33-v1", &stacks, "v1.33.4"))
+                .unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Cluster API refused the Cluster: {e}"));
+    let key = format!("{tenant}/c1");
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &tenant);
+    let workload_deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    wait_for("the addons of v1 land in the workload cluster", PHASE, || async {
+        let addon = addons.get_opt("cluster-addon-c1").await.ok()??;
+        let ready = addon.status.as_ref().is_some_and(|s| s.ready)
+            && addon.spec.cluster_stack == "docker-capi-1-33-v1";
+        (ready
+            && workload_deployments
+                .get_opt("metrics-server")
+                .await
+                .ok()?
+                .is_some())
+        .then_some(())
+    })
+    .await;
+    // The operator installs as soon as the workload cluster answers (it does not depend on the call);
+    // Cluster API calls AfterControlPlaneInitialized once it has seen the control plane initialised.
+    let phase1 = wait_for(
+        "Cluster API calls AfterControlPlaneInitialized",
+        PHASE,
+        || async {
+            let answers = answers(&log, &key);
+            answers
+                .iter()
+                .any(|a| a.hook == "AfterControlPlaneInitialized" && a.version == "v1.33.4")
+                .then_some(answers)
+        },
+    )
+    .await;
+    assert_eq!(
+        passed(&phase1),
+        pairs(&[
+            ("BeforeClusterCreate", "v1.33.4"),
+            ("AfterControlPlaneInitialized", "v1.33.4")
+        ]),
+        "the hooks of a Cluster's creation, in order: {phase1:?}"
+    );
+    let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", instance.metrics_port))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("cso_hook_requests_total{")
+            && l.contains("hook=\"AfterControlPlaneInitialized\"")
+            && !l.ends_with(" 0")),
+        "cso_hook_requests_total counts Cluster API's calls:\n{metrics}"
+    );
+    assert!(metrics.contains("cso_hook_duration_seconds_bucket{"), "{metrics}");
+
+    // Phase 2 (c): class v1 → v2 and v1.33.4 → v1.33.5.
+    clusters
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"classRef": {"name": "docker-capi-1-33-v2"}, "version": "v1.33.5"}}})),
+        )
+        .await
+        .unwrap();
+    // Held: BeforeClusterUpgrade asks Cluster API to come back while v2's stage waits for its gate, and the
+    // control plane stays at the old version.
+    wait_for("BeforeClusterUpgrade holds the upgrade", PHASE, || async {
+        answers(&log, &key)[phase1.len()..]
+            .iter()
+            .any(|a| a.hook == "BeforeClusterUpgrade" && a.result == "retry")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kcp_name =
+        serde_json::to_value(clusters.get("c1").await.unwrap()).unwrap()["spec"]["controlPlaneRef"]["name"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    let held = serde_json::to_value(control_planes.get(&kcp_name).await.unwrap()).unwrap();
+    assert_eq!(
+        held["spec"]["version"], "v1.33.4",
+        "the control plane waits while the new addons are not applied"
+    );
+    let gate: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "upgrade-gate", "namespace": "kube-system"}, "data": {"open": "true"}}))
+    .unwrap();
+    probe_api(&workload)
+        .create(&PostParams::default(), &gate)
+        .await
+        .unwrap();
+    upgrade_finished(
+        &clusters,
+        &control_planes,
+        &key,
+        "v1.33.5",
+        &log,
+        "the upgrade to v2",
+    )
+    .await;
+    let phase2: Vec<Answer> = answers(&log, &key).split_off(phase1.len());
+    assert_eq!(
+        passed(&phase2),
+        pairs(&[
+            ("BeforeClusterUpgrade", "v1.33.5"),
+            ("BeforeControlPlaneUpgrade", "v1.33.5"),
+            ("AfterControlPlaneUpgrade", "v1.33.5"),
+            ("BeforeWorkersUpgrade", "v1.33.5"),
+            ("AfterWorkersUpgrade", "v1.33.5"),
+            ("AfterClusterUpgrade", "v1.33.5"),
+        ]),
+        "the hooks of a one-step upgrade, in order: {phase2:?}"
+    );
+    let first = |hook: &str, result: &str| phase2.iter().position(|a| a.hook == hook && a.result == result);
+    assert!(
+        first("BeforeClusterUpgrade", "retry").unwrap() < first("BeforeClusterUpgrade", "success").unwrap(),
+        "BeforeClusterUpgrade held the upgrade while v2's addons were applied: {phase2:?}"
+    );
+    assert!(
+        first("AfterClusterUpgrade", "retry").unwrap() < first("AfterClusterUpgrade", "success").unwrap(),
+        "AfterClusterUpgrade (blocking) held Cluster API while its stage ran: {phase2:?}"
+    );
+    for hook in [
+        "BeforeControlPlaneUpgrade",
+        "AfterControlPlaneUpgrade",
+        "BeforeWorkersUpgrade",
+        "AfterWorkersUpgrade",
+    ] {
+        assert_eq!(
+            first(hook, "retry"),
+            None,
+            "{hook}: v2 has no stages for it, so it is never held: {phase2:?}"
+        );
+    }
+    let addon = addons.get("cluster-addon-c1").await.unwrap();
+    assert_eq!(addon.spec.cluster_stack, "docker-capi-1-33-v2");
+    assert!(
+        workload_deployments
+            .get_opt("cluster-addon-ngnix")
+            .await
+            .unwrap()
+            .is_some(),
+        "AfterClusterUpgrade's stage (ngnix) ran"
+    );
+
+    // Phase 3 (d, e): a chained upgrade over two minors, v1.33.5 → v1.34.2 → v1.35.1.
+    let probe = probe_api(&workload);
+    clusters
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"classRef": {"name": "docker-capi-1-35-v1"}, "version": "v1.35.1"}}})),
+        )
+        .await
+        .unwrap();
+    let mut probed = BTreeSet::new();
+    let deadline = std::time::Instant::now() + PHASE;
+    while !probed.contains("v1.35.1") && std::time::Instant::now() < deadline {
+        if let Some(cm) = probe.get_opt("step-version").await.unwrap() {
+            probed.extend(cm.data.unwrap_or_default().remove("version"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    upgrade_finished(
+        &clusters,
+        &control_planes,
+        &key,
+        "v1.35.1",
+        &log,
+        "the chained upgrade",
+    )
+    .await;
+    let phase3: Vec<Answer> = answers(&log, &key).split_off(phase1.len() + phase2.len());
+    assert_eq!(
+        passed(&phase3),
+        pairs(&[
+            ("BeforeClusterUpgrade", "v1.35.1"),
+            ("BeforeControlPlaneUpgrade", "v1.34.2"),
+            ("AfterControlPlaneUpgrade", "v1.34.2"),
+            ("BeforeControlPlaneUpgrade", "v1.35.1"),
+            ("AfterControlPlaneUpgrade", "v1.35.1"),
+            ("BeforeWorkersUpgrade", "v1.35.1"),
+            ("AfterWorkersUpgrade", "v1.35.1"),
+            ("AfterClusterUpgrade", "v1.35.1"),
+        ]),
+        "the per-step hooks of a chained upgrade, in order: {phase3:?}"
+    );
+    assert_eq!(
+        probed,
+        BTreeSet::from(["v1.34.2".to_owned(), "v1.35.1".to_owned()]),
+        "the AfterControlPlaneUpgrade stage rendered for each step's version"
+    );
+    // (e) The AfterClusterUpgrade stage never finished: given up after the timeout, with a Warning.
+    let addon = addons.get("cluster-addon-c1").await.unwrap();
+    let timed_out = addon
+        .get_condition(names::condition::HOOK_STAGES_COMPLETED)
+        .unwrap();
+    assert_eq!(
+        timed_out.reason.as_deref(),
+        Some(names::reason::STAGE_TIMED_OUT),
+        "{timed_out:?}"
+    );
+    assert_eq!(addon.spec.cluster_stack, "docker-capi-1-35-v1");
+    assert!(
+        addon.spec.hook.is_empty(),
+        "the hook finished: {:?}",
+        addon.spec.hook
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), &tenant);
+    let warnings: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(names::event::STAGE_TIMED_OUT))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|m| m.contains("stage \"ngnix\" of AfterClusterUpgrade did not finish within 15s")),
+        "a StageTimedOut Warning: {warnings:?}"
+    );
+    let operator_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !operator_log.contains("\"level\":\"ERROR\""),
+        "no errors in the operator's log"
+    );
+    workload_plane.stop();
+}
