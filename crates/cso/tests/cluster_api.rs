@@ -422,6 +422,34 @@ async fn upgrade_finished(
     }
 }
 
+/// The chart's ExtensionConfig as `helm install` renders it for a Cluster API that serves
+/// `runtime.cluster.x-k8s.io/v1beta2`.
+fn chart_extension_config(namespace: &str) -> Value {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/cluster-stack-operator");
+    let output = Command::new(cso_testenv::Tools::discover().unwrap().helm.unwrap())
+        .args(["template", "cso"])
+        .arg(&chart)
+        .args([
+            "--namespace",
+            namespace,
+            "--api-versions",
+            "runtime.cluster.x-k8s.io/v1beta2/ExtensionConfig",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let docs: Vec<Option<Value>> =
+        serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    docs.into_iter()
+        .flatten()
+        .find(|d| d["kind"] == "ExtensionConfig")
+        .expect("the chart renders an ExtensionConfig")
+}
+
 /// The ConfigMaps of `kube-system` in the workload cluster (the gate, the step probe).
 fn probe_api(workload: &Client) -> Api<ConfigMap> {
     Api::namespaced(workload.clone(), "kube-system")
@@ -487,6 +515,28 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
             .unwrap()
             .into_iter()
             .collect();
+    // The chart's ExtensionConfig, rendered for a Cluster API that serves v1beta2 (as `helm install` finds it
+    // by discovery), is v1beta2 and accepted by this Cluster API.
+    let chart_extension = chart_extension_config(&tenant);
+    assert_eq!(chart_extension["apiVersion"], "runtime.cluster.x-k8s.io/v1beta2");
+    let extension_configs = api(
+        &client,
+        "runtime.cluster.x-k8s.io",
+        "v1beta2",
+        "ExtensionConfig",
+        "extensionconfigs",
+        None,
+    );
+    extension_configs
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &serde_json::from_value(chart_extension).unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Cluster API refused the chart's ExtensionConfig: {e}"));
     let every_hook: BTreeSet<String> = cso_api::rules::Hook::ALL
         .iter()
         .map(|h| h.as_str().to_owned())

@@ -145,7 +145,11 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
         .json()
         .await
         .unwrap();
-    assert_eq!(discovery["handlers"].as_array().unwrap().len(), 3, "{discovery}");
+    assert_eq!(
+        discovery["handlers"].as_array().unwrap().len(),
+        cso_api::rules::Hook::ALL.len(),
+        "a handler for every lifecycle hook: {discovery}"
+    );
 
     // Metrics with controller-runtime's names, and the probes.
     let metrics = scrape(endpoints.metrics_port).await;

@@ -162,19 +162,17 @@ mod tests {
     }
 
     #[test]
-    fn cluster_api_hooks_without_addon_stages_are_ignored_keys() {
+    fn stages_of_every_hook_with_a_workload_cluster_are_read_and_before_cluster_create_is_ignored() {
         let config = parse(
-            "addonStages:\n  BeforeClusterDelete:\n  - {name: x, action: delete}\n  BeforeWorkersUpgrade:\n  - {name: y, action: apply}\n",
+            "addonStages:\n  BeforeClusterDelete:\n  - {name: x, action: delete}\n  BeforeWorkersUpgrade:\n  - {name: y, action: apply}\n  AfterControlPlaneUpgrade:\n  - {name: z, action: apply}\n  BeforeClusterCreate:\n  - {name: w, action: apply}\n",
         )
         .unwrap();
-        assert!(config.stages.is_empty());
-        assert_eq!(
-            config.ignored_keys,
-            ["BeforeClusterDelete", "BeforeWorkersUpgrade"]
-        );
-        for hook in Hook::ALL {
-            assert!(config.stages(hook).is_empty(), "{hook}");
-        }
+        assert_eq!(config.stages(Hook::BeforeClusterDelete)[0].name, "x");
+        assert_eq!(config.stages(Hook::BeforeWorkersUpgrade)[0].name, "y");
+        assert_eq!(config.stages(Hook::AfterControlPlaneUpgrade)[0].name, "z");
+        // Before the Cluster is created there is no workload cluster to apply anything to.
+        assert!(config.stages(Hook::BeforeClusterCreate).is_empty());
+        assert_eq!(config.ignored_keys, ["BeforeClusterCreate"]);
     }
 
     #[test]
