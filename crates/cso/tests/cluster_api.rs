@@ -474,6 +474,10 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         let dir = release.write(published.path());
         github.publish_dir(&release.tag(), &dir).unwrap();
     }
+    // A release as the stacks publish them since 2026: a v1beta2 ClusterClass whose objects have no namespace.
+    let scs =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases-2026/docker-scs-1-35-v1");
+    github.publish_dir("docker-scs-1-35-v1", &scs).unwrap();
 
     // The operator, its hook server registered with Cluster API.
     // CSO_KEEP_TEST_DIRS=1 keeps the operator's log and files for a look after a failure.
@@ -553,6 +557,15 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         .create(&PostParams::default(), &cluster_stack(&stacks, 35, &["v1"]))
         .await
         .unwrap();
+    let mut scs_stack = cluster_stack(&stacks, 35, &["v1"]);
+    scs_stack.metadata.name = Some("scs-1-35".into());
+    scs_stack.spec.name = "scs".into();
+    stacks_api
+        .create(&PostParams::default(), &scs_stack)
+        .await
+        .unwrap();
+    // v1beta1 (the test stack, from ferrol's chart) and v1beta2 (scs) classes side by side, all in the
+    // ClusterStackReleases' namespace (scs renders no namespace), all reconciled by Cluster API.
     let classes = api(
         &client,
         "cluster.x-k8s.io",
@@ -561,18 +574,51 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         "clusterclasses",
         Some(&stacks),
     );
-    wait_for("the three ClusterClasses are applied", PHASE, || async {
-        let names: BTreeSet<String> = classes
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .iter()
-            .map(|c| c.name_any())
-            .collect();
-        (names.len() == 3).then_some(())
-    })
+    let expected: BTreeSet<String> = [
+        "docker-capi-1-33-v1",
+        "docker-capi-1-33-v2",
+        "docker-capi-1-35-v1",
+        "docker-scs-1-35-v1",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    wait_for(
+        "the four ClusterClasses are applied and reconciled",
+        PHASE,
+        || async {
+            let reconciled: BTreeSet<String> = classes
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .filter(|c| {
+                    let c = serde_json::to_value(c).unwrap();
+                    c.pointer("/status/observedGeneration").is_some()
+                        && c.pointer("/status/conditions")
+                            .and_then(Value::as_array)
+                            .is_some_and(|cs| {
+                                cs.iter()
+                                    .any(|x| x["type"] == "VariablesReady" && x["status"] == "True")
+                            })
+                })
+                .map(|c| c.name_any())
+                .collect();
+            (reconciled == expected).then_some(())
+        },
+    )
     .await;
+    let scs_class = serde_json::to_value(classes.get("docker-scs-1-35-v1").await.unwrap()).unwrap();
+    assert!(
+        scs_class
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .unwrap()
+            .iter()
+            .any(|f| f["apiVersion"] == "cluster.x-k8s.io/v1beta2" && f["operation"] == "Apply"),
+        "the scs class was applied as it was rendered, in v1beta2: {scs_class}"
+    );
 
     // Phase 1 (b, f): a Cluster in the tenant namespace, its class in the stacks namespace.
     let _stand_in = StandIn::start(

@@ -415,7 +415,7 @@ async fn ferrol_example_topology_with_an_empty_image_repository_is_refused_at_th
 async fn scs_1_35_v1beta2_class_is_accepted_and_its_cluster_topology_reconciled() {
     class_is_accepted_and_topology_reconciled(
         Stack {
-            chart: repo().join("tests/fixtures/cluster-classes/docker-scs-1-35-v1/docker-scs-1-35-cluster-class-v1.tgz"),
+            chart: repo().join("tests/fixtures/releases-2026/docker-scs-1-35-v1/docker-scs-1-35-cluster-class-v1.tgz"),
             release: "docker-scs-1-35",
             class: "docker-scs-1-35-v1",
             version: "v1.35.1",
