@@ -4,18 +4,27 @@
 //! config, archives read through), and renamed into place: a half-written release is never visible, and
 //! what a crash leaves behind (`.download-*`) is removed at start and never blocks a retry. Each tag is
 //! downloaded at most once at a time, however many controllers ask.
+//!
+//! A release that is already on disk — every release in `--local` mode, and every release an earlier
+//! process downloaded — is verified the same way before its first use in this process: its archives are
+//! read through (integrity, limits, unsafe entries), because nothing proves that what lies in the directory
+//! is what an earlier, verifying process wrote there. The outcome, accepted or refused, is remembered with a
+//! fingerprint of the release's files (name, size, modification time, inode), so the archives are read once
+//! per release per process, and again only when a file changes.
 
 use std::{
     collections::HashMap,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::SystemTime,
 };
 
 use cso_api::ReleaseId;
 
 use crate::{
     Release, ReleaseError,
-    archive::UnpackLimits,
+    archive::{ArchiveError, UnpackLimits},
     source::{ReleaseSource, SourceError},
 };
 
@@ -46,8 +55,94 @@ pub struct ReleaseCache {
     limits: UnpackLimits,
     /// One lock per tag: the single flight of downloads.
     downloads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Releases loaded since start, while their directory exists.
-    loaded: Mutex<HashMap<String, Arc<Release>>>,
+    /// Releases checked since start (accepted or refused), while their directory exists and its files
+    /// keep their fingerprint.
+    loaded: Mutex<HashMap<String, Checked>>,
+}
+
+/// What the first load of a release in this process found.
+#[derive(Debug)]
+struct Checked {
+    fingerprint: Fingerprint,
+    outcome: Result<Arc<Release>, ReleaseError>,
+}
+
+/// The regular files at the top of a release directory: name, size, modification time and inode. A
+/// replaced or rewritten file changes it, so a verified release is not trusted after an edit.
+type Fingerprint = Vec<(String, u64, Option<SystemTime>, u64)>;
+
+fn fingerprint(dir: &Path) -> Result<Fingerprint, std::io::Error> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        // Follows links, as reading the release does.
+        let Ok(meta) = std::fs::metadata(entry.path()) else {
+            continue;
+        };
+        if meta.is_file() {
+            files.push((
+                entry.file_name().to_string_lossy().into_owned(),
+                meta.len(),
+                meta.modified().ok(),
+                meta.ino(),
+            ));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A copy of a remembered refusal, with the same kind and message (the error types hold `io::Error`s,
+/// which cannot be cloned).
+fn replay(error: &ReleaseError) -> ReleaseError {
+    let io = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+    match error {
+        ReleaseError::Missing { path, what } => ReleaseError::Missing {
+            path: path.clone(),
+            what: what.clone(),
+        },
+        ReleaseError::Invalid { path, what } => ReleaseError::Invalid {
+            path: path.clone(),
+            what: what.clone(),
+        },
+        ReleaseError::Io { path, source } => ReleaseError::Io {
+            path: path.clone(),
+            source: io(source),
+        },
+        ReleaseError::Archive(archive) => ReleaseError::Archive(match archive {
+            ArchiveError::UnsafeEntry {
+                archive,
+                entry,
+                reason,
+            } => ArchiveError::UnsafeEntry {
+                archive: archive.clone(),
+                entry: entry.clone(),
+                reason,
+            },
+            ArchiveError::TooLarge { archive, what, limit } => ArchiveError::TooLarge {
+                archive: archive.clone(),
+                what: what.clone(),
+                limit: *limit,
+            },
+            ArchiveError::Corrupt { archive, source } => ArchiveError::Corrupt {
+                archive: archive.clone(),
+                source: io(source),
+            },
+            ArchiveError::Io { path, source } => ArchiveError::Io {
+                path: path.clone(),
+                source: io(source),
+            },
+        }),
+    }
+}
+
+/// Whether a refusal says something about the files (remembered until they change) rather than about
+/// reading them just now (an I/O error: tried again at the next call).
+fn is_about_the_files(error: &ReleaseError) -> bool {
+    !matches!(
+        error,
+        ReleaseError::Io { .. } | ReleaseError::Archive(ArchiveError::Io { .. })
+    )
 }
 
 impl ReleaseCache {
@@ -110,26 +205,67 @@ impl ReleaseCache {
         self.download(id).await
     }
 
-    /// The release if it is in the cache (loaded and checked once per process), without downloading.
+    /// The release if it is in the cache, without downloading. Loaded and verified (metadata, addon config,
+    /// archives read through) at its first use in this process and again only when its files change; a
+    /// release that fails is refused, every time, with the file and the reason. Blocking on first use: the
+    /// archives are decompressed (real releases are a few MiB; the limits bound a hostile one, and a refusal
+    /// is remembered, so a bomb is read once).
     pub fn cached(&self, id: &ReleaseId) -> Result<Option<Arc<Release>>, CacheError> {
         let tag = id.tag();
         let dir = self.path(id);
-        if !dir.is_dir() {
+        let forget = || {
             self.loaded.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag);
+        };
+        if !dir.is_dir() {
+            forget();
             return Ok(None);
         }
-        if let Some(release) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&tag) {
-            return Ok(Some(release.clone()));
-        }
-        let release = Arc::new(Release::load(&dir, id).map_err(|error| CacheError::Release {
+        let fingerprint = fingerprint(&dir).map_err(|source| CacheError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let refused = |error| CacheError::Release {
             tag: tag.clone(),
             error,
-        })?);
+        };
+        if let Some(checked) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&tag)
+            && checked.fingerprint == fingerprint
+        {
+            return match &checked.outcome {
+                Ok(release) => Ok(Some(release.clone())),
+                Err(error) => Err(refused(replay(error))),
+            };
+        }
+        let outcome = Release::load(&dir, id).and_then(|release| {
+            release.verify_archives(self.limits)?;
+            Ok(Arc::new(release))
+        });
+        match &outcome {
+            Ok(_) => tracing::info!(%tag, "release verified"),
+            Err(error) => tracing::warn!(%tag, %error, "release refused"),
+        }
+        match outcome {
+            Ok(release) => {
+                self.remember(&tag, fingerprint, Ok(release.clone()));
+                Ok(Some(release))
+            }
+            Err(error) if is_about_the_files(&error) => {
+                let copy = replay(&error);
+                self.remember(&tag, fingerprint, Err(error));
+                Err(refused(copy))
+            }
+            Err(error) => {
+                forget();
+                Err(refused(error))
+            }
+        }
+    }
+
+    fn remember(&self, tag: &str, fingerprint: Fingerprint, outcome: Result<Arc<Release>, ReleaseError>) {
         self.loaded
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(tag, release.clone());
-        Ok(Some(release))
+            .insert(tag.to_owned(), Checked { fingerprint, outcome });
     }
 
     async fn download(&self, id: &ReleaseId) -> Result<Arc<Release>, CacheError> {
@@ -177,10 +313,18 @@ impl ReleaseCache {
             }
         })?;
         tracing::info!(%tag, "release cached");
-        self.cached(id)?.ok_or_else(|| CacheError::Io {
-            path: target,
-            source: std::io::Error::other("the release vanished right after it was cached"),
-        })
+        // Verified in staging, and a rename keeps every file as it was (same inode, size and time): the
+        // release is remembered as verified without reading its archives again.
+        let fingerprint = fingerprint(&target).map_err(|source| CacheError::Io {
+            path: target.clone(),
+            source,
+        })?;
+        let release = Arc::new(Release::load(&target, id).map_err(|error| CacheError::Release {
+            tag: tag.clone(),
+            error,
+        })?);
+        self.remember(&tag, fingerprint, Ok(release.clone()));
+        Ok(release)
     }
 
     /// Tags of the releases in the cache (published ones only).

@@ -1,11 +1,26 @@
 //! Hostile and broken archives: each is refused with its own error, nothing is written outside the target
-//! directory, nothing panics; good archives unpack completely and atomically.
+//! directory, nothing panics; good archives unpack completely and atomically. The same hostile archives
+//! inside a release on disk (`--local`, or a cache an earlier process left) make the release refused
+//! before its first use, while a good release beside it loads.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
-use std::{io::Write, path::Path};
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
-use cso_release::archive::{self, ArchiveError, UnpackLimits};
+use cso_api::ReleaseId;
+use cso_release::{
+    CacheError, ReleaseCache, ReleaseError, ReleaseSource, SourceError,
+    archive::{self, ArchiveError, UnpackLimits},
+    source::local::LocalSource,
+};
 use flate2::{Compression, write::GzEncoder};
+use futures::future::BoxFuture;
 
 /// One tar entry, written byte by byte so that unsafe names and types can be expressed.
 enum Entry<'a> {
@@ -273,4 +288,244 @@ fn every_fixture_archive_unpacks() {
         }
     }
     assert!(count >= 11, "all fixture archives were read ({count})");
+}
+
+/// The five hostile entries the hostile run found rendered, each with the reason it must be refused for.
+fn hostile_variants() -> Vec<(&'static str, Vec<Entry<'static>>, &'static str)> {
+    vec![
+        (
+            "absolute path",
+            vec![Entry::File("/tmp/evil.yaml", b"kind: Evil\n")],
+            "\"/tmp/evil.yaml\": is an absolute path",
+        ),
+        (
+            "dot-dot path",
+            vec![Entry::File("chart/../../evil.yaml", b"kind: Evil\n")],
+            "contains `..`",
+        ),
+        (
+            "escaping symlink",
+            vec![Entry::Symlink(
+                "chart/templates/evil.yaml",
+                "../../../../etc/passwd",
+            )],
+            "symbolic link points outside its directory",
+        ),
+        (
+            "hard link",
+            vec![Entry::HardLink("chart/templates/evil.yaml", "/etc/passwd")],
+            "hard link points outside the archive",
+        ),
+        (
+            "fifo",
+            vec![Entry::Fifo("chart/templates/pipe")],
+            "is a device, FIFO or other special file",
+        ),
+    ]
+}
+
+/// A chart archive: a good chart with `extra` entries after it.
+fn chart_tgz(extra: &[Entry]) -> Vec<u8> {
+    let mut entries = vec![
+        Entry::Dir("chart/"),
+        Entry::File(
+            "chart/Chart.yaml",
+            b"apiVersion: v2\nname: chart\nversion: 0.1.0\n",
+        ),
+        Entry::Dir("chart/templates/"),
+        Entry::File("chart/templates/a.yaml", b"kind: A\n"),
+    ];
+    for entry in extra {
+        entries.push(match entry {
+            Entry::File(n, d) => Entry::File(n, d),
+            Entry::Dir(n) => Entry::Dir(n),
+            Entry::Symlink(n, t) => Entry::Symlink(n, t),
+            Entry::HardLink(n, t) => Entry::HardLink(n, t),
+            Entry::Fifo(n) => Entry::Fifo(n),
+        });
+    }
+    gzip(&tar_bytes(&entries))
+}
+
+fn good_release() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases/docker-ferrol-1-27-v1")
+}
+
+/// Writes release `docker-ferrol-1-27-v<version>` into `stacks`: the good fixture's metadata and values,
+/// the given archives.
+fn write_release(stacks: &Path, version: u32, class: &[u8], addon: &[u8]) -> ReleaseId {
+    let tag = format!("docker-ferrol-1-27-v{version}");
+    let dir = stacks.join(&tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("metadata.yaml"),
+        format!(
+            "versions: {{clusterStack: v{version}, kubernetes: v1.27.3, components: {{clusterAddon: v1}}}}"
+        ),
+    )
+    .unwrap();
+    std::fs::copy(
+        good_release().join("cluster-addon-values.yaml"),
+        dir.join("cluster-addon-values.yaml"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join(format!("docker-ferrol-1-27-cluster-class-v{version}.tgz")),
+        class,
+    )
+    .unwrap();
+    std::fs::write(dir.join("docker-ferrol-1-27-cluster-addon-v1.tgz"), addon).unwrap();
+    ReleaseId::parse_tag(&tag).unwrap()
+}
+
+/// A release directory with the good fixture (v1) and, for every hostile variant, one release whose
+/// cluster-class chart holds it and one whose addon archive does. Returns the hostile releases with the
+/// archive that is bad and the expected reason.
+fn hostile_release_dir(release_dir: &Path) -> Vec<(ReleaseId, String, &'static str)> {
+    let stacks = release_dir.join("cluster-stacks");
+    cso_release::release::copy_release_dir(&good_release(), &stacks.join("docker-ferrol-1-27-v1")).unwrap();
+    let good_chart = chart_tgz(&[]);
+    let mut hostile = Vec::new();
+    let mut version = 2;
+    for (_, entries, reason) in hostile_variants() {
+        let bad = chart_tgz(&entries);
+        let id = write_release(&stacks, version, &bad, &good_chart);
+        hostile.push((
+            id,
+            format!("docker-ferrol-1-27-cluster-class-v{version}.tgz"),
+            reason,
+        ));
+        let id = write_release(&stacks, version + 1, &good_chart, &bad);
+        hostile.push((id, "docker-ferrol-1-27-cluster-addon-v1.tgz".to_owned(), reason));
+        version += 2;
+    }
+    hostile
+}
+
+fn assert_refused(result: Result<impl std::fmt::Debug, CacheError>, file: &str, reason: &str) {
+    let error = result.expect_err(file);
+    assert!(
+        matches!(
+            error,
+            CacheError::Release {
+                error: ReleaseError::Archive(ArchiveError::UnsafeEntry { .. }),
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(file),
+        "the error names the file {file}: {message}"
+    );
+    assert!(
+        message.contains(reason),
+        "the error gives the reason {reason:?}: {message}"
+    );
+}
+
+#[tokio::test]
+async fn hostile_archives_in_a_local_release_are_refused_and_a_good_release_still_loads() {
+    let release_dir = tempfile::tempdir().unwrap();
+    let hostile = hostile_release_dir(release_dir.path());
+    let cache = ReleaseCache::new(
+        release_dir.path(),
+        Arc::new(LocalSource::new(release_dir.path().join("cluster-stacks"))),
+        UnpackLimits::default(),
+    )
+    .unwrap();
+    assert_eq!(cache.source().list_tags().await.unwrap().len(), 11);
+    for (id, file, reason) in &hostile {
+        assert_refused(cache.get(id).await, file, reason);
+        assert_refused(cache.cached(id), file, reason);
+    }
+    let good = ReleaseId::parse_tag("docker-ferrol-1-27-v1").unwrap();
+    let release = cache.get(&good).await.unwrap();
+    assert!(
+        Arc::ptr_eq(&release, &cache.cached(&good).unwrap().unwrap()),
+        "checked once, then remembered"
+    );
+    assert!(!release_dir.path().join("evil.yaml").exists());
+    assert!(!Path::new("/tmp/evil.yaml").exists());
+}
+
+/// A remote source that must not be asked: the releases are in the cache already.
+#[derive(Debug, Default)]
+struct Remote {
+    asked: AtomicUsize,
+}
+
+impl ReleaseSource for Remote {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+
+    fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn download<'a>(&'a self, tag: &'a str, _dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            Err(SourceError::NotFound {
+                what: format!("{tag} (this test downloads nothing)"),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn hostile_archives_in_the_cache_after_a_restart_are_refused_and_a_good_release_still_loads() {
+    // What an earlier process left in the cache, or what was put there behind its back: this process
+    // has not verified any of it.
+    let release_dir = tempfile::tempdir().unwrap();
+    let hostile = hostile_release_dir(release_dir.path());
+    let remote = Arc::new(Remote::default());
+    let cache = ReleaseCache::new(release_dir.path(), remote.clone(), UnpackLimits::default()).unwrap();
+    for (id, file, reason) in &hostile {
+        assert_refused(cache.cached(id), file, reason);
+        assert_refused(cache.get(id).await, file, reason);
+    }
+    let good = ReleaseId::parse_tag("docker-ferrol-1-27-v1").unwrap();
+    let release = cache.get(&good).await.unwrap();
+    assert_eq!(release.metadata.cluster_stack.to_dot(), "v1");
+    assert_eq!(remote.asked.load(Ordering::SeqCst), 0, "nothing was downloaded");
+
+    // A file changed after the check is checked again: the good release turned hostile is refused...
+    let chart = release.cluster_class_chart.clone();
+    std::fs::write(&chart, chart_tgz(&[Entry::Fifo("chart/pipe")])).unwrap();
+    assert_refused(
+        cache.cached(&good),
+        "docker-ferrol-1-27-cluster-class-v1.tgz",
+        "FIFO",
+    );
+    // ...and a hostile release that was repaired loads.
+    let (id, _, _) = &hostile[0];
+    let class = cache.path(id).join("docker-ferrol-1-27-cluster-class-v2.tgz");
+    std::fs::write(
+        &class,
+        chart_tgz(&[Entry::File("chart/templates/b.yaml", b"kind: B\n")]),
+    )
+    .unwrap();
+    cache.cached(id).unwrap().unwrap();
+}
+
+#[test]
+fn a_truncated_archive_in_the_cache_is_refused() {
+    let release_dir = tempfile::tempdir().unwrap();
+    let stacks = release_dir.path().join("cluster-stacks");
+    let good = chart_tgz(&[]);
+    let id = write_release(&stacks, 2, &good[..good.len() / 2], &good);
+    let cache = ReleaseCache::new(
+        release_dir.path(),
+        Arc::new(Remote::default()),
+        UnpackLimits::default(),
+    )
+    .unwrap();
+    let message = cache.cached(&id).unwrap_err().to_string();
+    assert!(
+        message.contains("docker-ferrol-1-27-cluster-class-v2.tgz: corrupt or truncated"),
+        "{message}"
+    );
 }

@@ -1,5 +1,9 @@
 //! The local source (`--local`): releases already unpacked under `<release-dir>/cluster-stacks/<tag>/`.
 //! Listing works, so auto-subscribe works offline; nothing can be downloaded.
+//!
+//! The directory is the cache's own (`<release-dir>/cluster-stacks`), so a local release is loaded by
+//! [`ReleaseCache::cached`](crate::ReleaseCache::cached), which reads its archives through before their
+//! first use, like a downloaded release's: files put there by hand are trusted no more than a download.
 
 use std::path::{Path, PathBuf};
 
