@@ -53,13 +53,16 @@ pub struct ClusterStackSpec {
     /// Name of the provider, e.g. `docker` or `openstack`. Immutable.
     #[schemars(length(min = 1))]
     pub provider: String,
-    /// Name of the cluster stack, e.g. `ferrol` or `scs`. Immutable.
+    /// Name of the cluster stack, e.g. `ferrol`, `scs` or `hosted-control-plane`. Immutable.
     #[schemars(length(min = 1))]
     pub name: String,
-    /// Kubernetes minor version in the form `1.27`. Immutable.
-    #[schemars(regex(pattern = r"^\d\.\d+$"))]
+    /// Kubernetes minor version in the form `1.27`; a patch version such as `1.34.6` (as the stacks'
+    /// generator writes it) means its minor, `1.34`. Immutable.
+    // Wider than the Go CRD's `^\d\.\d+$`, which refuses what the stacks' generator writes (decisions.md).
+    #[schemars(regex(pattern = r"^\d\.\d+(\.\d+)?$"))]
     pub kubernetes_version: String,
-    /// Release channel: `stable` (v1, v2, ...) or `custom` (pre-release and hash builds). Immutable.
+    /// Release channel: `stable` (v1, v2, ...), `custom` (pre-release and hash builds, ttl builds included)
+    /// or `ttl` (development builds `v0-ttl.<unix timestamp>` only, newest by time). Immutable.
     #[serde(default)]
     pub channel: Channel,
     /// Versions to keep available, in dot form: `v1`, `v1-alpha.1`, `v0-sha.hipstsw`.

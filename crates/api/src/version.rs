@@ -1,10 +1,13 @@
-//! Cluster-stack versions (`v1`, `v1-alpha.1`, `v0-sha.hipstsw`) and Kubernetes minor versions (`1.27`).
+//! Cluster-stack versions (`v1`, `v1-alpha.1`, `v0-sha.hipstsw`, `v0-ttl.1744718400`) and Kubernetes minor
+//! versions (`1.27`).
 //!
 //! A version has a *dot form* (`spec.versions`, ClusterClass names, chart versions, `metadata.yaml`) and a
 //! *dash form* (release tags, ClusterStackRelease names, cache directories). Both parse into one value, so the
 //! two forms of the same release compare equal. Unlike the Go operator, every pre-release version (hash
-//! versions such as `v0-sha.hipstsw` included) belongs to the `custom` channel, and numeric patches compare as
-//! numbers (`alpha.9` < `alpha.10`).
+//! versions such as `v0-sha.hipstsw` included) belongs to the `custom` channel, except the stacks' development
+//! builds `v0-ttl.<unix timestamp>` (pushed to ttl.sh since 2026), which have a channel of their own, `ttl`, so
+//! that a ClusterStack can follow the newest build. Numeric patches compare as numbers (`alpha.9` < `alpha.10`;
+//! ttl builds by timestamp).
 
 use std::{cmp::Ordering, fmt, str::FromStr};
 
@@ -24,7 +27,13 @@ pub enum VersionError {
         "invalid cluster stack version {0:?}: pre-release word and patch must be lowercase letters and digits"
     )]
     Characters(String),
-    #[error("invalid Kubernetes version {0:?}: expected <major>.<minor> such as 1.27, both non-zero")]
+    #[error(
+        "invalid cluster stack version {0:?}: a ttl build's patch must be a unix timestamp (digits), e.g. v0-ttl.1744718400"
+    )]
+    Timestamp(String),
+    #[error(
+        "invalid Kubernetes version {0:?}: expected <major>.<minor> such as 1.27 (or <major>.<minor>.<patch>, read as its minor), major and minor non-zero"
+    )]
     Kubernetes(String),
 }
 
@@ -35,8 +44,11 @@ pub enum Channel {
     /// Plain versions: `v1`, `v2`, ...
     #[default]
     Stable,
-    /// Pre-release versions, including hash builds: `v0-sha.hipstsw`, `v1-alpha.0`.
+    /// Pre-release versions, including hash builds: `v0-sha.hipstsw`, `v1-alpha.0`. A `custom` ClusterStack
+    /// also admits `ttl` builds (see [`Channel::admits`]).
     Custom,
+    /// The stacks' development builds, `v0-ttl.<unix timestamp>`, ordered by time.
+    Ttl,
 }
 
 impl Channel {
@@ -44,7 +56,18 @@ impl Channel {
         match self {
             Channel::Stable => "stable",
             Channel::Custom => "custom",
+            Channel::Ttl => "ttl",
         }
+    }
+
+    /// Whether a ClusterStack following `self` may list and own a release of channel `release`.
+    ///
+    /// `ttl` builds are pre-releases, and the stacks' own generator (`generate-clusterstack-ttl.sh`) writes
+    /// them into `channel: custom` ClusterStacks, which the Go operator accepts (it never checks a version
+    /// against the channel). So `custom` admits `ttl` builds; `ttl` admits only them, which is what makes
+    /// "follow the newest development build" (auto-subscribe, ordered by timestamp) possible.
+    pub fn admits(self, release: Channel) -> bool {
+        self == release || (self == Channel::Custom && release == Channel::Ttl)
     }
 }
 
@@ -53,6 +76,9 @@ impl fmt::Display for Channel {
         f.write_str(self.as_str())
     }
 }
+
+/// The pre-release word of the stacks' development builds (`v0-ttl.1744718400`).
+pub const TTL_WORD: &str = "ttl";
 
 /// The pre-release part of a version: `alpha.1` is word `alpha`, patch `1`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -74,10 +100,10 @@ impl Version {
     }
 
     pub fn channel(&self) -> Channel {
-        if self.pre.is_some() {
-            Channel::Custom
-        } else {
-            Channel::Stable
+        match &self.pre {
+            None => Channel::Stable,
+            Some(p) if p.word == TTL_WORD => Channel::Ttl,
+            Some(_) => Channel::Custom,
         }
     }
 
@@ -91,9 +117,14 @@ impl Version {
         Self::parse_with(s, '-')
     }
 
-    /// Parses either form.
+    /// Parses either form. Only the dot form has a dot, and stable versions read the same in both, so the
+    /// dot decides which parser's error a refused text gets.
     pub fn parse_any(s: &str) -> Result<Self, VersionError> {
-        Self::parse_dot(s).or_else(|_| Self::parse_dash(s))
+        if s.contains('.') {
+            Self::parse_dot(s)
+        } else {
+            Self::parse_dash(s)
+        }
     }
 
     fn parse_with(s: &str, patch_separator: char) -> Result<Self, VersionError> {
@@ -115,6 +146,10 @@ impl Version {
                     } else {
                         VersionError::Characters(s.to_owned())
                     });
+                }
+                // The ttl channel is ordered by time: a patch that is not a timestamp could not be placed.
+                if word == TTL_WORD && parse_number(patch).is_none() {
+                    return Err(VersionError::Timestamp(s.to_owned()));
                 }
                 (
                     major,
@@ -205,7 +240,8 @@ fn compare_patch(a: &str, b: &str) -> Ordering {
     }
 }
 
-/// A Kubernetes minor release: `1.27` (dot form, `spec.kubernetesVersion`) or `1-27` (in names).
+/// A Kubernetes minor release: `1.27` (dot form, `spec.kubernetesVersion`) or `1-27` (in names). A patch
+/// release names its minor: `1.34.6` is `1.34`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KubernetesVersion {
     pub major: u32,
@@ -213,12 +249,20 @@ pub struct KubernetesVersion {
 }
 
 impl KubernetesVersion {
-    /// Parses `1.27`.
+    /// Parses `1.27`, and `1.34.6` as `1.34`: the stacks' generator writes the full Kubernetes version into
+    /// `spec.kubernetesVersion`, and a cluster stack is built per minor, so the patch selects nothing.
     pub fn parse_dot(s: &str) -> Result<Self, VersionError> {
-        let (major, minor) = s
-            .split_once('.')
-            .ok_or_else(|| VersionError::Kubernetes(s.to_owned()))?;
-        Self::from_parts(major, minor).ok_or_else(|| VersionError::Kubernetes(s.to_owned()))
+        let invalid = || VersionError::Kubernetes(s.to_owned());
+        let mut parts = s.split('.');
+        let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+            return Err(invalid());
+        };
+        match (parts.next(), parts.next()) {
+            (None, _) => {}
+            (Some(patch), None) if parse_number(patch).is_some() => {}
+            _ => return Err(invalid()),
+        }
+        Self::from_parts(major, minor).ok_or_else(invalid)
     }
 
     /// Builds from the two name segments (`"1"`, `"27"`).
@@ -260,6 +304,7 @@ pub(crate) fn is_name_part(s: &str) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use proptest::prelude::*;
+    use rstest::rstest;
 
     use super::*;
 
@@ -324,17 +369,83 @@ pub(crate) mod tests {
         );
     }
 
+    #[rstest]
+    #[case::stable("v3", Channel::Stable)]
+    #[case::hash_build("v0-sha.hipstsw", Channel::Custom)]
+    #[case::hash_build_dash("v0-sha-hipstsw", Channel::Custom)]
+    #[case::git_build("v0-git.a97eb17", Channel::Custom)]
+    #[case::alpha("v3-alpha.0", Channel::Custom)]
+    #[case::ttl_build("v0-ttl.1744718400", Channel::Ttl)]
+    #[case::ttl_build_dash("v0-ttl-1744718400", Channel::Ttl)]
+    #[case::ttl_any_major("v2-ttl.1", Channel::Ttl)]
+    #[case::word_only_starting_with_ttl("v0-ttlx.abc", Channel::Custom)]
+    fn channel_of_a_version(#[case] text: &str, #[case] channel: Channel) {
+        assert_eq!(Version::parse_any(text).unwrap().channel(), channel);
+    }
+
+    #[rstest]
+    #[case::dot("v0-ttl.1744718400", "v0-ttl-1744718400")]
+    #[case::dash("v0-ttl-1744718400", "v0-ttl-1744718400")]
+    fn ttl_builds_have_a_dot_and_a_dash_form(#[case] text: &str, #[case] dash: &str) {
+        let v = Version::parse_any(text).unwrap();
+        assert_eq!(v.to_dash(), dash);
+        assert_eq!(v.to_dot(), "v0-ttl.1744718400");
+        assert_eq!(
+            Version::parse_dot("v0-ttl.1744718400").unwrap(),
+            Version::parse_dash("v0-ttl-1744718400").unwrap()
+        );
+    }
+
+    #[rstest]
+    #[case::word("v0-ttl.abc")]
+    #[case::mixed("v0-ttl.174a")]
+    #[case::leading_zero("v0-ttl.0174")]
+    #[case::dash_word("v0-ttl-latest")]
+    fn ttl_builds_need_a_timestamp(#[case] text: &str) {
+        assert!(
+            matches!(Version::parse_any(text), Err(VersionError::Timestamp(_))),
+            "{text}: {:?}",
+            Version::parse_any(text)
+        );
+    }
+
+    #[rstest]
+    #[case::by_timestamp("v0-ttl.1744718400", "v0-ttl.1744718401")]
+    #[case::numerically_not_as_text("v0-ttl.999999999", "v0-ttl.1000000000")]
+    #[case::major_first("v0-ttl.1900000000", "v1-ttl.1")]
+    #[case::before_the_stable_release("v1-ttl.1744718400", "v1")]
+    fn ttl_builds_are_ordered_by_time(#[case] older: &str, #[case] newer: &str) {
+        let (older, newer) = (
+            Version::parse_any(older).unwrap(),
+            Version::parse_any(newer).unwrap(),
+        );
+        assert!(older < newer, "{older} < {newer}");
+    }
+
+    #[rstest]
+    #[case(Channel::Stable, Channel::Stable, true)]
+    #[case(Channel::Stable, Channel::Custom, false)]
+    #[case(Channel::Stable, Channel::Ttl, false)]
+    #[case(Channel::Custom, Channel::Custom, true)]
+    #[case::the_generator_writes_ttl_builds_into_custom_stacks(Channel::Custom, Channel::Ttl, true)]
+    #[case(Channel::Custom, Channel::Stable, false)]
+    #[case(Channel::Ttl, Channel::Ttl, true)]
+    #[case(Channel::Ttl, Channel::Custom, false)]
+    #[case(Channel::Ttl, Channel::Stable, false)]
+    fn which_channel_admits_which(#[case] stack: Channel, #[case] release: Channel, #[case] admitted: bool) {
+        assert_eq!(stack.admits(release), admitted);
+    }
+
     #[test]
-    fn hash_versions_belong_to_the_custom_channel() {
-        assert_eq!(
-            Version::parse_dot("v0-sha.hipstsw").unwrap().channel(),
-            Channel::Custom
-        );
-        assert_eq!(
-            Version::parse_dot("v3-alpha.0").unwrap().channel(),
-            Channel::Custom
-        );
-        assert_eq!(Version::parse_dot("v3").unwrap().channel(), Channel::Stable);
+    fn channels_serialize_as_the_crd_writes_them() {
+        for (channel, text) in [
+            (Channel::Stable, "stable"),
+            (Channel::Custom, "custom"),
+            (Channel::Ttl, "ttl"),
+        ] {
+            assert_eq!(serde_json::to_value(channel).unwrap(), serde_json::json!(text));
+            assert_eq!(channel.to_string(), text);
+        }
     }
 
     #[test]
@@ -348,18 +459,52 @@ pub(crate) mod tests {
         assert!(v("v1-alpha.9") < v("v1-alpha.a"), "numbers before words");
     }
 
+    #[rstest]
+    #[case::minor("1.27", 1, 27)]
+    #[case::two_digit_minor("1.9", 1, 9)]
+    #[case::patch_names_its_minor("1.34.6", 1, 34)]
+    #[case::patch_zero("1.35.0", 1, 35)]
+    fn kubernetes_versions(#[case] text: &str, #[case] major: u32, #[case] minor: u32) {
+        let k = KubernetesVersion::parse_dot(text).unwrap();
+        assert_eq!(k, KubernetesVersion { major, minor });
+        assert_eq!(
+            k.to_dot(),
+            format!("{major}.{minor}"),
+            "names use the minor alone"
+        );
+        assert_eq!(k.to_dash(), format!("{major}-{minor}"));
+    }
+
+    #[rstest]
+    #[case("1.x")]
+    #[case("1")]
+    #[case("0.27")]
+    #[case("1.0")]
+    #[case("01.27")]
+    #[case("")]
+    #[case("1.34.")]
+    #[case("1.34.x")]
+    #[case("1.34.06")]
+    #[case("1.34.6.1")]
+    #[case("v1.34.6")]
+    #[case("1.34-6")]
+    fn kubernetes_versions_refused(#[case] text: &str) {
+        assert!(KubernetesVersion::parse_dot(text).is_err(), "{text}");
+    }
+
     #[test]
-    fn kubernetes_versions() {
-        let k = KubernetesVersion::parse_dot("1.27").unwrap();
-        assert_eq!((k.to_dot(), k.to_dash()), ("1.27".into(), "1-27".into()));
-        for bad in ["1.x", "1", "1.27.3", "0.27", "1.0", "01.27", ""] {
-            assert!(KubernetesVersion::parse_dot(bad).is_err(), "{bad}");
-        }
+    fn kubernetes_versions_order_numerically() {
         assert!(KubernetesVersion::parse_dot("1.9").unwrap() < KubernetesVersion::parse_dot("1.10").unwrap());
     }
 
     pub(crate) fn version_strategy() -> impl Strategy<Value = Version> {
-        let pre = prop_oneof![Just(None), ("[a-z][a-z0-9]{0,5}", "[a-z0-9]{1,7}").prop_map(Some)];
+        let pre = prop_oneof![
+            Just(None),
+            ("[a-z][a-z0-9]{0,5}", "[a-z0-9]{1,7}")
+                .prop_filter("a ttl build's patch is a timestamp", |(word, _)| word != TTL_WORD)
+                .prop_map(Some),
+            (0u64..2_000_000_000).prop_map(|t| Some((TTL_WORD.to_owned(), t.to_string()))),
+        ];
         (0u64..40, pre).prop_map(|(major, pre)| Version {
             major,
             pre: pre.map(|(word, patch)| PreRelease { word, patch }),

@@ -9,6 +9,7 @@ use std::fmt;
 
 use crate::{
     ClusterStack, ReleaseId,
+    release_id::is_stack_name,
     version::{Channel, KubernetesVersion, Version, is_name_part},
 };
 
@@ -49,16 +50,29 @@ impl StackKey {
     pub fn of(stack: &ClusterStack) -> Result<StackKey, Vec<FieldError>> {
         let spec = &stack.spec;
         let mut errors = Vec::new();
-        // Provider and name are segments of every release name: dashes or capitals would make names that
-        // cannot be told apart or cannot be Kubernetes object names.
-        for (field, value) in [("spec.provider", &spec.provider), ("spec.name", &spec.name)] {
-            if !is_name_part(value) {
-                errors.push(FieldError::new(
-                    field,
-                    format!("{value:?} must be lowercase letters and digits without dashes"),
-                ));
-            }
+        // Provider and name start every release name, which is read from the right: the provider is its
+        // first segment (so it has no dash), the name everything up to the Kubernetes minor (dashes allowed,
+        // `hosted-control-plane`). Capitals or empty segments would make names that are no object names or
+        // read back differently.
+        if !is_name_part(&spec.provider) {
+            errors.push(FieldError::new(
+                "spec.provider",
+                format!(
+                    "{:?} must be lowercase letters and digits without dashes",
+                    spec.provider
+                ),
+            ));
         }
+        if !is_stack_name(&spec.name) {
+            errors.push(FieldError::new(
+                "spec.name",
+                format!(
+                    "{:?} must be lowercase letters and digits, in parts joined by single dashes",
+                    spec.name
+                ),
+            ));
+        }
+        // `1.34.6` (as the stacks' generator writes it) is the minor `1.34`: only the minor names releases.
         match KubernetesVersion::parse_dot(&spec.kubernetes_version) {
             Err(e) => {
                 errors.push(FieldError::new("spec.kubernetesVersion", e.to_string()));
@@ -83,10 +97,12 @@ impl StackKey {
         id.provider == self.provider && id.name == self.name && id.kubernetes == self.kubernetes
     }
 
-    /// The ownership rule: a ClusterStack owns the releases of its stack on its channel. Hash builds
-    /// (`v0-sha.hipstsw`) are on the `custom` channel, so a `custom` ClusterStack owns them.
+    /// The ownership rule: a ClusterStack owns the releases of its stack on a channel its channel admits.
+    /// Hash builds (`v0-sha.hipstsw`) are on the `custom` channel, so a `custom` ClusterStack owns them;
+    /// ttl builds (`v0-ttl.1744718400`) are owned by a `ttl` ClusterStack and by a `custom` one, where the
+    /// stacks' generator puts them ([`Channel::admits`]).
     pub(crate) fn owns(&self, channel: Channel, id: &ReleaseId) -> bool {
-        self.contains(id) && id.channel() == channel
+        self.contains(id) && channel.admits(id.channel())
     }
 }
 
@@ -101,8 +117,9 @@ pub struct StackSpec {
 }
 
 impl StackSpec {
-    /// Checks `stack`'s spec: provider and name are release-name segments, `kubernetesVersion` is a minor
-    /// such as `1.27`, every version parses (dot form) and belongs to the channel. Every error is returned,
+    /// Checks `stack`'s spec: provider and name make release names, `kubernetesVersion` is a minor such as
+    /// `1.27` (or a patch release, `1.34.6`, read as its minor), every version parses (dot form) and belongs
+    /// to a channel the spec's channel admits. Every error is returned,
     /// each naming its field. (`providerRef` and immutability are the webhook's: they need no release names.)
     pub fn validate(stack: &ClusterStack) -> Result<StackSpec, Vec<FieldError>> {
         let spec = &stack.spec;
@@ -115,7 +132,7 @@ impl StackSpec {
                     "spec.versions",
                     format!("invalid version {text:?}: {e}"),
                 )),
-                Ok(version) if version.channel() != spec.channel => errors.push(FieldError::new(
+                Ok(version) if !spec.channel.admits(version.channel()) => errors.push(FieldError::new(
                     "spec.versions",
                     format!(
                         "version {text:?} belongs to channel {}, but the ClusterStack follows channel {}",
@@ -149,8 +166,8 @@ impl StackSpec {
         })
     }
 
-    /// Whether `id` is one of this ClusterStack's releases: same provider, name and Kubernetes minor, and the
-    /// same channel (any version).
+    /// Whether `id` is one of this ClusterStack's releases: same provider, name and Kubernetes minor, and a
+    /// channel the ClusterStack's channel admits (any version).
     pub fn owns(&self, id: &ReleaseId) -> bool {
         self.stack.owns(self.channel, id)
     }
@@ -164,6 +181,7 @@ impl StackSpec {
 
 #[cfg(test)]
 mod tests {
+    use rstest::rstest;
     use serde_json::json;
 
     use super::*;
@@ -312,6 +330,120 @@ mod tests {
                 owned_by_stable || owned_by_custom,
                 "{release}"
             );
+        }
+    }
+
+    /// `spec.kubernetesVersion` as written -> the minor every release name uses.
+    #[rstest]
+    #[case::minor("1.27", "docker-ferrol-1-27-")]
+    #[case::generator_writes_a_patch("1.34.6", "docker-ferrol-1-34-")]
+    #[case::patch_zero("1.35.0", "docker-ferrol-1-35-")]
+    fn kubernetes_version_names_a_minor(#[case] kubernetes: &str, #[case] prefix: &str) {
+        let spec = StackSpec::parse(&ferrol(
+            json!({"kubernetesVersion": kubernetes, "versions": ["v1"]}),
+        ))
+        .unwrap();
+        assert_eq!(spec.stack.tag_prefix(), prefix);
+        assert_eq!(
+            spec.release(&spec.versions[0]).unwrap().tag(),
+            format!("{prefix}v1")
+        );
+        let minor = &prefix["docker-ferrol-".len()..prefix.len() - 1];
+        assert!(
+            spec.owns(&id(&format!("docker-ferrol-{minor}-v7"))),
+            "{kubernetes} owns releases of {minor}"
+        );
+    }
+
+    #[rstest]
+    #[case("1.34.x")]
+    #[case("1.34.")]
+    #[case("1.34.6.1")]
+    #[case("v1.34.6")]
+    fn kubernetes_versions_refused(#[case] kubernetes: &str) {
+        let errors = StackSpec::validate(&ferrol(json!({"kubernetesVersion": kubernetes}))).unwrap_err();
+        assert_eq!(fields(&errors), ["spec.kubernetesVersion"], "{kubernetes}");
+    }
+
+    /// Stack names as the stacks publish them since 2026, with dashes.
+    #[rstest]
+    #[case::plain("docker", "scs", "1.35", "docker-scs-1-35-v1")]
+    #[case::dashed(
+        "openstack",
+        "hosted-control-plane",
+        "1.34.6",
+        "openstack-hosted-control-plane-1-34-v1"
+    )]
+    #[case::digits("openstack", "scs2", "1.34", "openstack-scs2-1-34-v1")]
+    fn stack_names_with_dashes(
+        #[case] provider: &str,
+        #[case] name: &str,
+        #[case] kubernetes: &str,
+        #[case] tag: &str,
+    ) {
+        let spec = StackSpec::parse(&stack(json!({"provider": provider, "name": name,
+            "kubernetesVersion": kubernetes, "noProvider": true, "versions": ["v1"]})))
+        .unwrap();
+        let release = spec.release(&spec.versions[0]).unwrap();
+        assert_eq!(release.tag(), tag);
+        assert_eq!(id(tag), release, "the tag reads back as the spec's release");
+        assert!(spec.owns(&id(tag)));
+        assert!(
+            !spec.owns(&id(&format!(
+                "{provider}-other-{}",
+                &tag[provider.len() + 1 + name.len() + 1..]
+            ))),
+            "another stack of the provider is not owned"
+        );
+    }
+
+    #[rstest]
+    #[case::double_dash("hosted--plane")]
+    #[case::trailing_dash("scs-")]
+    #[case::leading_dash("-scs")]
+    #[case::capitals("Hosted-plane")]
+    fn stack_names_refused(#[case] name: &str) {
+        let errors = StackSpec::validate(&ferrol(json!({"name": name}))).unwrap_err();
+        assert_eq!(fields(&errors), ["spec.name"], "{name}");
+    }
+
+    /// Which versions a spec's channel accepts in `spec.versions`.
+    #[rstest]
+    #[case::stable_stable("stable", "v1", true)]
+    #[case::stable_ttl("stable", "v0-ttl.1744718400", false)]
+    #[case::custom_hash("custom", "v0-sha.hipstsw", true)]
+    #[case::custom_git("custom", "v0-git.a97eb17", true)]
+    // What `generate-clusterstack-ttl.sh` writes: `channel: custom` with a ttl build. The Go operator takes it.
+    #[case::custom_ttl("custom", "v0-ttl.1744718400", true)]
+    #[case::ttl_ttl("ttl", "v0-ttl.1744718400", true)]
+    #[case::ttl_hash("ttl", "v0-sha.hipstsw", false)]
+    #[case::ttl_stable("ttl", "v1", false)]
+    #[case::ttl_without_timestamp("ttl", "v0-ttl.latest", false)]
+    fn versions_a_channel_accepts(#[case] channel: &str, #[case] version: &str, #[case] accepted: bool) {
+        let result = StackSpec::validate(&ferrol(json!({"channel": channel, "versions": [version]})));
+        assert_eq!(result.is_ok(), accepted, "{channel} {version}: {result:?}");
+        if let Err(errors) = result {
+            assert_eq!(fields(&errors), ["spec.versions"]);
+        }
+    }
+
+    /// Which releases a ClusterStack of each channel owns (lists, keeps, counts users of).
+    #[rstest]
+    #[case::stable_release("docker-ferrol-1-27-v3", true, false, false)]
+    #[case::hash_build("docker-ferrol-1-27-v0-sha-hipstsw", false, true, false)]
+    #[case::ttl_tag("docker-ferrol-1-27-v0-ttl-1744718400", false, true, true)]
+    #[case::ttl_class("docker-ferrol-1-27-v0-ttl.1744718400", false, true, true)]
+    #[case::ttl_of_another_minor("docker-ferrol-1-28-v0-ttl-1744718400", false, false, false)]
+    fn ownership_by_channel(
+        #[case] release: &str,
+        #[case] stable: bool,
+        #[case] custom: bool,
+        #[case] ttl: bool,
+    ) {
+        for (channel, owned) in [("stable", stable), ("custom", custom), ("ttl", ttl)] {
+            let spec = StackSpec::parse(&ferrol(json!({"channel": channel}))).unwrap();
+            assert_eq!(spec.channel.as_str(), channel);
+            assert_eq!(spec.owns(&id(release)), owned, "{channel} owns {release}");
         }
     }
 }
