@@ -1,12 +1,35 @@
 //! A real OCI registry on loopback (the CNCF distribution registry, Debian's `docker-registry`), and pushing
-//! releases into it the way the stack tooling does: one tag per release, artifact type
-//! `application/vnd.scs.cluster-stacks.v1`, one layer per file titled with `org.opencontainers.image.title`.
+//! releases into it the way the stack tooling does: one tag per release, one layer per file titled with
+//! `org.opencontainers.image.title`.
+//!
+//! Two ways to push: [`Registry::push_release_dir`] through `oci-client` (artifact type
+//! `application/vnd.scs.cluster-stacks.v1`, the older tooling), and [`push_like_oras`], which makes the very
+//! requests and manifest that `oras push --artifact-type application/vnd.clusterstack.release` makes (the
+//! cluster-stacks' `build.sh` since 2026), by hand on the distribution API, so that no client library's
+//! habits slip in.
+//!
+//! Debian's registry (distribution 2.8) ignores `n` and `last` on the tag list and always answers with every
+//! tag; distribution 3, Harbor, GHCR and Docker Hub page it. [`PagingFront`] stands in front of the real
+//! registry, passes every request through, and pages the real tag list as the distribution spec says (`?n=`,
+//! `?last=`, `Link: <...>; rel="next"`), so that a client's paging is tested against real data.
 
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
+};
+
+use axum::{
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderName, HeaderValue},
+    response::{IntoResponse, Response},
 };
 
 use oci_client::{
@@ -15,6 +38,9 @@ use oci_client::{
     manifest::OciImageManifest,
     secrets::RegistryAuth,
 };
+
+use reqwest::{StatusCode, Url};
+use sha2::{Digest, Sha256};
 
 use crate::{Error, Tools, process::Supervised};
 
@@ -173,5 +199,431 @@ impl Registry {
             .await
             .map_err(|e| Error::Kube(format!("push {reference}: {e}")))?;
         Ok(pushed.manifest_url)
+    }
+}
+
+/// The artifact type the cluster-stacks' `build.sh` gives `oras push`.
+pub const ORAS_ARTIFACT_TYPE: &str = "application/vnd.clusterstack.release";
+/// The OCI image manifest, which `oras push` writes (image-spec 1.1: `artifactType`, empty config).
+pub const IMAGE_MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// The empty config of an artifact (image-spec 1.1), the two bytes `{}`.
+pub const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+
+/// Pushes the regular files of `dir` as `tag` of `repository` the way `oras push --artifact-type
+/// application/vnd.clusterstack.release <ref> <files>` does; returns the manifest digest. See
+/// [`push_files_like_oras`].
+pub async fn push_like_oras(
+    registry: &Registry,
+    repository: &str,
+    tag: &str,
+    dir: &Path,
+) -> Result<String, Error> {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            let data = std::fs::read(entry.path()).map_err(|e| Error::io(&entry.path(), e))?;
+            files.push((entry.file_name().to_string_lossy().into_owned(), data));
+        }
+    }
+    files.sort_by_cached_key(|(name, _)| (build_sh_rank(name), name.clone()));
+    push_files_like_oras(registry, repository, tag, &files).await
+}
+
+/// Where `build.sh` puts a file on its `oras push` command line (`metadata.yaml hashes.json csctl.yaml
+/// clusteraddon.yaml <class>.tgz <addon>.tgz`): oras keeps that order in the layers.
+fn build_sh_rank(name: &str) -> usize {
+    match name {
+        "metadata.yaml" => 0,
+        "hashes.json" => 1,
+        "csctl.yaml" => 2,
+        "clusteraddon.yaml" => 3,
+        _ if name.contains("-cluster-class-") => 4,
+        _ if name.contains("-cluster-addon-") => 5,
+        _ => 6,
+    }
+}
+
+/// Pushes `files` (name, content; layers in this order) as `tag` of `repository` with the distribution API
+/// calls `oras push` makes: for each blob a `HEAD` (already there: skipped), else `POST .../blobs/uploads/`
+/// and a monolithic `PUT <location>?digest=`; the empty config the same way; then `PUT .../manifests/<tag>`
+/// with an OCI image manifest that has `artifactType`, the empty config descriptor (with its inline `data`, as
+/// oras writes it), `application/vnd.oci.image.layer.v1.tar` layers titled with the file name, and no manifest
+/// annotations. Returns the manifest digest.
+pub async fn push_files_like_oras(
+    registry: &Registry,
+    repository: &str,
+    tag: &str,
+    files: &[(String, Vec<u8>)],
+) -> Result<String, Error> {
+    crate::install_crypto_provider();
+    let fail = |what: String| Error::Kube(format!("oras-style push of {repository}:{tag}: {what}"));
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(|e| fail(format!("HTTP client: {e}")))?;
+    let base = Url::parse(&format!("http://{}/v2/{repository}/", registry.host))
+        .map_err(|e| fail(format!("URL: {e}")))?;
+    let authorize = |request: reqwest::RequestBuilder| match &registry.auth {
+        RegistryAuth::Basic(user, password) => request.basic_auth(user, Some(password)),
+        _ => request,
+    };
+
+    let push_blob = async |data: &[u8]| -> Result<serde_json::Value, Error> {
+        let digest = sha256_digest(data);
+        let blob = base
+            .join(&format!("blobs/{digest}"))
+            .map_err(|e| fail(format!("URL: {e}")))?;
+        let head = authorize(http.head(blob))
+            .send()
+            .await
+            .map_err(|e| fail(format!("HEAD blob {digest}: {e}")))?;
+        if head.status() != StatusCode::OK {
+            let start = base
+                .join("blobs/uploads/")
+                .map_err(|e| fail(format!("URL: {e}")))?;
+            let started = authorize(http.post(start))
+                .header(reqwest::header::CONTENT_LENGTH, "0")
+                .send()
+                .await
+                .map_err(|e| fail(format!("start upload: {e}")))?;
+            if started.status() != StatusCode::ACCEPTED {
+                return Err(fail(format!("start upload answered {}", started.status())));
+            }
+            let location = started
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .ok_or_else(|| fail("the upload has no Location".into()))?;
+            // The location may be relative and may already carry a query (the registry's upload state).
+            let mut upload = base
+                .join(location)
+                .map_err(|e| fail(format!("upload location {location:?}: {e}")))?;
+            upload.query_pairs_mut().append_pair("digest", &digest);
+            let put = authorize(http.put(upload))
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .body(data.to_vec())
+                .send()
+                .await
+                .map_err(|e| fail(format!("upload {digest}: {e}")))?;
+            if put.status() != StatusCode::CREATED {
+                let status = put.status();
+                let body = put.text().await.unwrap_or_default();
+                return Err(fail(format!("upload {digest} answered {status}: {body}")));
+            }
+        }
+        Ok(serde_json::json!({ "digest": digest, "size": data.len() }))
+    };
+
+    let mut layers = Vec::new();
+    for (name, data) in files {
+        let blob = push_blob(data).await?;
+        layers.push(serde_json::json!({
+            "mediaType": FILE_MEDIA_TYPE,
+            "digest": blob["digest"],
+            "size": blob["size"],
+            "annotations": { TITLE_ANNOTATION: name },
+        }));
+    }
+    let empty = push_blob(b"{}").await?;
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": IMAGE_MANIFEST_MEDIA_TYPE,
+        "artifactType": ORAS_ARTIFACT_TYPE,
+        "config": {
+            "mediaType": EMPTY_MEDIA_TYPE,
+            "digest": empty["digest"],
+            "size": empty["size"],
+            "data": "e30=",
+        },
+        "layers": layers,
+    });
+    let body = serde_json::to_vec(&manifest).map_err(|e| fail(format!("manifest: {e}")))?;
+    let digest = sha256_digest(&body);
+    let url = base
+        .join(&format!("manifests/{tag}"))
+        .map_err(|e| fail(format!("URL: {e}")))?;
+    let put = authorize(http.put(url))
+        .header(reqwest::header::CONTENT_TYPE, IMAGE_MANIFEST_MEDIA_TYPE)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| fail(format!("manifest: {e}")))?;
+    if put.status() != StatusCode::CREATED {
+        let status = put.status();
+        let body = put.text().await.unwrap_or_default();
+        return Err(fail(format!("manifest answered {status}: {body}")));
+    }
+    Ok(digest)
+}
+
+/// A front for a [`Registry`] that pages the tag list as the distribution spec says (see the module doc).
+/// Every other request is passed through as it is, credentials included. Stops when dropped.
+#[derive(Debug)]
+pub struct PagingFront {
+    host: String,
+    pages: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PagingFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct Front {
+    upstream: String,
+    http: reqwest::Client,
+    pages: Arc<AtomicUsize>,
+}
+
+impl PagingFront {
+    pub async fn start(registry: &Registry) -> Result<Self, Error> {
+        crate::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Error::Kube(format!("paging front: HTTP client: {e}")))?;
+        let pages = Arc::new(AtomicUsize::new(0));
+        let front = Front {
+            upstream: registry.host.clone(),
+            http,
+            pages: pages.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        let addr: SocketAddr = listener
+            .local_addr()
+            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        let router = axum::Router::new().fallback(pass).with_state(front);
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(PagingFront {
+            host: addr.to_string(),
+            pages,
+            task,
+        })
+    }
+
+    /// `127.0.0.1:<port>`, to use in place of the registry's host.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// How many pages of tag lists were served so far.
+    pub fn pages_served(&self) -> usize {
+        self.pages.load(Ordering::SeqCst)
+    }
+}
+
+async fn pass(State(front): State<Front>, request: Request) -> Response {
+    match forward(&front, request).await {
+        Ok(response) => response,
+        Err(message) => (axum::http::StatusCode::BAD_GATEWAY, message).into_response(),
+    }
+}
+
+async fn forward(front: &Front, request: Request) -> Result<Response, String> {
+    let (parts, body) = request.into_parts();
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let url = Url::parse(&format!("http://{}{path_and_query}", front.upstream)).map_err(|e| e.to_string())?;
+    let tag_list = url.path().starts_with("/v2/") && url.path().ends_with("/tags/list");
+    let mut upstream_url = url.clone();
+    if tag_list {
+        // The whole list from the registry; this front does the paging.
+        upstream_url.set_query(None);
+    }
+    let body = axum::body::to_bytes(body, 64 << 20)
+        .await
+        .map_err(|e| e.to_string())?;
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).map_err(|e| e.to_string())?;
+    let mut upstream = front.http.request(method, upstream_url);
+    for (name, value) in &parts.headers {
+        // Hop-by-hop and framing headers are the client's own business; reqwest sets them anew.
+        if !matches!(
+            name.as_str(),
+            "host" | "content-length" | "transfer-encoding" | "connection"
+        ) {
+            upstream = upstream.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = upstream.body(body).send().await.map_err(|e| e.to_string())?;
+    let status = axum::http::StatusCode::from_u16(answer.status().as_u16()).map_err(|e| e.to_string())?;
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in answer.headers() {
+        if matches!(name.as_str(), "transfer-encoding" | "connection") {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_str().as_bytes()),
+            HeaderValue::from_bytes(value.as_bytes()),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    if !(tag_list && status.is_success()) {
+        return Ok((status, headers, Body::from(bytes)).into_response());
+    }
+
+    // Distribution 3's paging: tags in lexical order, those after `last`, at most `n`; `Link` while more remain.
+    front.pages.fetch_add(1, Ordering::SeqCst);
+    let mut list: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let mut tags: Vec<String> = serde_json::from_value(list["tags"].take()).unwrap_or_default();
+    tags.sort();
+    let query: BTreeMap<String, String> = url.query_pairs().into_owned().collect();
+    if let Some(last) = query.get("last") {
+        tags.retain(|t| t > last);
+    }
+    let mut link = None;
+    if let Some(n) = query.get("n").and_then(|n| n.parse::<usize>().ok())
+        && tags.len() > n
+    {
+        tags.truncate(n);
+        let mut next = Url::parse("http://next").map_err(|e| e.to_string())?;
+        next.set_path(url.path());
+        next.query_pairs_mut()
+            .append_pair("last", tags.last().map_or("", String::as_str))
+            .append_pair("n", &n.to_string());
+        link = Some(format!(
+            "<{}?{}>; rel=\"next\"",
+            next.path(),
+            next.query().unwrap_or("")
+        ));
+    }
+    list["tags"] = tags.into();
+    let mut response = axum::Json(list).into_response();
+    if let Some(link) = link.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        response.headers_mut().insert(axum::http::header::LINK, link);
+    }
+    Ok(response)
+}
+
+fn sha256_digest(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test: a failed unwrap is a failed test")]
+
+    use super::*;
+
+    #[test]
+    fn files_are_ordered_as_build_sh_hands_them_to_oras() {
+        let mut names = vec![
+            "docker-scs-1-35-cluster-addon-v1.tgz",
+            "metadata.yaml",
+            "clusteraddon.yaml",
+            "docker-scs-1-35-cluster-class-v1.tgz",
+            "csctl.yaml",
+            "hashes.json",
+        ];
+        names.sort_by_key(|n| (build_sh_rank(n), *n));
+        assert_eq!(
+            names,
+            [
+                "metadata.yaml",
+                "hashes.json",
+                "csctl.yaml",
+                "clusteraddon.yaml",
+                "docker-scs-1-35-cluster-class-v1.tgz",
+                "docker-scs-1-35-cluster-addon-v1.tgz",
+            ]
+        );
+    }
+
+    /// The manifest in the registry is the one `oras push` makes, byte for byte in its fields.
+    #[tokio::test]
+    async fn an_oras_style_push_stores_what_oras_stores() {
+        let registry = Registry::start(&Tools::discover().unwrap()).await.unwrap();
+        let files = vec![
+            ("metadata.yaml".to_owned(), b"apiVersion: x\n".to_vec()),
+            ("hashes.json".to_owned(), b"{}".to_vec()),
+        ];
+        let digest = push_files_like_oras(&registry, "kaas/stacks", "v1", &files)
+            .await
+            .unwrap();
+        // Again: every blob is there already, only the manifest is written.
+        assert_eq!(
+            push_files_like_oras(&registry, "kaas/stacks", "v2", &files)
+                .await
+                .unwrap(),
+            digest
+        );
+
+        let url = format!("http://{}/v2/kaas/stacks/manifests/v1", registry.host());
+        let response = reqwest::Client::new()
+            .get(url)
+            .header(reqwest::header::ACCEPT, IMAGE_MANIFEST_MEDIA_TYPE)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.headers()["docker-content-digest"].to_str().unwrap(),
+            digest
+        );
+        let manifest: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(manifest["mediaType"], IMAGE_MANIFEST_MEDIA_TYPE);
+        assert_eq!(manifest["artifactType"], ORAS_ARTIFACT_TYPE);
+        assert_eq!(manifest["config"]["mediaType"], EMPTY_MEDIA_TYPE);
+        assert_eq!(manifest["config"]["size"], 2);
+        assert!(manifest.get("annotations").is_none());
+        let layers = manifest["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 2);
+        for (layer, (name, data)) in layers.iter().zip(&files) {
+            assert_eq!(layer["mediaType"], FILE_MEDIA_TYPE);
+            assert_eq!(layer["annotations"][TITLE_ANNOTATION], name.as_str());
+            assert_eq!(layer["digest"], sha256_digest(data));
+        }
+    }
+
+    /// The front pages the real registry's tag list as distribution 3 does; the registry itself does not.
+    #[tokio::test]
+    async fn the_paging_front_pages_the_tag_list() {
+        let registry = Registry::start(&Tools::discover().unwrap()).await.unwrap();
+        let files = vec![("metadata.yaml".to_owned(), b"x".to_vec())];
+        for tag in ["a", "b", "c", "d", "e"] {
+            push_files_like_oras(&registry, "kaas/stacks", tag, &files)
+                .await
+                .unwrap();
+        }
+        let get = async |host: &str, query: &str| {
+            let response = reqwest::get(format!("http://{host}/v2/kaas/stacks/tags/list{query}"))
+                .await
+                .unwrap();
+            let link = response
+                .headers()
+                .get("link")
+                .map(|l| l.to_str().unwrap().to_owned());
+            let list: serde_json::Value = response.json().await.unwrap();
+            (list["tags"].clone(), link)
+        };
+        let (all, link) = get(registry.host(), "?n=2").await;
+        assert_eq!(all.as_array().unwrap().len(), 5, "distribution 2.8 does not page");
+        assert_eq!(link, None);
+
+        let front = PagingFront::start(&registry).await.unwrap();
+        let (page, link) = get(front.host(), "?n=2").await;
+        assert_eq!(page, serde_json::json!(["a", "b"]));
+        let link = link.unwrap();
+        assert_eq!(link, r#"</v2/kaas/stacks/tags/list?last=b&n=2>; rel="next""#);
+        let (page, link) = get(front.host(), "?last=d&n=2").await;
+        assert_eq!(page, serde_json::json!(["e"]));
+        assert_eq!(link, None, "the last page");
+        let (page, _) = get(front.host(), "").await;
+        assert_eq!(page.as_array().unwrap().len(), 5, "no n: everything");
+        assert_eq!(front.pages_served(), 3);
+        // Everything else passes through (distribution 2.8 hides OCI manifests from clients that do not
+        // accept them).
+        let manifest = reqwest::Client::new()
+            .get(format!("http://{}/v2/kaas/stacks/manifests/a", front.host()))
+            .header(reqwest::header::ACCEPT, IMAGE_MANIFEST_MEDIA_TYPE)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(manifest.status(), StatusCode::OK);
     }
 }

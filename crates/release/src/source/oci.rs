@@ -1,8 +1,20 @@
 //! An OCI registry as a release source: one tag per release; the release's files are the manifest's layers
 //! titled with `org.opencontainers.image.title` (untitled layers are skipped, as the Go operator does).
-//! Every blob's digest is verified while it is written.
+//!
+//! A file is found by its title alone: the artifact type, the config and the layer media types are whatever
+//! the publisher chose (`oras push --artifact-type application/vnd.clusterstack.release` gives an empty config
+//! and `application/vnd.oci.image.layer.v1.tar` layers; older tooling used other types), so none of them is
+//! checked. Every blob's digest is verified while it is written; a mismatch names the file.
+//!
+//! Tags are listed page by page as the distribution spec says: `?n=` asks for a page, and the registry's
+//! `Link: <...>; rel="next"` header says where the next one is (no header: that was the last page). The
+//! listing is done with plain HTTP requests because `oci-client` does not show the response headers.
 
-use std::{collections::BTreeSet, path::Path};
+use std::{
+    collections::{BTreeSet, HashSet},
+    path::Path,
+    time::Duration,
+};
 
 use futures::future::BoxFuture;
 use oci_client::{
@@ -11,11 +23,15 @@ use oci_client::{
     errors::OciErrorCode,
     secrets::RegistryAuth,
 };
+use reqwest::{StatusCode, Url, header};
 
 use super::{ReleaseSource, SourceError};
 
 const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
+/// The page size asked for; registries may answer with fewer tags per page (and say so with `Link`).
 const TAGS_PER_PAGE: usize = 1000;
+/// A registry whose `Link`s never end is broken (or hostile): give up after this many pages.
+const MAX_TAG_PAGES: usize = 10_000;
 
 /// Where the releases are and how to authenticate.
 #[derive(Clone)]
@@ -98,6 +114,10 @@ impl OciConfig {
 pub struct OciSource {
     config: OciConfig,
     client: Client,
+    /// For the tag list (see the module doc). Building it can only fail when TLS cannot be set up; that is
+    /// reported by the first listing rather than making `new` fallible.
+    http: Result<reqwest::Client, String>,
+    tags_per_page: usize,
 }
 
 impl std::fmt::Debug for OciSource {
@@ -120,7 +140,24 @@ impl OciSource {
             protocol,
             ..Default::default()
         });
-        OciSource { config, client }
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("cso/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| e.to_string());
+        OciSource {
+            config,
+            client,
+            http,
+            tags_per_page: TAGS_PER_PAGE,
+        }
+    }
+
+    /// Asks for `n` tags per page (at least 1) instead of 1000: for registries with a smaller limit, and tests.
+    pub fn with_tags_per_page(mut self, n: usize) -> Self {
+        self.tags_per_page = n.max(1);
+        self
     }
 
     fn reference(&self, tag: Option<&str>) -> Result<Reference, SourceError> {
@@ -177,6 +214,12 @@ impl OciSource {
                 }
             }
             E::DigestError(e) => SourceError::Integrity(format!("{url}: {e}")),
+            // The token service refused the credentials: like a 401, not a network failure.
+            E::AuthenticationFailure(message) => SourceError::Http {
+                url,
+                status: 401,
+                body: message,
+            },
             other => SourceError::Network {
                 url,
                 message: other.to_string(),
@@ -193,25 +236,57 @@ impl ReleaseSource for OciSource {
     fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
         Box::pin(async move {
             let reference = self.reference(Some("latest"))?;
-            let mut tags: Vec<String> = Vec::new();
-            let mut last: Option<String> = None;
+            let http = self
+                .http
+                .as_ref()
+                .map_err(|e| SourceError::Config(format!("failed to build the HTTP client: {e}")))?;
+            let credentials = self.credentials(&reference).await?;
+            let scheme = if self.config.plain_http { "http" } else { "https" };
+            let origin = format!("{scheme}://{}/", reference.resolve_registry());
+            let mut url = Url::parse(&origin)
+                .and_then(|base| base.join(&format!("v2/{}/tags/list", reference.repository())))
+                .map_err(|e| SourceError::Config(format!("OCI tag list URL for {origin}: {e}")))?;
+            url.query_pairs_mut()
+                .append_pair("n", &self.tags_per_page.to_string());
+            let origin = url.origin();
+
+            let mut tags = Vec::new();
+            let mut visited = HashSet::new();
             loop {
-                let page = self
-                    .client
-                    .list_tags(
-                        &reference,
-                        &self.config.auth,
-                        Some(TAGS_PER_PAGE),
-                        last.as_deref(),
-                    )
-                    .await
-                    .map_err(|e| self.error(&reference, e))?;
-                let count = page.tags.len();
-                last = page.tags.last().cloned();
-                tags.extend(page.tags);
-                if count < TAGS_PER_PAGE || last.is_none() {
-                    break;
+                if visited.len() >= MAX_TAG_PAGES || !visited.insert(url.clone()) {
+                    return Err(SourceError::Network {
+                        url: url.to_string(),
+                        message: "the registry's tag list does not end (its next-page links go round)".into(),
+                    });
                 }
+                let response = credentials
+                    .apply(http.get(url.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| SourceError::Network {
+                        url: url.to_string(),
+                        message: e.to_string(),
+                    })?;
+                let response = check_status(response, &url).await?;
+                let next = next_link(response.headers());
+                let page: TagPage = response.json().await.map_err(|e| SourceError::Network {
+                    url: url.to_string(),
+                    message: format!("not a tag list: {e}"),
+                })?;
+                tags.extend(page.tags.unwrap_or_default());
+                let Some(next) = next else { break };
+                let next = url.join(&next).map_err(|e| SourceError::Network {
+                    url: url.to_string(),
+                    message: format!("next-page link {next:?}: {e}"),
+                })?;
+                // The credentials go with every page: a link elsewhere must not receive them.
+                if next.origin() != origin {
+                    return Err(SourceError::Network {
+                        url: url.to_string(),
+                        message: format!("next-page link {next} leaves the registry"),
+                    });
+                }
+                url = next;
             }
             Ok(tags)
         })
@@ -250,7 +325,13 @@ impl ReleaseSource for OciSource {
                 self.client
                     .pull_blob(&reference, layer, file)
                     .await
-                    .map_err(|e| self.error(&reference, e))?;
+                    .map_err(|e| match self.error(&reference, e) {
+                        SourceError::Integrity(message) => SourceError::Integrity(format!(
+                            "file {title:?} (layer {}): {message}",
+                            layer.digest
+                        )),
+                        other => other,
+                    })?;
             }
             if written.is_empty() {
                 return Err(SourceError::Integrity(format!(
@@ -261,6 +342,113 @@ impl ReleaseSource for OciSource {
             Ok(())
         })
     }
+}
+
+impl OciSource {
+    /// What to send with the tag-list requests: `oci-client` does the registry's token dance (a bearer
+    /// challenge, or the configured access token) and keeps the token; a registry that asks for basic
+    /// authentication gets the configured user and password; an open registry gets nothing.
+    async fn credentials(&self, reference: &Reference) -> Result<Credentials, SourceError> {
+        let token = self
+            .client
+            .auth(reference, &self.config.auth, oci_client::RegistryOperation::Pull)
+            .await
+            .map_err(|e| self.error(reference, e))?;
+        Ok(match (token, &self.config.auth) {
+            (Some(token), _) => Credentials::Bearer(token),
+            (None, RegistryAuth::Basic(user, password)) => Credentials::Basic(user.clone(), password.clone()),
+            (None, _) => Credentials::None,
+        })
+    }
+}
+
+enum Credentials {
+    None,
+    Bearer(String),
+    Basic(String, String),
+}
+
+impl Credentials {
+    fn apply(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self {
+            Credentials::None => request,
+            Credentials::Bearer(token) => request.bearer_auth(token),
+            Credentials::Basic(user, password) => request.basic_auth(user, Some(password)),
+        }
+    }
+}
+
+/// One page of `GET /v2/<name>/tags/list`; `tags` is `null` in some registries when there are none.
+#[derive(serde::Deserialize)]
+struct TagPage {
+    #[serde(default)]
+    tags: Option<Vec<String>>,
+}
+
+/// Maps error statuses as the `oci-client` errors are mapped: 404 is not found, 429 a rate limit.
+async fn check_status(response: reqwest::Response, url: &Url) -> Result<reqwest::Response, SourceError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let url = url.to_string();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        return Err(SourceError::RateLimited { url, retry_after });
+    }
+    let mut body = response.text().await.unwrap_or_default();
+    // At a character boundary: `truncate` panics inside a multi-byte character.
+    let cut = (0..=body.len().min(300))
+        .rev()
+        .find(|&i| body.is_char_boundary(i))
+        .unwrap_or(0);
+    body.truncate(cut);
+    if status == StatusCode::NOT_FOUND {
+        return Err(SourceError::NotFound {
+            what: format!("OCI repository {url}: {body}"),
+        });
+    }
+    Err(SourceError::Http {
+        url,
+        status: status.as_u16(),
+        body,
+    })
+}
+
+/// The target of the `rel="next"` link among the `Link` headers (RFC 8288: `<target>; rel="next"`, several
+/// links per header separated by commas, `rel` possibly unquoted or holding several relation types).
+fn next_link(headers: &header::HeaderMap) -> Option<String> {
+    for value in headers.get_all(header::LINK) {
+        let Ok(mut rest) = value.to_str() else { continue };
+        while let Some(start) = rest.find('<') {
+            let after = &rest[start + 1..];
+            let Some(end) = after.find('>') else { break };
+            let target = &after[..end];
+            let remainder = &after[end + 1..];
+            let params = &remainder[..remainder.find('<').unwrap_or(remainder.len())];
+            let is_next = params.split(';').any(|param| {
+                let Some((name, value)) = param.split_once('=') else {
+                    return false;
+                };
+                name.trim().eq_ignore_ascii_case("rel")
+                    && value
+                        .trim()
+                        .trim_matches('"')
+                        .split_ascii_whitespace()
+                        .any(|rel| rel.eq_ignore_ascii_case("next"))
+            });
+            if is_next {
+                return Some(target.to_owned());
+            }
+            rest = remainder;
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -308,5 +496,75 @@ mod tests {
             ("OCI_PLAIN_HTTP", "true"),
         ]);
         assert!(local.unwrap().plain_http);
+    }
+
+    #[test]
+    fn the_next_page_link() {
+        let link = |values: &[&str]| {
+            let mut headers = header::HeaderMap::new();
+            for v in values {
+                headers.append(header::LINK, v.parse().unwrap());
+            }
+            next_link(&headers)
+        };
+        assert_eq!(
+            link(&[r#"</v2/kaas/cluster-stacks/tags/list?last=b&n=2>; rel="next""#]).as_deref(),
+            Some("/v2/kaas/cluster-stacks/tags/list?last=b&n=2"),
+            "the distribution registry's form"
+        );
+        assert_eq!(
+            link(&[r#"<https://r.io/a?x=1>; rel="prev", <https://r.io/b?last=c>; rel=next"#]).as_deref(),
+            Some("https://r.io/b?last=c"),
+            "several links, unquoted rel"
+        );
+        assert_eq!(
+            link(&[r#"<a>; rel="prev""#, r#"<b>; title="x"; REL="first next""#]).as_deref(),
+            Some("b"),
+            "several headers, several relation types"
+        );
+        assert_eq!(link(&[r#"<a>; rel="prev""#]), None);
+        assert_eq!(link(&[]), None);
+        assert_eq!(link(&["<broken; rel=next"]), None);
+    }
+
+    /// A registry stand-in whose tag list links to `link` from every page.
+    async fn linking_registry(link: &'static str) -> String {
+        let app = axum::Router::new().fallback(async move |uri: axum::http::Uri| {
+            use axum::response::IntoResponse;
+            if uri.path() == "/v2/" {
+                return "{}".into_response();
+            }
+            let next = format!("<{}>; rel=\"next\"", link);
+            ([("link", next)], r#"{"name":"stacks","tags":["a"]}"#).into_response()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        host
+    }
+
+    fn local(host: &str) -> OciSource {
+        OciSource::new(
+            config(&[
+                ("OCI_REGISTRY", host),
+                ("OCI_REPOSITORY", &format!("{host}/stacks")),
+                ("OCI_PLAIN_HTTP", "true"),
+            ])
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_next_page_elsewhere_is_not_followed() {
+        let host = linking_registry("http://203.0.113.1/v2/stacks/tags/list?last=a").await;
+        let err = local(&host).list_tags().await.unwrap_err();
+        assert!(err.to_string().contains("leaves the registry"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_tag_list_that_goes_round_is_given_up() {
+        let host = linking_registry("/v2/stacks/tags/list?n=1000").await;
+        let err = local(&host).list_tags().await.unwrap_err();
+        assert!(err.to_string().contains("does not end"), "{err}");
     }
 }
