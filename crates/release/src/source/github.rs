@@ -355,8 +355,7 @@ async fn check_status(response: reqwest::Response, url: &Url) -> Result<reqwest:
             retry_after,
         });
     }
-    let mut body = response.text().await.unwrap_or_default();
-    body.truncate(300);
+    let body = clipped(response.text().await.unwrap_or_default(), 300);
     Err(SourceError::Http {
         url: url.to_string(),
         status: status.as_u16(),
@@ -391,8 +390,27 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     message
 }
 
+/// At most `max` bytes of `text`, cut at a character boundary (`String::truncate` panics inside a multi-byte
+/// character, and an error page may be in any language).
+fn clipped(mut text: String, max: usize) -> String {
+    let cut = (0..=text.len().min(max))
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    text.truncate(cut);
+    text
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn error_bodies_are_clipped_at_a_character_boundary() {
+        assert_eq!(super::clipped("abc".into(), 300), "abc");
+        assert_eq!(super::clipped("ab€".into(), 3), "ab", "the euro sign's 3 bytes are not cut");
+        assert_eq!(super::clipped("€€".into(), 4), "€");
+        assert_eq!(super::clipped("x".repeat(400), 300).len(), 300);
+    }
+
     use super::*;
 
     #[test]
