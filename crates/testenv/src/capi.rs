@@ -24,6 +24,14 @@
 //! stand-in; Cluster API accepting a ClusterClass and `TopologyReconciled=True` need none
 //! (`tests/cluster_api.rs`).
 //!
+//! Beside the release's own providers, the CRDs of Cluster API Provider OpenStack v0.14.7
+//! (`tests/fixtures/crds/capo-v0.14.7/`, see [`capo_crds`]) are installed, so that the OpenStack stacks'
+//! templates (`OpenStackClusterTemplate`, `OpenStackMachineTemplate`, `infrastructure…/v1beta1`) are served:
+//! CRDs only, with the labels CAPO's kustomizations give them. No CAPO manager runs (CAPO is not on the Go
+//! module proxy, so `make tools` cannot build it): its defaulting and validating webhooks are absent, so
+//! objects of its kinds are checked against the CRD schemas alone, and no controller acts on them. Its CRDs
+//! serve and store `v1beta1` only, so no conversion webhook is needed.
+//!
 //! Limits: the webhook servers listen on every interface (Cluster API has no flag for the webhook host), and
 //! the Docker/Dev provider always starts the debug server of its in-memory backend on port 19000 (all
 //! interfaces, not configurable): one Docker/Dev provider per machine at a time.
@@ -254,6 +262,7 @@ impl ClusterApi {
             let webhook_port = ports[&provider][0];
             all_crds.extend(provider_crds(&tools.config_dir, webhook_port, &ca_pem)?);
         }
+        all_crds.extend(capo_crds()?);
         crds::install(&client, &all_crds).await?;
 
         let mut managers = Vec::new();
@@ -503,6 +512,37 @@ fn provider_crds(config_dir: &Path, port: u16, ca_pem: &str) -> Result<Vec<Custo
     Ok(crds)
 }
 
+/// Where the CRDs of Cluster API Provider OpenStack v0.14.7 are kept (`config/crd/bases/` of its tag, files
+/// unchanged; provenance in that directory's README).
+pub const CAPO_CRDS_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/crds/capo-v0.14.7"
+);
+
+/// The labels CAPO v0.14.7's kustomizations put on its CRDs: the contract label of `config/crd` (CAPO
+/// v0.14 implements the `v1beta1` contract, and its kinds' version for it is `v1beta1`) and the provider
+/// label of `config/default`. The topology controller reads the contract label to know which apiVersion of
+/// a template to use; Cluster API v1.14 (contract `v1beta2`) falls back to the `v1beta1` label when there is
+/// no `cluster.x-k8s.io/v1beta2` one.
+pub const CAPO_CRD_LABELS: [(&str, &str); 2] = [
+    ("cluster.x-k8s.io/v1beta1", "v1beta1"),
+    ("cluster.x-k8s.io/provider", "infrastructure-openstack"),
+];
+
+/// The CRDs of Cluster API Provider OpenStack v0.14.7 (OpenStackCluster, OpenStackClusterTemplate,
+/// OpenStackMachine, OpenStackMachineTemplate), labelled as its kustomizations label them
+/// ([`CAPO_CRD_LABELS`]). They carry no conversion: CAPO v0.14 serves `v1beta1` alone.
+pub fn capo_crds() -> Result<Vec<CustomResourceDefinition>, Error> {
+    let mut crds = crds::read_dirs(&[PathBuf::from(CAPO_CRDS_DIR)])?;
+    for crd in &mut crds {
+        let labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
+        for (key, value) in CAPO_CRD_LABELS {
+            labels.insert(key.to_owned(), value.to_owned());
+        }
+    }
+    Ok(crds)
+}
+
 /// Installs a provider's mutating and validating webhook configurations, pointed at `port` on loopback.
 async fn install_admission_webhooks(
     client: &kube::Client,
@@ -730,6 +770,33 @@ mod tests {
         assert_eq!(labels["cluster.x-k8s.io/v1beta2"], "v1beta2");
         assert_eq!(labels["cluster.x-k8s.io/provider"], "cluster-api");
         assert_eq!(labels["a"], "b");
+    }
+
+    #[test]
+    fn capo_crds_are_the_four_openstack_kinds_with_the_contract_label() {
+        let crds = capo_crds().unwrap();
+        let mut kinds: Vec<&str> = crds.iter().map(|c| c.spec.names.kind.as_str()).collect();
+        kinds.sort_unstable();
+        assert_eq!(
+            kinds,
+            [
+                "OpenStackCluster",
+                "OpenStackClusterTemplate",
+                "OpenStackMachine",
+                "OpenStackMachineTemplate"
+            ]
+        );
+        for crd in &crds {
+            let labels = crd.metadata.labels.as_ref().unwrap();
+            assert_eq!(labels["cluster.x-k8s.io/v1beta1"], "v1beta1");
+            assert!(crd.spec.conversion.as_ref().is_none_or(|c| c.strategy == "None"));
+            assert!(
+                crd.spec
+                    .versions
+                    .iter()
+                    .any(|v| v.name == "v1beta1" && v.served && v.storage)
+            );
+        }
     }
 
     #[test]

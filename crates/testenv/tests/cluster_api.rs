@@ -1,9 +1,11 @@
 //! Cluster API itself against the stacks' ClusterClasses (issue 13, "Done when" (a)): the managers of the
 //! release `make tools` built (v1.14.x) run on a control plane of their own, with the release's CRDs (v1beta1
-//! and v1beta2 served, conversion webhooks wired to the managers) and admission webhooks. A v1beta1
-//! ClusterClass (ferrol) and a v1beta2 one (scs 1.35) are rendered as the operator renders them and applied
-//! server-side; Cluster API must accept every object, reconcile the ClusterClass, accept a Cluster built from
-//! it and report `TopologyReconciled=True`.
+//! and v1beta2 served, conversion webhooks wired to the managers) and admission webhooks, plus the CRDs of
+//! Cluster API Provider OpenStack v0.14.7 (no CAPO manager: its webhooks are absent). The ClusterClasses of
+//! ferrol (v1beta1), docker scs 1.34 (v1beta1, the 2026 build), docker scs 1.35 (v1beta2) and openstack scs
+//! 1.35 (a v1beta2 class with CAPO's v1beta1 OpenStack templates) are rendered as the operator renders them
+//! and applied server-side; Cluster API must accept every object, reconcile the ClusterClass, accept a
+//! Cluster built from it and report `TopologyReconciled=True`.
 //!
 //! The kubeadm and Docker providers run for their webhooks and conversions only (there are no machines here):
 //! `TopologyReconciled=True` needs no provider controller, because Cluster API v1.14 creates the whole
@@ -202,6 +204,8 @@ struct Stack {
     release: &'static str,
     /// The ClusterClass it renders.
     class: &'static str,
+    /// The kind of the infrastructure cluster the topology creates.
+    infrastructure: &'static str,
     /// The Cluster's `topology.version`: what the control plane and the MachineDeployment get.
     version: &'static str,
     /// The Cluster, from its namespace and name.
@@ -214,6 +218,7 @@ fn ferrol() -> Stack {
             .join("tests/fixtures/releases/docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz"),
         release: "docker-ferrol-1-27",
         class: "docker-ferrol-1-27-v1",
+        infrastructure: "DockerCluster",
         version: "v1.27.3",
         cluster: |ns, name| ferrol_cluster(ns, name, "registry.k8s.io"),
     }
@@ -326,7 +331,7 @@ async fn class_is_accepted_and_topology_reconciled(stack: Stack, prefix: &str) {
     let infra = cluster
         .pointer("/spec/infrastructureRef")
         .expect("an infrastructure reference");
-    assert_eq!(infra["kind"], "DockerCluster");
+    assert_eq!(infra["kind"], stack.infrastructure);
     let control_plane = cluster.pointer("/spec/controlPlaneRef").unwrap();
     assert_eq!(control_plane["kind"], "KubeadmControlPlane");
     let control_planes = api_for_group_kind(
@@ -380,9 +385,21 @@ async fn ferrol_v1beta1_class_is_accepted_and_its_cluster_topology_reconciled() 
 /// Cluster but cannot create its control plane, and says so in `TopologyReconciled`.
 #[tokio::test]
 async fn ferrol_example_topology_with_an_empty_image_repository_is_refused_at_the_control_plane() {
-    let stack = ferrol();
-    let (client, ns) = install_class(&stack, "capi-ferrol-empty").await;
-    create_cluster(&client, &ns, ferrol_cluster(&ns, "c0", ""), stack.class).await;
+    empty_image_repository_is_refused_at_the_control_plane(ferrol(), "capi-ferrol-empty", |ns| {
+        ferrol_cluster(ns, "c0", "")
+    })
+    .await;
+}
+
+/// Installs the stack's class, creates the Cluster `c0` (from its namespace) whose `imageRepository` ends up
+/// `""`, and expects Cluster API to accept the Cluster but fail to create its KubeadmControlPlane.
+async fn empty_image_repository_is_refused_at_the_control_plane(
+    stack: Stack,
+    prefix: &str,
+    cluster: fn(&str) -> Value,
+) {
+    let (client, ns) = install_class(&stack, prefix).await;
+    create_cluster(&client, &ns, cluster(&ns), stack.class).await;
     let clusters = api_for(&client, "cluster.x-k8s.io/v1beta2", "Cluster", &ns).await;
     let deadline = Instant::now() + TIMEOUT;
     loop {
@@ -391,7 +408,10 @@ async fn ferrol_example_topology_with_an_empty_image_repository_is_refused_at_th
             && c["reason"] == "ReconcileFailed"
         {
             let message = c["message"].as_str().unwrap();
-            eprintln!("Cluster {ns}/c0 with imageRepository \"\": {message}");
+            eprintln!(
+                "Cluster {ns}/c0 of {} with imageRepository \"\": {message}",
+                stack.class
+            );
             assert_eq!(c["status"], "False");
             assert!(
                 message.contains("failed to create KubeadmControlPlane")
@@ -418,6 +438,7 @@ async fn scs_1_35_v1beta2_class_is_accepted_and_its_cluster_topology_reconciled(
             chart: repo().join("tests/fixtures/releases-2026/docker-scs-1-35-v1/docker-scs-1-35-cluster-class-v1.tgz"),
             release: "docker-scs-1-35",
             class: "docker-scs-1-35-v1",
+            infrastructure: "DockerCluster",
             version: "v1.35.1",
             cluster: |ns, name| {
                 json!({
@@ -440,6 +461,106 @@ async fn scs_1_35_v1beta2_class_is_accepted_and_its_cluster_topology_reconciled(
             },
         },
         "capi-scs",
+    )
+    .await;
+}
+
+/// The 2026 build of docker scs 1.34: every object `v1beta1`, rendered with `namespace: <release namespace>`
+/// (its references carry the namespace too), beside the `v1beta2` 1.35 class.
+///
+/// The class defaults `imageRepository` to `""` and its patch `imageRepository` is `enabledIf: 'true'` (1.35
+/// only enables it when the value is not empty), so a Cluster that leaves the default meets ferrol's refusal
+/// (`imageRepository` must be at least 1 character in the KubeadmControlPlane): this Cluster sets the
+/// variable's `example`, `registry.k8s.io`.
+#[tokio::test]
+async fn scs_1_34_v1beta1_class_is_accepted_and_its_cluster_topology_reconciled() {
+    class_is_accepted_and_topology_reconciled(scs_1_34(), "capi-scs-1-34").await;
+}
+
+/// A Cluster of docker-scs-1-34-v1 that leaves `imageRepository` to the class's default `""`.
+#[tokio::test]
+async fn scs_1_34_default_image_repository_is_refused_at_the_control_plane() {
+    empty_image_repository_is_refused_at_the_control_plane(scs_1_34(), "capi-scs-1-34-default", |ns| {
+        scs_1_34_cluster(ns, "c0", None)
+    })
+    .await;
+}
+
+fn scs_1_34() -> Stack {
+    Stack {
+        chart: repo()
+            .join("tests/fixtures/releases-2026/docker-scs-1-34-v1/docker-scs-1-34-cluster-class-v1.tgz"),
+        release: "docker-scs-1-34",
+        class: "docker-scs-1-34-v1",
+        infrastructure: "DockerCluster",
+        version: "v1.34.3",
+        cluster: |ns, name| scs_1_34_cluster(ns, name, Some("registry.k8s.io")),
+    }
+}
+
+/// A v1beta1 Cluster of docker-scs-1-34-v1 with `imageRepository` set, or left to the class's default.
+fn scs_1_34_cluster(ns: &str, name: &str, image_repository: Option<&str>) -> Value {
+    let variables: Vec<Value> = image_repository
+        .map(|value| json!({"name": "imageRepository", "value": value}))
+        .into_iter()
+        .collect();
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "clusterNetwork": {
+                "services": {"cidrBlocks": ["10.128.0.0/12"]},
+                "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                "serviceDomain": "cluster.local"
+            },
+            "topology": {
+                "class": "docker-scs-1-34-v1",
+                "controlPlane": {"replicas": 1},
+                "variables": variables,
+                "version": "v1.34.3",
+                "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 1}]}
+            }
+        }
+    })
+}
+
+/// The 2026 OpenStack stack: a `v1beta2` ClusterClass whose infrastructure templates are CAPO's `v1beta1`
+/// OpenStackClusterTemplate and OpenStackMachineTemplates, rendered without a namespace. CAPO's CRDs are
+/// installed with its contract label but no CAPO manager runs, so its templates pass the CRD schemas alone.
+/// The topology controller only needs the templates to exist: a Cluster that sets no variable (every one has
+/// a default or is optional) gets its OpenStackCluster, KubeadmControlPlane and MachineDeployment.
+#[tokio::test]
+async fn openstack_scs_1_35_class_with_capo_templates_is_accepted_and_its_cluster_topology_reconciled() {
+    class_is_accepted_and_topology_reconciled(
+        Stack {
+            chart: repo().join(
+                "tests/fixtures/releases-2026/openstack-scs-1-35-v1/openstack-scs-1-35-cluster-class-v1.tgz",
+            ),
+            release: "openstack-scs-1-35",
+            class: "openstack-scs-1-35-v1",
+            infrastructure: "OpenStackCluster",
+            version: "v1.35.3",
+            cluster: |ns, name| {
+                json!({
+                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {
+                        "clusterNetwork": {
+                            "services": {"cidrBlocks": ["10.96.0.0/12"]},
+                            "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                            "serviceDomain": "cluster.local"
+                        },
+                        "topology": {
+                            "classRef": {"name": "openstack-scs-1-35-v1"},
+                            "controlPlane": {"replicas": 1},
+                            "version": "v1.35.3",
+                            "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 1}]}
+                        }
+                    }
+                })
+            },
+        },
+        "capi-openstack",
     )
     .await;
 }
