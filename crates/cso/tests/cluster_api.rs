@@ -22,14 +22,14 @@
 
 use std::{
     collections::BTreeSet,
-    io::Read,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
 use cso_api::{ClusterAddon, ClusterStack, conditions::ConditionsExt, names};
 use cso_testenv::{
+    archive::{files_of, tgz},
     capi::{Provider, shared_management_with_cluster_api},
     stand_in::{StandIn, Workload},
 };
@@ -57,36 +57,32 @@ const STAGE_TIMEOUT_SECONDS: u64 = 15;
 /// `<stack>-cluster-class` at `version`, with `spec.kubernetesVersions` when given.
 fn cluster_class_chart(stack: &str, version: &str, kubernetes_versions: &[&str]) -> Vec<u8> {
     let source = fixtures().join("docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz");
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(source).unwrap()));
-    let mut files = Vec::new();
-    for entry in archive.entries().unwrap() {
-        let mut entry = entry.unwrap();
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let path = entry.path().unwrap().to_string_lossy().into_owned();
-        let mut text = String::new();
-        entry.read_to_string(&mut text).unwrap();
-        let relative = path.split_once('/').unwrap().1.to_owned();
-        let text = match relative.as_str() {
-            "Chart.yaml" => text
-                .replace(
-                    "name: docker-ferrol-1-27-cluster-class",
-                    &format!("name: {stack}-cluster-class"),
-                )
-                .replace("version: v1", &format!("version: {version}")),
-            "templates/cluster-class.yaml" if !kubernetes_versions.is_empty() => text.replacen(
-                "spec:\n",
-                &format!(
-                    "spec:\n  kubernetesVersions: [{}]\n",
-                    kubernetes_versions.join(", ")
+    let files: Vec<(String, String)> = files_of(&source)
+        .unwrap()
+        .into_iter()
+        .map(|(path, content)| {
+            let text = String::from_utf8(content).unwrap();
+            let relative = path.split_once('/').unwrap().1.to_owned();
+            let text = match relative.as_str() {
+                "Chart.yaml" => text
+                    .replace(
+                        "name: docker-ferrol-1-27-cluster-class",
+                        &format!("name: {stack}-cluster-class"),
+                    )
+                    .replace("version: v1", &format!("version: {version}")),
+                "templates/cluster-class.yaml" if !kubernetes_versions.is_empty() => text.replacen(
+                    "spec:\n",
+                    &format!(
+                        "spec:\n  kubernetesVersions: [{}]\n",
+                        kubernetes_versions.join(", ")
+                    ),
+                    1,
                 ),
-                1,
-            ),
-            _ => text,
-        };
-        files.push((format!("{stack}-cluster-class/{relative}"), text.into_bytes()));
-    }
+                _ => text,
+            };
+            (format!("{stack}-cluster-class/{relative}"), text)
+        })
+        .collect();
     tgz(&files)
 }
 
@@ -95,18 +91,7 @@ fn cluster_class_chart(stack: &str, version: &str, kubernetes_versions: &[&str])
 fn addon_charts() -> Vec<u8> {
     let source = fixtures()
         .join("docker-ferrol-1-27-v0-sha-hipstsw/docker-ferrol-1-27-cluster-addon-v0-sha.hipstsw.tgz");
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(source).unwrap()));
-    let mut files = Vec::new();
-    for entry in archive.entries().unwrap() {
-        let mut entry = entry.unwrap();
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        let path = entry.path().unwrap().to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        entry.read_to_end(&mut data).unwrap();
-        files.push((path, data));
-    }
+    let mut files = files_of(&source).unwrap();
     files.push((
         "probe/Chart.yaml".into(),
         b"apiVersion: v2\nname: probe\nversion: v1\n".to_vec(),
@@ -117,23 +102,6 @@ fn addon_charts() -> Vec<u8> {
             .to_vec(),
     ));
     tgz(&files)
-}
-
-fn tgz(files: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        Vec::new(),
-        flate2::Compression::fast(),
-    ));
-    for (path, content) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        builder
-            .append_data(&mut header, path, content.as_slice())
-            .unwrap();
-    }
-    builder.into_inner().unwrap().finish().unwrap()
 }
 
 /// One release of the test stack `docker-capi-1-<minor>`, published as a GitHub release would be.
@@ -279,49 +247,6 @@ fn api(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
     }
-}
-
-/// `cso run` for every namespace, with its hook server on `instance.hook_port` and a short stage timeout.
-fn start_cso(
-    kubeconfig: &Path,
-    release_dir: &Path,
-    github: &str,
-    log: &Path,
-    instance: &Instance<'_>,
-) -> KillOnDrop {
-    let log = std::fs::File::create(log).unwrap();
-    KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_cso"))
-            .arg("run")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--leader-elect=false")
-            .arg(format!("--release-dir={}", release_dir.display()))
-            .arg("--source=github")
-            .arg(format!("--github-api-url={github}"))
-            .arg(format!("--hook-port={}", instance.hook_port))
-            .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
-            .arg(format!("--webhook-port={}", instance.webhook_port))
-            .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
-            .arg(format!(
-                "--metrics-bind-address=127.0.0.1:{}",
-                instance.metrics_port
-            ))
-            .arg(format!(
-                "--health-probe-bind-address=127.0.0.1:{}",
-                instance.health_port
-            ))
-            .arg(format!("--stage-timeout={STAGE_TIMEOUT_SECONDS}s"))
-            .args(["--log-level=info", "--log-format=json"])
-            .env("GIT_PROVIDER", "github")
-            .env("GIT_ORG_NAME", "SovereignCloudStack")
-            .env("GIT_REPOSITORY_NAME", "cluster-stacks")
-            .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
-            .env("TMPDIR", release_dir)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
 }
 
 /// One answered hook call, from the operator's log.
@@ -495,12 +420,15 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
     let log = work.as_path().join("operator.log");
     let release_dir = work.as_path().join("releases");
     std::fs::create_dir_all(&release_dir).unwrap();
-    let _operator = start_cso(
+    let stage_timeout = format!("--stage-timeout={STAGE_TIMEOUT_SECONDS}s");
+    let _operator = start_operator_with(
         env.control_plane.kubeconfig_path(),
         &release_dir,
+        None,
         github.api_url(),
         &log,
         &instance,
+        &[&stage_timeout],
     );
     let extension_name = format!("cso-{tenant}");
     cso_testenv::capi::register_extension(

@@ -6,6 +6,7 @@
 //! webhooks) on a control plane of its own; [`stand_in::StandIn`] plays the providers' part where machines
 //! would be needed.
 
+pub mod archive;
 pub mod capi;
 pub mod control_plane;
 pub mod crds;

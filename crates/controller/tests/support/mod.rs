@@ -291,20 +291,7 @@ pub async fn inventory_object_exists(client: &Client, entry: &cso_api::common::R
 
 /// A gzipped tar of the files `(path, content)`.
 pub fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        Vec::new(),
-        flate2::Compression::fast(),
-    ));
-    for (path, content) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(content.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        builder
-            .append_data(&mut header, path, content.as_bytes())
-            .unwrap();
-    }
-    builder.into_inner().unwrap().finish().unwrap()
+    cso_testenv::archive::tgz(files)
 }
 
 /// A multi-stage release `docker-staged-1-27-<version>` in `<release_dir>/cluster-stacks/`: the stage charts

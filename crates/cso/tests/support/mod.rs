@@ -68,23 +68,49 @@ pub fn start_operator(
     log: &Path,
     instance: &Instance<'_>,
 ) -> KillOnDrop {
+    start_operator_with(
+        kubeconfig,
+        release_dir,
+        Some(namespace),
+        github,
+        log,
+        instance,
+        &[],
+    )
+}
+
+/// `cso run` watching `namespace` (every namespace when `None`), with `extra` flags.
+pub fn start_operator_with(
+    kubeconfig: &Path,
+    release_dir: &Path,
+    namespace: Option<&str>,
+    github: &str,
+    log: &Path,
+    instance: &Instance<'_>,
+    extra: &[&str],
+) -> KillOnDrop {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_cso"))
-            .arg("run")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--leader-elect={}", instance.leader_elect))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cso"));
+    command
+        .arg("run")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--leader-elect={}", instance.leader_elect))
+        .arg(format!(
+            "--leader-elect-lease-duration={}s",
+            instance.lease_seconds
+        ));
+    if let Some(namespace) = namespace {
+        command
             .arg(format!("--leader-elect-namespace={namespace}"))
-            .arg(format!(
-                "--leader-elect-lease-duration={}s",
-                instance.lease_seconds
-            ))
             .arg("-namespace")
-            .arg(namespace)
+            .arg(namespace);
+    }
+    KillOnDrop(
+        command
             .arg(format!("--release-dir={}", release_dir.display()))
             .arg("--source=github")
             .arg(format!("--github-api-url={github}"))
@@ -102,6 +128,7 @@ pub fn start_operator(
                 instance.health_port
             ))
             .args(["--log-level=debug", "--log-format=json"])
+            .args(extra)
             .env("GIT_PROVIDER", "github")
             .env("GIT_ORG_NAME", "SovereignCloudStack")
             .env("GIT_REPOSITORY_NAME", "cluster-stacks\n")
