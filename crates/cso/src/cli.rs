@@ -159,6 +159,12 @@ pub struct RunArgs {
     /// The GitHub API (GitHub Enterprise, or a stand-in).
     #[arg(long, default_value = "https://api.github.com")]
     pub github_api_url: String,
+    /// Where the chart dependencies of a release are fetched from (once, when it enters the cache) instead of
+    /// the repository its `Chart.yaml` names: `URL` (an HTTP(S) chart repository or an `oci://` prefix) for
+    /// every dependency, or `FROM=URL` for the repository FROM as written in `Chart.yaml`. Repeatable; basic
+    /// credentials in the URL (`https://user:password@host/`).
+    #[arg(long = "chart-mirror", value_name = "[FROM=]URL")]
+    pub chart_mirror: Vec<String>,
 }
 
 /// Go-style durations: `300ms`, `30s`, `5m`, `1h`, and sums such as `1m30s`.
@@ -241,6 +247,25 @@ mod tests {
         );
         assert_eq!(run.poll_interval, Duration::from_secs(300));
         assert_eq!(run.take_over_field_managers, ["kubectl"]);
+    }
+
+    #[test]
+    fn chart_mirrors_repeat() {
+        let run = parse_run(&[
+            "--chart-mirror=https://charts.example/",
+            "--chart-mirror=https://helm.cilium.io/=oci://registry.example/cilium",
+        ])
+        .unwrap();
+        let mirrors = cso_release::ChartMirrors::parse(&run.chart_mirror).unwrap();
+        assert_eq!(
+            mirrors.repository_for("https://helm.cilium.io/"),
+            "oci://registry.example/cilium"
+        );
+        assert_eq!(
+            mirrors.repository_for("https://kubernetes-sigs.github.io/metrics-server/"),
+            "https://charts.example/"
+        );
+        assert!(parse_run(&[]).unwrap().chart_mirror.is_empty());
     }
 
     #[test]

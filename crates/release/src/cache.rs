@@ -25,6 +25,7 @@ use cso_api::ReleaseId;
 use crate::{
     Release, ReleaseError,
     archive::{ArchiveError, UnpackLimits},
+    deps::DependencyResolver,
     source::{ReleaseSource, SourceError},
 };
 
@@ -53,6 +54,8 @@ pub struct ReleaseCache {
     root: PathBuf,
     source: Arc<dyn ReleaseSource>,
     limits: UnpackLimits,
+    /// Fetches the chart dependencies a downloaded release does not vendor.
+    dependencies: DependencyResolver,
     /// One lock per tag: the single flight of downloads.
     downloads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Releases checked since start (accepted or refused), while their directory exists and its files
@@ -173,9 +176,17 @@ impl ReleaseCache {
             root,
             source,
             limits,
+            dependencies: DependencyResolver::default(),
             downloads: Mutex::default(),
             loaded: Mutex::default(),
         })
+    }
+
+    /// Fetches chart dependencies with `resolver` (its mirrors: `--chart-mirror`) instead of from the
+    /// repositories the charts name.
+    pub fn with_dependencies(mut self, resolver: DependencyResolver) -> Self {
+        self.dependencies = resolver;
+        self
     }
 
     pub fn source(&self) -> &Arc<dyn ReleaseSource> {
@@ -289,19 +300,35 @@ impl ReleaseCache {
 
         let staged = staging.path().to_path_buf();
         let (limits, staged_id) = (self.limits, id.clone());
-        tokio::task::spawn_blocking(move || {
+        let verify = move || {
             let release = Release::load(&staged, &staged_id)?;
-            release.verify_archives(limits)
-        })
-        .await
-        .map_err(|e| CacheError::Io {
-            path: staging.path().to_path_buf(),
-            source: std::io::Error::other(e),
-        })?
-        .map_err(|error| CacheError::Release {
-            tag: tag.clone(),
-            error,
-        })?;
+            release.verify_archives(limits)?;
+            Ok::<_, ReleaseError>(release)
+        };
+        let release = self.verify_staged(staging.path(), &tag, verify.clone()).await?;
+
+        // The dependencies are fetched only for a release that passed verification, and the rewritten
+        // archives are read through again before the rename.
+        let started = std::time::Instant::now();
+        let resolved = self
+            .dependencies
+            .resolve(&release, self.limits)
+            .await
+            .map_err(|error| CacheError::Source {
+                tag: tag.clone(),
+                source_kind: "chart repository",
+                error: error.into_source_error(),
+            })?;
+        if !resolved.added.is_empty() {
+            self.verify_staged(staging.path(), &tag, verify).await?;
+            tracing::info!(
+                %tag,
+                charts = resolved.added.len(),
+                bytes = resolved.bytes,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "chart dependencies resolved"
+            );
+        }
 
         let target = self.path(id);
         let staged = staging.keep();
@@ -325,6 +352,24 @@ impl ReleaseCache {
         })?);
         self.remember(&tag, fingerprint, Ok(release.clone()));
         Ok(release)
+    }
+
+    async fn verify_staged(
+        &self,
+        staging: &Path,
+        tag: &str,
+        verify: impl FnOnce() -> Result<Release, ReleaseError> + Send + 'static,
+    ) -> Result<Release, CacheError> {
+        tokio::task::spawn_blocking(verify)
+            .await
+            .map_err(|e| CacheError::Io {
+                path: staging.to_path_buf(),
+                source: std::io::Error::other(e),
+            })?
+            .map_err(|error| CacheError::Release {
+                tag: tag.to_owned(),
+                error,
+            })
     }
 
     /// Tags of the releases in the cache (published ones only).

@@ -1,10 +1,12 @@
 //! Cluster-stack releases: what a release contains ([`Release`], [`Metadata`], [`AddonConfig`]), where it
 //! comes from ([`source`]: a local directory, GitHub releases, OCI) and how it is kept ([`ReleaseCache`]:
-//! verified, atomic, one download per tag), with safe unpacking of its archives ([`archive`]).
+//! verified, atomic, one download per tag, chart dependencies resolved on the way in: [`deps`]), with safe
+//! unpacking of its archives ([`archive`]).
 
 pub mod addon_config;
 pub mod archive;
 pub mod cache;
+pub mod deps;
 pub mod metadata;
 pub mod release;
 pub mod source;
@@ -13,6 +15,7 @@ use std::path::PathBuf;
 
 pub use addon_config::{AddonConfig, Hook, Stage};
 pub use cache::{CacheError, ReleaseCache};
+pub use deps::{ChartMirrors, DependencyResolver};
 pub use metadata::Metadata;
 pub use release::{AddonStyle, Release};
 pub use source::{ReleaseSource, SourceError, StackKey};

@@ -7,7 +7,7 @@ use std::{path::Path, sync::Arc};
 
 use cso_api::ReleaseId;
 use cso_release::{
-    AddonStyle, CacheError, ReleaseCache, ReleaseSource, SourceError,
+    AddonStyle, CacheError, ChartMirrors, DependencyResolver, ReleaseCache, ReleaseSource, SourceError,
     archive::UnpackLimits,
     source::oci::{OciConfig, OciSource},
 };
@@ -233,9 +233,14 @@ async fn a_release_pushed_like_oras_lists_and_downloads_byte_identical() {
         "nothing else was written (the empty config is not a file)"
     );
 
-    // And the operator's path: the cache downloads, verifies and reads it as a release.
+    // And the operator's path: the cache downloads, verifies and reads it as a release, its unvendored
+    // chart dependencies from a loopback mirror (the tests have no network).
+    let charts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/charts");
+    let mirror = cso_testenv::chart_repo::ChartRepo::start(&charts).await.unwrap();
     let cache_dir = tempfile::tempdir().unwrap();
-    let cache = ReleaseCache::new(cache_dir.path(), source, UnpackLimits::default()).unwrap();
+    let cache = ReleaseCache::new(cache_dir.path(), source, UnpackLimits::default())
+        .unwrap()
+        .with_dependencies(DependencyResolver::new(ChartMirrors::all(mirror.url())));
     let release = cache.get(&ReleaseId::parse_tag(ORAS_TAG).unwrap()).await.unwrap();
     assert_eq!(release.metadata.cluster_addon.to_dot(), "v1");
     assert!(matches!(release.addons, AddonStyle::Staged { .. }));

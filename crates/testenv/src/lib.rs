@@ -8,6 +8,7 @@
 
 pub mod archive;
 pub mod capi;
+pub mod chart_repo;
 pub mod control_plane;
 pub mod crds;
 pub mod github;

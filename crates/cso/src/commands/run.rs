@@ -8,7 +8,7 @@ use std::{path::PathBuf, sync::Arc};
 use anyhow::Context;
 use cso_controller::{Operator, Settings};
 use cso_release::{
-    ReleaseCache,
+    ChartMirrors, DependencyResolver, ReleaseCache,
     archive::UnpackLimits,
     source::{self, SourceKind, SourceSettings, UnavailableSource},
 };
@@ -57,13 +57,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         release_source,
         metrics.clone(),
     ));
+    // A wrong mirror is a configuration error: refused at start rather than reported on every release.
+    let mirrors = ChartMirrors::parse(&args.chart_mirror).map_err(anyhow::Error::msg)?;
     let releases = Arc::new(
-        ReleaseCache::new(&args.release_dir, release_source, UnpackLimits::default()).with_context(|| {
-            format!(
-                "failed to open the release cache in {}",
-                args.release_dir.display()
-            )
-        })?,
+        ReleaseCache::new(&args.release_dir, release_source, UnpackLimits::default())
+            .with_context(|| {
+                format!(
+                    "failed to open the release cache in {}",
+                    args.release_dir.display()
+                )
+            })?
+            .with_dependencies(DependencyResolver::new(mirrors)),
     );
     let helm = Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?;
     let renderer = Arc::new(CachingRenderer::new(helm, DEFAULT_CAPACITY_BYTES));
