@@ -256,6 +256,13 @@ impl ReleaseCache {
             Err(error) => tracing::warn!(%tag, %error, "release refused"),
         }
         match outcome {
+            // Cached by a version of cso that did not resolve dependencies: it cannot render offline, so it
+            // is fetched again (and replaced) as if it were not cached. Not in `--local` mode, where the
+            // release directory is the operator's input and nothing is downloaded.
+            Ok(release) if self.source.kind() != "local" && self.lacks_dependencies(&release) => {
+                forget();
+                Ok(None)
+            }
             Ok(release) => {
                 self.remember(&tag, fingerprint, Ok(release.clone()));
                 Ok(Some(release))
@@ -269,6 +276,22 @@ impl ReleaseCache {
                 forget();
                 Err(refused(error))
             }
+        }
+    }
+
+    fn lacks_dependencies(&self, release: &Release) -> bool {
+        match crate::deps::missing(release) {
+            Ok(missing) if missing.is_empty() => false,
+            Ok(missing) => {
+                tracing::info!(
+                    tag = %release.id.tag(),
+                    ?missing,
+                    "cached without its chart dependencies: fetching it again"
+                );
+                true
+            }
+            // Verified just now, so this is an I/O error: rendering will say what is wrong.
+            Err(_) => false,
         }
     }
 
@@ -331,6 +354,26 @@ impl ReleaseCache {
         }
 
         let target = self.path(id);
+        // A release cached without its dependencies is replaced: moved aside under the prefix that the next
+        // start removes, so a crash between the two renames leaves no half state behind, only a retry.
+        let replaced = if target.is_dir() {
+            let aside = tempfile::Builder::new()
+                .prefix(&format!("{DOWNLOAD_PREFIX}{tag}-replaced-"))
+                .tempdir_in(&self.root)
+                .map_err(|source| CacheError::Io {
+                    path: self.root.clone(),
+                    source,
+                })?
+                .keep();
+            let old = aside.join(&tag);
+            std::fs::rename(&target, &old).map_err(|source| CacheError::Io {
+                path: target.clone(),
+                source,
+            })?;
+            Some(aside)
+        } else {
+            None
+        };
         let staged = staging.keep();
         std::fs::rename(&staged, &target).map_err(|source| {
             let _ = std::fs::remove_dir_all(&staged);
@@ -339,6 +382,9 @@ impl ReleaseCache {
                 source,
             }
         })?;
+        if let Some(aside) = replaced {
+            let _ = std::fs::remove_dir_all(aside);
+        }
         tracing::info!(%tag, "release cached");
         // Verified in staging, and a rename keeps every file as it was (same inode, size and time): the
         // release is remembered as verified without reading its archives again.

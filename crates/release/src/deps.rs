@@ -4,7 +4,8 @@
 //! repositories without vendoring them (no `charts/`, no `Chart.lock`). cso renders with `helm template`
 //! offline, so the dependencies are fetched here, while the release is still in its staging directory:
 //! every chart directory at the top of the release's archives (the cluster-class chart, the addon chart or
-//! every stage of the addon archive) whose dependency has no `charts/<name>-<version>.tgz` gets one. The
+//! every stage of the addon archive) whose dependency has no `charts/<name>-<version>.tgz` (nor
+//! `charts/<name>/`; any version counts, as in Helm's own check) gets one. The
 //! archive is rewritten with the fetched charts added under `<chart>/charts/`, so the cached release is
 //! self-contained: it is read through and verified like any other at every start, unpacked for rendering as
 //! before, and never needs the network again. The Go operator instead runs `helm template
@@ -611,6 +612,18 @@ impl DependencyResolver {
     }
 }
 
+/// The dependencies the charts of `release` declare and do not carry, as (chart directory, dependency
+/// name): what [`DependencyResolver::resolve`] would fetch. Blocking: reads the archives.
+pub fn missing(release: &Release) -> std::io::Result<Vec<(String, String)>> {
+    let mut missing = Vec::new();
+    for archive in [&release.cluster_class_chart, &release.cluster_addon_archive] {
+        for (chart, dependency) in scan(archive)?.missing {
+            missing.push((chart, dependency.name));
+        }
+    }
+    Ok(missing)
+}
+
 fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -706,16 +719,33 @@ fn scan(archive: &Path) -> std::io::Result<Needs> {
         }
         let Some(chart) = chart else { continue };
         for dependency in chart.dependencies.unwrap_or_default() {
-            let constraint = dependency.version.as_deref().unwrap_or("*");
+            // Vendored as Helm checks it, by name: `charts/<name>/` or `charts/<name>-<version>.tgz`, whatever the
+            // version. A release that renders offline today is left alone, and a second version of the same
+            // chart beside a vendored one would make Helm load both.
             let vendored = present.iter().any(|file| {
-                // `charts/<name>/` (unpacked) or `charts/<name>-<version>.tgz` with a matching version.
                 file == &dependency.name
                     || file
                         .strip_prefix(&format!("{}-", dependency.name))
                         .and_then(|rest| rest.strip_suffix(".tgz"))
+                        .is_some_and(|v| Version::parse(v).is_ok())
+            });
+            if vendored
+                && let Some(constraint) = dependency.version.as_deref()
+                && !present.iter().any(|file| {
+                    file.strip_prefix(&format!("{}-", dependency.name))
+                        .and_then(|rest| rest.strip_suffix(".tgz"))
                         .and_then(|v| Version::parse(v).ok())
                         .is_some_and(|v| Constraint::parse(constraint).is_ok_and(|c| c.matches(&v)))
-            });
+                })
+            {
+                tracing::warn!(
+                    archive = %archive.display(),
+                    chart = %top,
+                    dependency = %dependency.name,
+                    constraint,
+                    "the vendored chart's version does not match Chart.yaml; rendered as vendored, as Helm does"
+                );
+            }
             if !vendored {
                 needs.missing.push((top.clone(), dependency));
             }

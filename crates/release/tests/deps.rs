@@ -278,3 +278,125 @@ async fn a_digest_mismatch_is_refused() {
     );
     nothing_cached(dir.path());
 }
+
+/// The release with its `cni` stage asking for `~1.19.0` instead of exactly 1.19.1.
+fn with_a_version_range(dir: &Path) {
+    let published = repo_root().join("tests/fixtures/releases-2026").join(TAG);
+    for entry in std::fs::read_dir(&published).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let archive = dir.join("docker-scs-1-35-cluster-addon-v1.tgz");
+    let unpacked = tempfile::tempdir().unwrap();
+    tar::Archive::new(flate2::read::GzDecoder::new(
+        std::fs::File::open(&archive).unwrap(),
+    ))
+    .unpack(unpacked.path())
+    .unwrap();
+    let chart = unpacked.path().join("cni/Chart.yaml");
+    let text = std::fs::read_to_string(&chart).unwrap();
+    assert!(text.contains("version: 1.19.1"), "{text}");
+    std::fs::write(&chart, text.replace("version: 1.19.1", "version: \"~1.19.0\"")).unwrap();
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        std::fs::File::create(&archive).unwrap(),
+        flate2::Compression::default(),
+    ));
+    for stage in ["cni", "metrics-server"] {
+        builder
+            .append_dir_all(stage, unpacked.path().join(stage))
+            .unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap();
+}
+
+#[tokio::test]
+async fn a_version_range_from_a_private_oci_mirror() {
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let registry = Registry::start_with_basic_auth(&tools, "mirror", "s3cret")
+        .await
+        .unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let prefix = format!("{}/mirror/charts", registry.host());
+    for chart in [
+        "cilium-1.19.1.tgz",
+        "cilium-1.19.2.tgz",
+        "metrics-server-3.13.0.tgz",
+    ] {
+        let output = std::process::Command::new(tools.helm.as_ref().unwrap())
+            .arg("push")
+            .arg(charts().join(chart))
+            .arg(format!("oci://{prefix}"))
+            .args(["--plain-http", "--username=mirror", "--password=s3cret"])
+            .env("HELM_CONFIG_HOME", helm_home.path().join("config"))
+            .env("HELM_CACHE_HOME", helm_home.path().join("cache"))
+            .env("HELM_DATA_HOME", helm_home.path().join("data"))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "helm push {chart}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let release = tempfile::tempdir().unwrap();
+    with_a_version_range(release.path());
+    let fake = FakeGithub::start(100).await.unwrap();
+    fake.publish_dir(TAG, release.path()).unwrap();
+
+    // A wrong password: refused, named, and the password is not in the message.
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = cache(
+        dir.path(),
+        &fake,
+        ChartMirrors::all(format!("oci://mirror:wrong@{prefix}")),
+    );
+    let error = wrong.get(&id()).await.unwrap_err().to_string();
+    assert!(
+        error.contains("dependency cilium ~1.19.0 of chart cni"),
+        "{error}"
+    );
+    assert!(!error.contains("wrong"), "the password leaked: {error}");
+    nothing_cached(dir.path());
+
+    // The right one: the highest 1.19 patch, as Helm picks it.
+    let right = cache(
+        dir.path(),
+        &fake,
+        ChartMirrors::all(format!("oci://mirror:s3cret@{prefix}")),
+    );
+    let cached = right.get(&id()).await.unwrap();
+    let stages = cached.addon_charts(UnpackLimits::default()).unwrap();
+    assert!(stages.join("cni/charts/cilium-1.19.2.tgz").is_file());
+    assert!(
+        stages
+            .join("metrics-server/charts/metrics-server-3.13.0.tgz")
+            .is_file()
+    );
+}
+
+#[tokio::test]
+async fn a_release_cached_without_its_dependencies_is_fetched_again() {
+    // What a cso that did not resolve dependencies left: the release as published, its addon archive
+    // unpacked beside it for a render that failed.
+    let fake = published().await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("cluster-stacks").join(TAG);
+    cso_release::release::copy_release_dir(&repo_root().join("tests/fixtures/releases-2026").join(TAG), &old)
+        .unwrap();
+    let repo = ChartRepo::start(&charts()).await.unwrap();
+    let cache = cache(dir.path(), &fake, ChartMirrors::all(repo.url()));
+    let stale = cache.cached(&id()).unwrap();
+    assert!(
+        stale.is_none(),
+        "a release without its dependencies is not taken from the cache"
+    );
+    let release = cache.get(&id()).await.unwrap();
+    let stages = release.addon_charts(UnpackLimits::default()).unwrap();
+    assert!(stages.join("cni/charts/cilium-1.19.1.tgz").is_file());
+    assert!(cache.cached(&id()).unwrap().is_some());
+    let left: Vec<String> = std::fs::read_dir(dir.path().join("cluster-stacks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, vec![TAG.to_owned()], "the replaced copy is gone");
+}
