@@ -16,7 +16,8 @@
 //! `urls[0]` resolved relative to the repository) and `oci://` registries (`<prefix>/<name>:<version>`, the
 //! layer `application/vnd.cncf.helm.chart.content.v1.tar+gzip`, its digest checked). [`ChartMirrors`]
 //! (`--chart-mirror`) sends every dependency, or those of one repository, to a mirror instead. Basic
-//! credentials come from the repository's or mirror's URL (`https://user:password@host/...`); they are never
+//! credentials come from the repository's or mirror's URL (`https://user:password@host/...`), and for OCI
+//! registries also from the usual registry config (`docker login`, `helm registry login`); they are never
 //! written into errors or logs.
 //!
 //! Any dependency that cannot be had fails the whole release with an error naming the chart, the
@@ -488,17 +489,17 @@ impl DependencyResolver {
         // `oci://user:password@host/path`: the userinfo is the registry's basic credentials.
         let url = Url::parse(&format!("oci://{prefix}"))
             .map_err(|e| fail(FailureKind::Invalid, format!("not a URL: {e}")))?;
+        let host = match url.port() {
+            Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
+            None => url.host_str().unwrap_or_default().to_owned(),
+        };
         let auth = if url.username().is_empty() {
-            RegistryAuth::Anonymous
+            docker_config_auth(&host).unwrap_or(RegistryAuth::Anonymous)
         } else {
             RegistryAuth::Basic(
                 percent_decode(url.username()),
                 url.password().map(percent_decode).unwrap_or_default(),
             )
-        };
-        let host = match url.port() {
-            Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
-            None => url.host_str().unwrap_or_default().to_owned(),
         };
         let path = url.path().trim_matches('/');
         let repository = if path.is_empty() {
@@ -622,6 +623,53 @@ pub fn missing(release: &Release) -> std::io::Result<Vec<(String, String)>> {
         }
     }
     Ok(missing)
+}
+
+/// Basic credentials for `host` from the usual registry config, as `docker login` and `helm registry login`
+/// write it: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`, else Helm's
+/// `~/.config/helm/registry/config.json` (in a pod: a `kubernetes.io/dockerconfigjson` Secret mounted there).
+/// Only inline `auths` entries; credential helpers (`credsStore`) are not run.
+fn docker_config_auth(host: &str) -> Option<RegistryAuth> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let files = [
+        std::env::var_os("DOCKER_CONFIG").map(|d| PathBuf::from(d).join("config.json")),
+        home.as_ref().map(|h| h.join(".docker/config.json")),
+        home.as_ref().map(|h| h.join(".config/helm/registry/config.json")),
+    ];
+    files
+        .into_iter()
+        .flatten()
+        .filter_map(|file| std::fs::read_to_string(file).ok())
+        .find_map(|text| auth_from_config(&text, host))
+}
+
+fn auth_from_config(text: &str, host: &str) -> Option<RegistryAuth> {
+    use base64::Engine as _;
+    let config: serde_json::Value = serde_json::from_str(text).ok()?;
+    let auths = config.get("auths")?.as_object()?;
+    // Keys are written as `host`, `https://host` or `https://host/v1/`.
+    let entry = auths.iter().find_map(|(key, value)| {
+        let bare = key
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        (bare == host).then_some(value)
+    })?;
+    if let Some(auth) = entry.get("auth").and_then(|a| a.as_str()) {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(auth.trim())
+            .ok()?;
+        let (user, password) = String::from_utf8(decoded)
+            .ok()?
+            .split_once(':')
+            .map(|(u, p)| (u.to_owned(), p.to_owned()))?;
+        return Some(RegistryAuth::Basic(user, password));
+    }
+    let user = entry.get("username")?.as_str()?;
+    let password = entry.get("password")?.as_str()?;
+    Some(RegistryAuth::Basic(user.to_owned(), password.to_owned()))
 }
 
 fn percent_decode(text: &str) -> String {
@@ -1164,6 +1212,28 @@ mod tests {
         assert_eq!(pick(">=1").as_deref(), Some("2.0.0"));
         assert_eq!(pick("3"), None);
         assert!(Version::parse("1.0.0-rc.10").unwrap() > Version::parse("1.0.0-rc.2").unwrap());
+    }
+
+    #[test]
+    fn credentials_from_a_registry_config() {
+        let basic = |auth: Option<RegistryAuth>| match auth {
+            Some(RegistryAuth::Basic(user, password)) => Some((user, password)),
+            _ => None,
+        };
+        let config = r#"{"auths": {
+            "https://registry.example:5000": {"auth": "bWlycm9yOnMzY3JldA=="},
+            "other.example": {"username": "u", "password": "p"}
+        }}"#;
+        assert_eq!(
+            basic(auth_from_config(config, "registry.example:5000")),
+            Some(("mirror".into(), "s3cret".into()))
+        );
+        assert_eq!(
+            basic(auth_from_config(config, "other.example")),
+            Some(("u".into(), "p".into()))
+        );
+        assert!(auth_from_config(config, "registry.example").is_none());
+        assert!(auth_from_config("{\"credsStore\": \"desktop\"}", "other.example").is_none());
     }
 
     #[test]
