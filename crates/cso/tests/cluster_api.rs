@@ -421,6 +421,13 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
     let release_dir = work.as_path().join("releases");
     std::fs::create_dir_all(&release_dir).unwrap();
     let stage_timeout = format!("--stage-timeout={STAGE_TIMEOUT_SECONDS}s");
+    // The 2026 release's subcharts are not vendored: resolved from a loopback mirror when it is cached.
+    let charts = cso_testenv::chart_repo::ChartRepo::start(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/charts"),
+    )
+    .await
+    .unwrap();
+    let chart_mirror = format!("--chart-mirror={}", charts.url());
     let _operator = start_operator_with(
         env.control_plane.kubeconfig_path(),
         &release_dir,
@@ -428,7 +435,7 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         github.api_url(),
         &log,
         &instance,
-        &[&stage_timeout],
+        &[&stage_timeout, &chart_mirror],
     );
     let extension_name = format!("cso-{tenant}");
     cso_testenv::capi::register_extension(
