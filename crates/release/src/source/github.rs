@@ -406,7 +406,11 @@ mod tests {
     #[test]
     fn error_bodies_are_clipped_at_a_character_boundary() {
         assert_eq!(super::clipped("abc".into(), 300), "abc");
-        assert_eq!(super::clipped("ab€".into(), 3), "ab", "the euro sign's 3 bytes are not cut");
+        assert_eq!(
+            super::clipped("ab€".into(), 3),
+            "ab",
+            "the euro sign's 3 bytes are not cut"
+        );
         assert_eq!(super::clipped("€€".into(), 4), "€");
         assert_eq!(super::clipped("x".repeat(400), 300).len(), 300);
     }
