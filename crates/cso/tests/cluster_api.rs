@@ -30,7 +30,7 @@ use std::{
 use cso_api::{ClusterAddon, ClusterStack, conditions::ConditionsExt, names};
 use cso_testenv::{
     archive::{files_of, tgz},
-    capi::{Provider, shared_management_with_cluster_api},
+    capi::{Provider, TopologyCluster, shared_management_with_cluster_api},
     stand_in::{StandIn, Workload},
 };
 use k8s_openapi::api::{
@@ -214,24 +214,18 @@ fn cluster_stack(namespace: &str, minor: u32, versions: &[&str]) -> ClusterStack
 /// A v1beta2 Cluster in `namespace` of the class `class` in `class_namespace`, with one control-plane replica
 /// and a MachineDeployment with no machines (so worker upgrades complete without machines).
 fn cluster(namespace: &str, name: &str, class: &str, class_namespace: &str, version: &str) -> Value {
-    json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "clusterNetwork": {
-                "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                "pods": {"cidrBlocks": ["192.168.0.0/16"]},
-                "serviceDomain": "cluster.local"
-            },
-            "topology": {
-                "classRef": {"name": class, "namespace": class_namespace},
-                "version": version,
-                "controlPlane": {"replicas": 1},
-                "variables": [{"name": "imageRepository", "value": "registry.k8s.io"}],
-                "workers": {"machineDeployments": [{"class": "workeramd64", "name": "md-0", "replicas": 0}]}
-            }
-        }
-    })
+    TopologyCluster {
+        namespace,
+        name,
+        api_version: "cluster.x-k8s.io/v1beta2",
+        class,
+        class_namespace: Some(class_namespace),
+        version,
+        worker_class: "workeramd64",
+        worker_replicas: 0,
+        image_repository: Some("registry.k8s.io"),
+    }
+    .to_json()
 }
 
 fn api(

@@ -21,7 +21,7 @@ use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSourc
 use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
 use cso_testenv::{
     Tools,
-    capi::{ClusterApiTools, Options, start_management_with_cluster_api},
+    capi::{ClusterApiTools, Options, TopologyCluster, start_management_with_cluster_api},
     stand_in::{StandIn, Workload},
 };
 use cso_webhook::TlsServer;
@@ -304,21 +304,20 @@ fn capi_api(client: &kube::Client, group: &str, kind: &str, plural: &str) -> Api
 /// control plane initialised and points it at the workload cluster) and waits until its ClusterAddon is
 /// ready; returns what was applied into the workload cluster.
 async fn install_addons(client: &kube::Client) -> anyhow::Result<Vec<String>> {
-    let cluster: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
-        "spec": {
-            "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]},
-                               "services": {"cidrBlocks": ["10.128.0.0/12"]}},
-            "topology": {
-                "classRef": {"name": CLUSTER_CLASS},
-                "version": "v1.27.3",
-                "controlPlane": {"replicas": 1},
-                "variables": [{"name": "imageRepository", "value": "registry.k8s.io"}],
-                "workers": {"machineDeployments": [{"class": "workeramd64", "name": "md-0", "replicas": 0}]}
-            }
+    let cluster: DynamicObject = serde_json::from_value(
+        TopologyCluster {
+            namespace: NAMESPACE,
+            name: CLUSTER,
+            api_version: "cluster.x-k8s.io/v1beta2",
+            class: CLUSTER_CLASS,
+            class_namespace: None,
+            version: "v1.27.3",
+            worker_class: "workeramd64",
+            worker_replicas: 0,
+            image_repository: Some("registry.k8s.io"),
         }
-    }))?;
+        .to_json(),
+    )?;
     capi_api(client, "cluster.x-k8s.io", "Cluster", "clusters")
         .create(&PostParams::default(), &cluster)
         .await

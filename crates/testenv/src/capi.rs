@@ -670,6 +670,63 @@ async fn http_ok(port: u16, path: &str) -> bool {
     )
 }
 
+/// A Cluster with a managed topology, as the tests and the demo create them: one control-plane replica, one
+/// MachineDeployment `md-0` of `worker_class`, the usual service and pod networks (values templates read the pod
+/// CIDR).
+#[derive(Clone, Debug)]
+pub struct TopologyCluster<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// `v1beta2` (`classRef`) or `v1beta1` (`class`, `classNamespace`).
+    pub api_version: &'a str,
+    pub class: &'a str,
+    /// The ClusterClass's namespace when it is not the Cluster's.
+    pub class_namespace: Option<&'a str>,
+    pub version: &'a str,
+    pub worker_class: &'a str,
+    /// `0` for worker upgrades that complete without machines (see `stand_in`).
+    pub worker_replicas: u32,
+    /// `imageRepository`, when the class has that variable and it must be set.
+    pub image_repository: Option<&'a str>,
+}
+
+impl TopologyCluster<'_> {
+    pub fn to_json(&self) -> Value {
+        let mut topology = serde_json::json!({
+            "version": self.version,
+            "controlPlane": {"replicas": 1},
+            "workers": {"machineDeployments": [
+                {"class": self.worker_class, "name": "md-0", "replicas": self.worker_replicas}]},
+        });
+        if let Some(value) = self.image_repository {
+            topology["variables"] = serde_json::json!([{"name": "imageRepository", "value": value}]);
+        }
+        if self.api_version.ends_with("v1beta1") {
+            topology["class"] = self.class.into();
+            if let Some(namespace) = self.class_namespace {
+                topology["classNamespace"] = namespace.into();
+            }
+        } else {
+            topology["classRef"] = serde_json::json!({"name": self.class});
+            if let Some(namespace) = self.class_namespace {
+                topology["classRef"]["namespace"] = namespace.into();
+            }
+        }
+        serde_json::json!({
+            "apiVersion": self.api_version, "kind": "Cluster",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "clusterNetwork": {
+                    "services": {"cidrBlocks": ["10.128.0.0/12"]},
+                    "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                    "serviceDomain": "cluster.local"
+                },
+                "topology": topology,
+            }
+        })
+    }
+}
+
 /// Registers a runtime extension with Cluster API: the `ExtensionConfig` `name`
 /// (`runtime.cluster.x-k8s.io/v1beta2`, cluster-scoped) for the extension server at `url` (`https://...`),
 /// trusted through `ca_pem`, for the Clusters of `namespaces` (every namespace when empty). Replaces an
@@ -756,6 +813,36 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "test code")]
 
     use super::*;
+
+    #[test]
+    fn topology_clusters_name_their_class_as_each_version_does() {
+        let mut cluster = TopologyCluster {
+            namespace: "tenant",
+            name: "c1",
+            api_version: "cluster.x-k8s.io/v1beta2",
+            class: "docker-scs-1-35-v1",
+            class_namespace: Some("stacks"),
+            version: "v1.35.1",
+            worker_class: "default-worker",
+            worker_replicas: 0,
+            image_repository: None,
+        };
+        let v1beta2 = cluster.to_json();
+        assert_eq!(
+            v1beta2["spec"]["topology"]["classRef"],
+            serde_json::json!({"name": "docker-scs-1-35-v1", "namespace": "stacks"})
+        );
+        assert!(v1beta2["spec"]["topology"].get("variables").is_none());
+        cluster.api_version = "cluster.x-k8s.io/v1beta1";
+        cluster.image_repository = Some("registry.k8s.io");
+        let v1beta1 = cluster.to_json();
+        assert_eq!(v1beta1["spec"]["topology"]["class"], "docker-scs-1-35-v1");
+        assert_eq!(v1beta1["spec"]["topology"]["classNamespace"], "stacks");
+        assert_eq!(
+            v1beta1["spec"]["topology"]["variables"][0]["value"],
+            "registry.k8s.io"
+        );
+    }
 
     #[test]
     fn kustomization_labels_are_read_from_pairs_and_common_labels() {

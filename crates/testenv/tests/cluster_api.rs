@@ -20,7 +20,7 @@ use std::{
 };
 
 use cso_testenv::{
-    capi::{Provider, shared_management_with_cluster_api},
+    capi::{Provider, TopologyCluster, shared_management_with_cluster_api},
     usage::Usage,
 };
 use kube::{
@@ -227,24 +227,18 @@ fn ferrol() -> Stack {
 /// tests/fixtures/releases/docker-ferrol-1-27-v1/topology-docker.yaml in the test's namespace, with the value
 /// of the class's required variable `imageRepository` (the example sets `""`).
 fn ferrol_cluster(ns: &str, name: &str, image_repository: &str) -> Value {
-    json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "clusterNetwork": {
-                "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                "pods": {"cidrBlocks": ["192.168.0.0/16"]},
-                "serviceDomain": "cluster.local"
-            },
-            "topology": {
-                "class": "docker-ferrol-1-27-v1",
-                "controlPlane": {"metadata": {}, "replicas": 1},
-                "variables": [{"name": "imageRepository", "value": image_repository}],
-                "version": "v1.27.3",
-                "workers": {"machineDeployments": [{"class": "workeramd64", "name": "md-0", "replicas": 1}]}
-            }
-        }
-    })
+    TopologyCluster {
+        namespace: ns,
+        name,
+        api_version: "cluster.x-k8s.io/v1beta1",
+        class: "docker-ferrol-1-27-v1",
+        class_namespace: None,
+        version: "v1.27.3",
+        worker_class: "workeramd64",
+        worker_replicas: 1,
+        image_repository: Some(image_repository),
+    }
+    .to_json()
 }
 
 /// In a new namespace: renders and applies the stack's ClusterClass (every object must be accepted) and
@@ -435,29 +429,25 @@ async fn empty_image_repository_is_refused_at_the_control_plane(
 async fn scs_1_35_v1beta2_class_is_accepted_and_its_cluster_topology_reconciled() {
     class_is_accepted_and_topology_reconciled(
         Stack {
-            chart: repo().join("tests/fixtures/releases-2026/docker-scs-1-35-v1/docker-scs-1-35-cluster-class-v1.tgz"),
+            chart: repo()
+                .join("tests/fixtures/releases-2026/docker-scs-1-35-v1/docker-scs-1-35-cluster-class-v1.tgz"),
             release: "docker-scs-1-35",
             class: "docker-scs-1-35-v1",
             infrastructure: "DockerCluster",
             version: "v1.35.1",
             cluster: |ns, name| {
-                json!({
-                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                    "metadata": {"name": name, "namespace": ns},
-                    "spec": {
-                        "clusterNetwork": {
-                            "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                            "pods": {"cidrBlocks": ["192.168.0.0/16"]},
-                            "serviceDomain": "cluster.local"
-                        },
-                        "topology": {
-                            "classRef": {"name": "docker-scs-1-35-v1"},
-                            "controlPlane": {"replicas": 1},
-                            "version": "v1.35.1",
-                            "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 1}]}
-                        }
-                    }
-                })
+                TopologyCluster {
+                    namespace: ns,
+                    name,
+                    api_version: "cluster.x-k8s.io/v1beta2",
+                    class: "docker-scs-1-35-v1",
+                    class_namespace: None,
+                    version: "v1.35.1",
+                    worker_class: "default-worker",
+                    worker_replicas: 1,
+                    image_repository: None,
+                }
+                .to_json()
             },
         },
         "capi-scs",
@@ -500,28 +490,18 @@ fn scs_1_34() -> Stack {
 
 /// A v1beta1 Cluster of docker-scs-1-34-v1 with `imageRepository` set, or left to the class's default.
 fn scs_1_34_cluster(ns: &str, name: &str, image_repository: Option<&str>) -> Value {
-    let variables: Vec<Value> = image_repository
-        .map(|value| json!({"name": "imageRepository", "value": value}))
-        .into_iter()
-        .collect();
-    json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "clusterNetwork": {
-                "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                "pods": {"cidrBlocks": ["192.168.0.0/16"]},
-                "serviceDomain": "cluster.local"
-            },
-            "topology": {
-                "class": "docker-scs-1-34-v1",
-                "controlPlane": {"replicas": 1},
-                "variables": variables,
-                "version": "v1.34.3",
-                "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 1}]}
-            }
-        }
-    })
+    TopologyCluster {
+        namespace: ns,
+        name,
+        api_version: "cluster.x-k8s.io/v1beta1",
+        class: "docker-scs-1-34-v1",
+        class_namespace: None,
+        version: "v1.34.3",
+        worker_class: "default-worker",
+        worker_replicas: 1,
+        image_repository,
+    }
+    .to_json()
 }
 
 /// The 2026 OpenStack stack: a `v1beta2` ClusterClass whose infrastructure templates are CAPO's `v1beta1`
@@ -541,23 +521,18 @@ async fn openstack_scs_1_35_class_with_capo_templates_is_accepted_and_its_cluste
             infrastructure: "OpenStackCluster",
             version: "v1.35.3",
             cluster: |ns, name| {
-                json!({
-                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                    "metadata": {"name": name, "namespace": ns},
-                    "spec": {
-                        "clusterNetwork": {
-                            "services": {"cidrBlocks": ["10.96.0.0/12"]},
-                            "pods": {"cidrBlocks": ["192.168.0.0/16"]},
-                            "serviceDomain": "cluster.local"
-                        },
-                        "topology": {
-                            "classRef": {"name": "openstack-scs-1-35-v1"},
-                            "controlPlane": {"replicas": 1},
-                            "version": "v1.35.3",
-                            "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 1}]}
-                        }
-                    }
-                })
+                TopologyCluster {
+                    namespace: ns,
+                    name,
+                    api_version: "cluster.x-k8s.io/v1beta2",
+                    class: "openstack-scs-1-35-v1",
+                    class_namespace: None,
+                    version: "v1.35.3",
+                    worker_class: "default-worker",
+                    worker_replicas: 1,
+                    image_repository: None,
+                }
+                .to_json()
             },
         },
         "capi-openstack",
