@@ -571,12 +571,14 @@ async fn a_broken_stage_or_a_missing_stage_chart_is_reported_and_a_fixed_release
         .await
         .unwrap();
     create_cluster(&client, &ns, "no-chart", "docker-staged-1-27-v3").await;
+    // The release is checked before its first use (its archives read through, every stage's chart present),
+    // so the missing chart is reported as a broken release, before any stage runs.
     let message = wait_condition::<ClusterAddon>(
         &client,
         &ns,
         "cluster-addon-no-chart",
-        condition::HELM_CHART_FOUND,
-        reason::HELM_CHART_MISSING,
+        condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+        reason::ISSUE_WITH_RELEASE_ASSETS,
     )
     .await;
     assert!(message.contains("missing-chart"), "{message}");
