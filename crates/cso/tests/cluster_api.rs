@@ -426,7 +426,7 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         env.control_plane.kubeconfig_path(),
         &release_dir,
         None,
-        github.api_url(),
+        &Source::Github(github.api_url()),
         &log,
         &instance,
         &[&stage_timeout, &chart_mirror],

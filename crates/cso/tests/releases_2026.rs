@@ -8,7 +8,6 @@
 use std::{
     collections::BTreeSet,
     path::Path,
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -59,56 +58,6 @@ fn scs_stack(namespace: &str, minor: u32) -> ClusterStack {
     .unwrap()
 }
 
-/// `cso run` with the OCI source (the Go operator's `OCI_*` variables), watching `namespace`.
-fn start_oci_operator(
-    kubeconfig: &Path,
-    release_dir: &Path,
-    namespace: &str,
-    registry: &str,
-    log: &Path,
-    instance: &Instance<'_>,
-    chart_mirror: &str,
-) -> KillOnDrop {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_cso"))
-            .arg("run")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--leader-elect=false")
-            .arg("-namespace")
-            .arg(namespace)
-            .arg(format!("--release-dir={}", release_dir.display()))
-            .arg("--source=oci")
-            .arg(format!("--chart-mirror={chart_mirror}"))
-            .arg(format!("--hook-port={}", instance.hook_port))
-            .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
-            .arg(format!("--webhook-port={}", instance.webhook_port))
-            .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
-            .arg(format!(
-                "--metrics-bind-address=127.0.0.1:{}",
-                instance.metrics_port
-            ))
-            .arg(format!(
-                "--health-probe-bind-address=127.0.0.1:{}",
-                instance.health_port
-            ))
-            .args(["--log-level=debug", "--log-format=json"])
-            .env("OCI_REGISTRY", registry)
-            .env("OCI_REPOSITORY", format!("{registry}/{REPOSITORY}"))
-            .env("OCI_PLAIN_HTTP", "true")
-            .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
-            .env("TMPDIR", release_dir)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
 fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
@@ -150,14 +99,18 @@ async fn releases_of_2026_from_oci_install_classes_and_addons() {
     eprintln!("operator log: {}", log.display());
     let release_dir = work.join("releases");
     std::fs::create_dir_all(&release_dir).unwrap();
-    let _operator = start_oci_operator(
+    let chart_mirror = format!("--chart-mirror={}", charts.url());
+    let _operator = start_operator_with(
         env.control_plane.kubeconfig_path(),
         &release_dir,
-        &ns,
-        registry.host(),
+        Some(&ns),
+        &Source::Oci {
+            registry: registry.host(),
+            repository: REPOSITORY,
+        },
         &log,
         &instance,
-        &charts.url(),
+        &[&chart_mirror],
     );
 
     // The ClusterStacks → both ClusterClasses, v1beta2 beside v1beta1, reconciled by Cluster API.

@@ -72,19 +72,28 @@ pub fn start_operator(
         kubeconfig,
         release_dir,
         Some(namespace),
-        github,
+        &Source::Github(github),
         log,
         instance,
         &[],
     )
 }
 
-/// `cso run` watching `namespace` (every namespace when `None`), with `extra` flags.
+/// Where `cso run` gets its releases.
+pub enum Source<'a> {
+    /// The GitHub API at this URL (the stand-in), repository `SovereignCloudStack/cluster-stacks`.
+    Github(&'a str),
+    /// The OCI registry `registry` (`host:port`, plain HTTP on loopback), repository `repository` in it.
+    Oci { registry: &'a str, repository: &'a str },
+}
+
+/// `cso run` watching `namespace` (every namespace when `None`), with releases from `source` and `extra`
+/// flags.
 pub fn start_operator_with(
     kubeconfig: &Path,
     release_dir: &Path,
     namespace: Option<&str>,
-    github: &str,
+    source: &Source<'_>,
     log: &Path,
     instance: &Instance<'_>,
     extra: &[&str],
@@ -109,11 +118,26 @@ pub fn start_operator_with(
             .arg("-namespace")
             .arg(namespace);
     }
+    match source {
+        Source::Github(url) => {
+            command
+                .arg("--source=github")
+                .arg(format!("--github-api-url={url}"))
+                .env("GIT_PROVIDER", "github")
+                .env("GIT_ORG_NAME", "SovereignCloudStack")
+                .env("GIT_REPOSITORY_NAME", "cluster-stacks\n");
+        }
+        Source::Oci { registry, repository } => {
+            command
+                .arg("--source=oci")
+                .env("OCI_REGISTRY", registry)
+                .env("OCI_REPOSITORY", format!("{registry}/{repository}"))
+                .env("OCI_PLAIN_HTTP", "true");
+        }
+    }
     KillOnDrop(
         command
             .arg(format!("--release-dir={}", release_dir.display()))
-            .arg("--source=github")
-            .arg(format!("--github-api-url={github}"))
             .arg("--clusterstackrelease-concurrency=2")
             .arg(format!("--hook-port={}", instance.hook_port))
             .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
@@ -129,9 +153,6 @@ pub fn start_operator_with(
             ))
             .args(["--log-level=debug", "--log-format=json"])
             .args(extra)
-            .env("GIT_PROVIDER", "github")
-            .env("GIT_ORG_NAME", "SovereignCloudStack")
-            .env("GIT_REPOSITORY_NAME", "cluster-stacks\n")
             .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
             // Its scratch directories (helm's home, kubeconfigs) go with the test's, even after a SIGKILL.
             .env("TMPDIR", release_dir)
