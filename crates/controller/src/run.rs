@@ -84,6 +84,41 @@ fn touched_clusters(
     )
 }
 
+/// The Clusters whose class or life changed: created, moved to another class, being deleted, gone. Status
+/// writes are left out: Cluster API rewrites a Cluster's conditions all the time (with messages that change
+/// at every reconcile), and a release reconcile on each would re-apply its ClusterClass, which moves a
+/// `v1beta1` class's generation and makes Cluster API write the Cluster again: a loop.
+fn class_or_life_changes(
+    ctx: &Context,
+    config: &watcher::Config,
+) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + use<> {
+    let mut seen: std::collections::HashMap<(String, String), (Option<String>, bool)> = Default::default();
+    watcher(ctx.clusters(ctx.settings.namespace.as_deref()), config.clone())
+        .backoff(watch::backoff())
+        .filter_map(move |event| {
+            let changed = match event {
+                Ok(watcher::Event::Apply(cluster) | watcher::Event::InitApply(cluster)) => {
+                    let key = (cluster.namespace().unwrap_or_default(), cluster.name_any());
+                    let state = (
+                        cluster.class().map(|c| format!("{c:?}")),
+                        cluster.meta().deletion_timestamp.is_some(),
+                    );
+                    (seen.insert(key, state.clone()) != Some(state)).then_some(cluster)
+                }
+                Ok(watcher::Event::Delete(cluster)) => {
+                    seen.remove(&(cluster.namespace().unwrap_or_default(), cluster.name_any()));
+                    Some(cluster)
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "Cluster watch interrupted; retrying");
+                    None
+                }
+            };
+            std::future::ready(changed.map(Ok))
+        })
+}
+
 impl Operator {
     /// The context the reconcilers share, for calling a reconciler directly (the watches of provider
     /// objects it starts trigger nothing). [`run`] builds its own.
@@ -207,7 +242,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let releases = releases
         // A Cluster moved on or went away: a release waiting to be deleted may go now.
         .watches_stream_with(
-            touched_clusters(&ctx, &config),
+            class_or_life_changes(&ctx, &config),
             |cluster| {
                 let (id, class_namespace) = cluster.stack_release()?;
                 Some(ObjectRef::new(&id.tag()).within(&class_namespace))
