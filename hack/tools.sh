@@ -11,6 +11,8 @@
 #   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
 #   docker-registry Debian's CNCF distribution registry, for the OCI tests
+#   cso-renderer    hack/renderer: cso's long-lived renderer on Helm's own engine (helm.sh/helm/v3 $HELM_VERSION's
+#                   packages), what the image ships beside helm; rebuilt when its sources change; ~1 minute cold
 #   yaml2json       a few lines of Go over sigs.k8s.io/yaml (go-yaml v2) and k8s.io/apimachinery's YAMLReader, the
 #                   YAML parsing of Helm 3, kubectl and the Go operator: the reference of the manifest parser's
 #                   differential test (crates/render/tests/yaml_parity.rs); ~15 s cold, modules from the proxy
@@ -37,6 +39,8 @@ CAPI_MANAGER_DIR="$CACHE/capi-$CAPI_MANAGER_VERSION"
 # The helper's modules are Helm $HELM_VERSION's (sigs.k8s.io/yaml, go.yaml.in/yaml/v2); bump the revision when
 # build_yaml2json's source changes.
 YAML2JSON="$CACHE/yaml2json-r1/yaml2json"
+# The renderer's directory is named after a digest of its sources: a change there builds it again.
+RENDERER="$CACHE/renderer-$(cat "$ROOT/hack/renderer/go.mod" "$ROOT/hack/renderer/go.sum" "$ROOT/hack/renderer/main.go" | sha256sum | cut -c1-12)/cso-renderer"
 
 say() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -51,6 +55,7 @@ print_env() {
   echo "CSO_HELM=$HELM"
   echo "CSO_HELM4=$HELM4"
   echo "CSO_YAML2JSON=$YAML2JSON"
+  echo "CSO_RENDERER=$RENDERER"
   echo "CSO_CAPI_CRD_DIRS=$capi_dir/config/crd/bases:$capi_dir/bootstrap/kubeadm/config/crd/bases:$capi_dir/controlplane/kubeadm/config/crd/bases:$capi_test_dir/infrastructure/docker/config/crd/bases"
   if command -v docker-registry >/dev/null 2>&1; then echo "CSO_REGISTRY=$(command -v docker-registry)"; fi
   print_capi_manager_env
@@ -218,6 +223,21 @@ EOF
   say "yaml2json: built in $((SECONDS - start))s"
 }
 
+# build_renderer: hack/renderer (its own go.mod, modules from the Go module proxy), with the Helm version its go.mod
+# requires stamped in as build_helm stamps it, so that `.Capabilities.HelmVersion` reads the same as helm's.
+build_renderer() {
+  local helm_version
+  helm_version="$(awk '$1 == "helm.sh/helm/v3" { print $2 }' "$ROOT/hack/renderer/go.mod")"
+  if [[ -x "$RENDERER" ]]; then say "cso-renderer: cached at $RENDERER"; return; fi
+  say "cso-renderer: building hack/renderer from the Go module proxy (cold: about a minute)"
+  local start=$SECONDS
+  mkdir -p "$(dirname "$RENDERER")"
+  (cd "$ROOT/hack/renderer" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" -o "$RENDERER.tmp" .)
+  mv "$RENDERER.tmp" "$RENDERER"
+  say "cso-renderer: built in $((SECONDS - start))s"
+}
+
 fetch_capi() {
   say "cluster-api $CAPI_VERSION CRDs: downloading into the Go module cache (if missing)"
   # The checksum database has no entry for the test module of some releases: skip the lookup for it alone.
@@ -245,6 +265,7 @@ case "${1:-install}" in
     build_helm "$HELM_VERSION" "$HELM"
     build_helm "$HELM4_VERSION" "$HELM4"
     build_yaml2json
+    build_renderer
     install_registry
     build_kube_apiserver
     build_capi
