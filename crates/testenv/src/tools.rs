@@ -1,5 +1,5 @@
 //! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API and cert-manager CRDs, the
-//! OCI registry and the go-yaml reference converter.
+//! OCI registry, the go-yaml reference converter and the renderer on Helm's engine.
 //!
 //! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
 //! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
@@ -25,6 +25,9 @@ pub struct Tools {
     /// hack/tools.sh's `yaml2json`: a YAML stream on stdin to a JSON array of its documents, split and converted as
     /// kubectl and Helm do (apimachinery's YAMLReader, sigs.k8s.io/yaml): the manifest parser's reference.
     pub yaml2json: Option<PathBuf>,
+    /// hack/tools.sh's `cso-renderer` (hack/renderer): the long-lived renderer on Helm's own engine that
+    /// `cso_render::engine` drives.
+    pub renderer: Option<PathBuf>,
 }
 
 impl Tools {
@@ -73,6 +76,7 @@ impl Tools {
             capi_crd_dirs,
             cert_manager_crd_dir: lookup("CSO_CERT_MANAGER_CRD_DIR").map(PathBuf::from),
             yaml2json: lookup("CSO_YAML2JSON").map(PathBuf::from),
+            renderer: lookup("CSO_RENDERER").map(PathBuf::from),
         })
     }
 }
