@@ -66,6 +66,9 @@ pub mod reason {
     pub const NO_CLUSTER_STACK_CLASS: &str = "NoClusterStackClass";
     /// *New.* `HelmChartDeleted` / deletion of a ClusterStackRelease: some objects could not be deleted.
     pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
+    /// *New.* `ClusterStackReleaseDownloaded` False: a chart dependency of the release (a subchart it does not
+    /// vendor) could not be fetched; the message names the chart, the dependency's version and repository.
+    pub const CHART_DEPENDENCY_UNAVAILABLE: &str = "ChartDependencyUnavailable";
 }
 
 /// Event reasons.
@@ -82,6 +85,8 @@ pub mod event {
     pub const VALIDATE_HELM_CHART_FAILED: &str = "ValidateHelmChartFailed";
     /// *New.*
     pub const RELEASE_DOWNLOAD_FAILED: &str = "ReleaseDownloadFailed";
+    /// *New.* A chart dependency of a release could not be fetched when the release entered the cache.
+    pub const CHART_DEPENDENCY_UNAVAILABLE: &str = "ChartDependencyUnavailable";
     /// *New.*
     pub const FAILED_TO_RENDER_CHART: &str = "FailedToRenderChart";
     /// *New.*

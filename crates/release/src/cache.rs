@@ -44,6 +44,13 @@ pub enum CacheError {
     },
     #[error("release {tag} is unusable: {error}")]
     Release { tag: String, error: ReleaseError },
+    /// A chart dependency of the release could not be fetched (see [`crate::deps`]): the message names the
+    /// chart, the dependency, its version and the repository asked. Nothing was cached; worth retrying.
+    #[error("release {tag}: chart {error}")]
+    Dependency {
+        tag: String,
+        error: crate::deps::DependencyError,
+    },
     #[error("release cache {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -337,10 +344,9 @@ impl ReleaseCache {
             .dependencies
             .resolve(&release, self.limits)
             .await
-            .map_err(|error| CacheError::Source {
+            .map_err(|error| CacheError::Dependency {
                 tag: tag.clone(),
-                source_kind: "chart repository",
-                error: error.into_source_error(),
+                error,
             })?;
         if !resolved.added.is_empty() {
             self.verify_staged(staging.path(), &tag, verify).await?;

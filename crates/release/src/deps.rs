@@ -16,9 +16,11 @@
 //! `urls[0]` resolved relative to the repository) and `oci://` registries (`<prefix>/<name>:<version>`, the
 //! layer `application/vnd.cncf.helm.chart.content.v1.tar+gzip`, its digest checked). [`ChartMirrors`]
 //! (`--chart-mirror`) sends every dependency, or those of one repository, to a mirror instead. Basic
-//! credentials come from the repository's or mirror's URL (`https://user:password@host/...`), and for OCI
-//! registries also from the usual registry config (`docker login`, `helm registry login`); they are never
-//! written into errors or logs.
+//! credentials, first found wins: the repository's or mirror's URL (`https://user:password@host/...`);
+//! [`ChartCredentials`] by host (`--chart-mirror-credentials`: a `kubernetes.io/dockerconfigjson` Secret,
+//! for HTTP(S) repositories and OCI registries alike); for OCI registries, the usual registry config files
+//! ([`default_registry_configs`]: `REGISTRY_AUTH_FILE`, `docker login`, `helm registry login`). Credentials
+//! are never written into errors, logs or `Debug` output, and are sent only to the host they are for.
 //!
 //! Any dependency that cannot be had fails the whole release with an error naming the chart, the
 //! version, the repository and the reason; the cache then drops the staging directory, so nothing is
@@ -29,6 +31,7 @@ use std::{
     fs::File,
     io::{BufReader, BufWriter, Read},
     path::{Component, Path, PathBuf},
+    sync::{Arc, RwLock},
     time::Duration,
 };
 
@@ -44,7 +47,6 @@ use url::Url;
 use crate::{
     Release,
     archive::{self, UnpackLimits},
-    source::SourceError,
 };
 
 /// The layer media type of a Helm chart pushed to an OCI registry.
@@ -161,23 +163,6 @@ pub enum FailureKind {
     Io,
 }
 
-impl DependencyError {
-    /// As a [`SourceError`], so that the cache reports it with its existing kinds: an integrity failure as
-    /// one, everything else as a failed fetch from the repository (retried with backoff by the controllers).
-    pub fn into_source_error(self) -> SourceError {
-        match self.kind {
-            FailureKind::Integrity => SourceError::Integrity(self.to_string()),
-            _ => SourceError::Network {
-                url: self.repository.clone(),
-                message: format!(
-                    "dependency {} {} of chart {}: {}",
-                    self.name, self.version, self.chart, self.reason
-                ),
-            },
-        }
-    }
-}
-
 /// What resolving a release's dependencies did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resolved {
@@ -187,11 +172,125 @@ pub struct Resolved {
     pub bytes: u64,
 }
 
-/// Fetches chart dependencies. Cheap to clone.
+/// Basic credentials for chart repositories and registries, by host (`host` or `host:port`, as in a Docker
+/// config's `auths`). `Debug` shows the hosts only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ChartCredentials {
+    by_host: BTreeMap<String, (String, String)>,
+}
+
+impl std::fmt::Debug for ChartCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChartCredentials")
+            .field("hosts", &self.hosts())
+            .finish()
+    }
+}
+
+impl ChartCredentials {
+    /// Reads a Docker config (`.dockerconfigjson` of a `kubernetes.io/dockerconfigjson` Secret,
+    /// `~/.docker/config.json`): every `auths` entry with `auth` (base64 `user:password`) or
+    /// `username`/`password`. Keys may be `host`, `host:port` or a URL (`https://host/v1/`); entries without
+    /// inline credentials (credential helpers) are skipped. Errors never quote the text.
+    pub fn from_docker_config(text: &[u8]) -> Result<Self, String> {
+        let config: serde_json::Value = serde_json::from_slice(text)
+            .map_err(|e| format!("not a Docker config (JSON): line {}", e.line()))?;
+        let auths = config
+            .get("auths")
+            .and_then(|a| a.as_object())
+            .ok_or("not a Docker config: no \"auths\" map")?;
+        let mut credentials = ChartCredentials::default();
+        for (key, entry) in auths {
+            if let Some((user, password)) = basic_of_entry(entry) {
+                credentials.insert(key, user, password);
+            }
+        }
+        Ok(credentials)
+    }
+
+    /// Adds credentials for `host` (`host`, `host:port` or a URL; compared without scheme, path and case).
+    pub fn insert(&mut self, host: &str, user: impl Into<String>, password: impl Into<String>) {
+        self.by_host
+            .insert(host_of_key(host), (user.into(), password.into()));
+    }
+
+    /// The credentials for `host` (`host` or `host:port`).
+    pub fn for_host(&self, host: &str) -> Option<(&str, &str)> {
+        self.by_host
+            .get(&host.to_ascii_lowercase())
+            .map(|(u, p)| (u.as_str(), p.as_str()))
+    }
+
+    /// The hosts credentials are known for (what may be logged).
+    pub fn hosts(&self) -> Vec<&str> {
+        self.by_host.keys().map(String::as_str).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_host.is_empty()
+    }
+}
+
+/// A Docker config key as a host: `https://Registry.example:5000/v1/` → `registry.example:5000`.
+fn host_of_key(key: &str) -> String {
+    let key = key.trim();
+    let without_scheme = key.split_once("://").map_or(key, |(_, rest)| rest);
+    without_scheme
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+/// `host` or `host:port` of `url`, as credentials are keyed (the port only when the URL names one).
+fn host_of_url(url: &Url) -> String {
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host,
+    }
+}
+
+/// The registry config files read for the credentials of OCI registries, in order (the first that has an
+/// entry for the host wins): `$REGISTRY_AUTH_FILE` (podman, skopeo, buildah), `$DOCKER_CONFIG/config.json`,
+/// `~/.docker/config.json` (`docker login`), `$HELM_REGISTRY_CONFIG`, else Helm's
+/// `$XDG_CONFIG_HOME/helm/registry/config.json` or `~/.config/helm/registry/config.json` (`helm registry
+/// login`). In a pod, a `kubernetes.io/dockerconfigjson` Secret can be mounted at one of them.
+pub fn default_registry_configs() -> Vec<PathBuf> {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let home = var("HOME");
+    let helm = var("HELM_REGISTRY_CONFIG").or_else(|| {
+        var("XDG_CONFIG_HOME")
+            .or_else(|| home.as_ref().map(|h| h.join(".config")))
+            .map(|c| c.join("helm/registry/config.json"))
+    });
+    [
+        var("REGISTRY_AUTH_FILE"),
+        var("DOCKER_CONFIG").map(|d| d.join("config.json")),
+        home.as_ref().map(|h| h.join(".docker/config.json")),
+        helm,
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Fetches chart dependencies. Cheap to clone; clones share their [`ChartCredentials`].
 #[derive(Clone, Debug)]
 pub struct DependencyResolver {
     mirrors: ChartMirrors,
     http: reqwest::Client,
+    /// From `--chart-mirror-credentials`, replaced when its Secret changes.
+    credentials: Arc<RwLock<ChartCredentials>>,
+    /// Registry config files for OCI credentials (read at each fetch, so a later `docker login` counts).
+    registry_configs: Vec<PathBuf>,
 }
 
 /// One `dependencies` entry of a `Chart.yaml`.
@@ -255,11 +354,35 @@ impl DependencyResolver {
             .timeout(Duration::from_secs(120))
             .build()
             .unwrap_or_default();
-        DependencyResolver { mirrors, http }
+        DependencyResolver {
+            mirrors,
+            http,
+            credentials: Arc::default(),
+            registry_configs: default_registry_configs(),
+        }
     }
 
     pub fn mirrors(&self) -> &ChartMirrors {
         &self.mirrors
+    }
+
+    /// Reads OCI credentials from `files` instead of [`default_registry_configs`].
+    pub fn with_registry_configs(mut self, files: Vec<PathBuf>) -> Self {
+        self.registry_configs = files;
+        self
+    }
+
+    /// Uses `credentials` from now on, in this resolver and all its clones (the cache's included).
+    pub fn set_credentials(&self, credentials: ChartCredentials) {
+        *self.credentials.write().unwrap_or_else(|p| p.into_inner()) = credentials;
+    }
+
+    fn credentials_for(&self, host: &str) -> Option<(String, String)> {
+        self.credentials
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .for_host(host)
+            .map(|(u, p)| (u.to_owned(), p.to_owned()))
     }
 
     /// Adds every missing dependency to the archives of `release` (in its directory, which must be the
@@ -438,7 +561,7 @@ impl DependencyResolver {
         })
     }
 
-    /// GET `url`, at most `limit` bytes; basic credentials from the URL's userinfo.
+    /// GET `url`, at most `limit` bytes; basic credentials from the URL's userinfo, else those of its host.
     async fn get(&self, url: &Url, limit: usize) -> Result<Vec<u8>, (FailureKind, String)> {
         let shown = redact(url.as_str());
         let mut plain = url.clone();
@@ -448,6 +571,8 @@ impl DependencyResolver {
         if !url.username().is_empty() {
             let password = url.password().map(percent_decode);
             request = request.basic_auth(percent_decode(url.username()), password);
+        } else if let Some((user, password)) = self.credentials_for(&host_of_url(url)) {
+            request = request.basic_auth(user, Some(password));
         }
         let mut response = request
             .send()
@@ -489,17 +614,16 @@ impl DependencyResolver {
         // `oci://user:password@host/path`: the userinfo is the registry's basic credentials.
         let url = Url::parse(&format!("oci://{prefix}"))
             .map_err(|e| fail(FailureKind::Invalid, format!("not a URL: {e}")))?;
-        let host = match url.port() {
-            Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
-            None => url.host_str().unwrap_or_default().to_owned(),
-        };
-        let auth = if url.username().is_empty() {
-            docker_config_auth(&host).unwrap_or(RegistryAuth::Anonymous)
-        } else {
+        let host = host_of_url(&url);
+        let auth = if !url.username().is_empty() {
             RegistryAuth::Basic(
                 percent_decode(url.username()),
                 url.password().map(percent_decode).unwrap_or_default(),
             )
+        } else if let Some((user, password)) = self.credentials_for(&host) {
+            RegistryAuth::Basic(user, password)
+        } else {
+            registry_config_auth(&self.registry_configs, &host).unwrap_or(RegistryAuth::Anonymous)
         };
         let path = url.path().trim_matches('/');
         let repository = if path.is_empty() {
@@ -625,51 +749,40 @@ pub fn missing(release: &Release) -> std::io::Result<Vec<(String, String)>> {
     Ok(missing)
 }
 
-/// Basic credentials for `host` from the usual registry config, as `docker login` and `helm registry login`
-/// write it: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`, else Helm's
-/// `~/.config/helm/registry/config.json` (in a pod: a `kubernetes.io/dockerconfigjson` Secret mounted there).
+/// Basic credentials for `host` from the first of `files` that has them (see [`default_registry_configs`]).
 /// Only inline `auths` entries; credential helpers (`credsStore`) are not run.
-fn docker_config_auth(host: &str) -> Option<RegistryAuth> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let files = [
-        std::env::var_os("DOCKER_CONFIG").map(|d| PathBuf::from(d).join("config.json")),
-        home.as_ref().map(|h| h.join(".docker/config.json")),
-        home.as_ref().map(|h| h.join(".config/helm/registry/config.json")),
-    ];
+fn registry_config_auth(files: &[PathBuf], host: &str) -> Option<RegistryAuth> {
     files
-        .into_iter()
-        .flatten()
+        .iter()
         .filter_map(|file| std::fs::read_to_string(file).ok())
         .find_map(|text| auth_from_config(&text, host))
 }
 
 fn auth_from_config(text: &str, host: &str) -> Option<RegistryAuth> {
+    let credentials = ChartCredentials::from_docker_config(text.as_bytes()).ok()?;
+    let (user, password) = credentials.for_host(host)?;
+    Some(RegistryAuth::Basic(user.to_owned(), password.to_owned()))
+}
+
+/// The inline credentials of one `auths` entry: `auth` (base64 `user:password`), else `username` and
+/// `password`.
+fn basic_of_entry(entry: &serde_json::Value) -> Option<(String, String)> {
     use base64::Engine as _;
-    let config: serde_json::Value = serde_json::from_str(text).ok()?;
-    let auths = config.get("auths")?.as_object()?;
-    // Keys are written as `host`, `https://host` or `https://host/v1/`.
-    let entry = auths.iter().find_map(|(key, value)| {
-        let bare = key
-            .trim_start_matches("https://")
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .unwrap_or_default();
-        (bare == host).then_some(value)
-    })?;
-    if let Some(auth) = entry.get("auth").and_then(|a| a.as_str()) {
+    if let Some(auth) = entry
+        .get("auth")
+        .and_then(|a| a.as_str())
+        .filter(|a| !a.is_empty())
+    {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(auth.trim())
             .ok()?;
-        let (user, password) = String::from_utf8(decoded)
-            .ok()?
-            .split_once(':')
-            .map(|(u, p)| (u.to_owned(), p.to_owned()))?;
-        return Some(RegistryAuth::Basic(user, password));
+        let text = String::from_utf8(decoded).ok()?;
+        let (user, password) = text.split_once(':')?;
+        return Some((user.to_owned(), password.to_owned()));
     }
     let user = entry.get("username")?.as_str()?;
     let password = entry.get("password")?.as_str()?;
-    Some(RegistryAuth::Basic(user.to_owned(), password.to_owned()))
+    Some((user.to_owned(), password.to_owned()))
 }
 
 fn percent_decode(text: &str) -> String {
@@ -1234,6 +1347,25 @@ mod tests {
         );
         assert!(auth_from_config(config, "registry.example").is_none());
         assert!(auth_from_config("{\"credsStore\": \"desktop\"}", "other.example").is_none());
+
+        let credentials = ChartCredentials::from_docker_config(config.as_bytes()).unwrap();
+        assert_eq!(credentials.hosts(), ["other.example", "registry.example:5000"]);
+        assert_eq!(
+            credentials.for_host("registry.example:5000"),
+            Some(("mirror", "s3cret"))
+        );
+        assert!(!format!("{credentials:?}").contains("s3cret"));
+        let error = ChartCredentials::from_docker_config(b"{\"s3cret\": 1").unwrap_err();
+        assert!(!error.contains("s3cret"), "{error}");
+        assert!(ChartCredentials::from_docker_config(b"{}").is_err());
+        assert_eq!(
+            host_of_key("HTTPS://Charts.Example:8443/v1/"),
+            "charts.example:8443"
+        );
+        assert_eq!(
+            host_of_url(&Url::parse("https://charts.example/x/index.yaml").unwrap()),
+            "charts.example"
+        );
     }
 
     #[test]

@@ -15,8 +15,9 @@ use std::{
 
 use cso_api::ReleaseId;
 use cso_release::{
-    CacheError, ChartMirrors, DependencyResolver, ReleaseCache, SourceError,
+    CacheError, ChartMirrors, DependencyResolver, ReleaseCache,
     archive::UnpackLimits,
+    deps::FailureKind,
     source::github::{GithubConfig, GithubSource},
 };
 use cso_render::{ChartRenderer, Helm, RenderRequest};
@@ -204,11 +205,8 @@ async fn an_unreachable_mirror_caches_nothing_until_it_is_back() {
     let text = error.to_string();
     assert!(
         matches!(
-            error,
-            CacheError::Source {
-                error: SourceError::Network { .. },
-                ..
-            }
+            &error,
+            CacheError::Dependency { error, .. } if error.kind == FailureKind::Unreachable
         ),
         "{error:?}"
     );
@@ -262,11 +260,8 @@ async fn a_digest_mismatch_is_refused() {
     let error = cache.get(&id()).await.unwrap_err();
     assert!(
         matches!(
-            error,
-            CacheError::Source {
-                error: SourceError::Integrity(_),
-                ..
-            }
+            &error,
+            CacheError::Dependency { error, .. } if error.kind == FailureKind::Integrity
         ),
         "{error:?}"
     );

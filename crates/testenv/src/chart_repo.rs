@@ -1,7 +1,9 @@
 //! A Helm chart repository on loopback: serves the `<name>-<version>.tgz` archives of a directory and an
 //! `index.yaml` generated from them (name, version, sha256 `digest`, a relative URL), as `helm repo index`
 //! writes one. It can be stopped and started again on the same address (an unreachable repository, then a
-//! repository that is back), and told to publish a wrong digest for one archive.
+//! repository that is back), hang up on every connection while still counting them (a repository that is
+//! down, seen from its clients, whose attempts a test counts), require HTTP basic authentication (a private
+//! mirror), and be told to publish a wrong digest for one archive.
 //!
 //! Name and version come from the file name (`metrics-server-3.13.0.tgz`: the name ends at the first `-`
 //! followed by a digit), which is how the charts of a repository are named. Every answer carries
@@ -29,14 +31,43 @@ use crate::Error;
 struct Inner {
     /// Digests published instead of the real ones, by file name.
     wrong_digests: HashMap<String, String>,
-    /// Requests served, by path.
+    /// Requests served, by path; connections hung up on as [`HUNG_UP`].
     requests: Vec<String>,
 }
+
+/// How [`ChartRepo::requests`] lists a connection the repository hung up on.
+pub const HUNG_UP: &str = "(hung up)";
 
 #[derive(Clone, Debug)]
 struct Shared {
     dir: PathBuf,
     inner: Arc<Mutex<Inner>>,
+    /// `Authorization` every request must carry, when the repository is private.
+    authorization: Option<String>,
+}
+
+impl Shared {
+    fn record(&self, request: String) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .requests
+            .push(request);
+    }
+
+    /// `None` when the request may be served, else the answer: 401 with a challenge, as a private repository
+    /// answers.
+    fn refuse(&self, headers: &header::HeaderMap) -> Option<Response> {
+        let wanted = self.authorization.as_deref()?;
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        (given != Some(wanted)).then(|| {
+            close((
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Basic realm=\"charts\"")],
+                "unauthorized",
+            ))
+        })
+    }
 }
 
 /// A running chart repository. Dropping it stops it.
@@ -58,9 +89,21 @@ impl Drop for ChartRepo {
 impl ChartRepo {
     /// Serves the chart archives of `dir` on a free loopback port.
     pub async fn start(dir: &Path) -> Result<Self, Error> {
+        Self::start_with(dir, None).await
+    }
+
+    /// A private repository: every request needs HTTP basic authentication as `user:password`, else 401.
+    pub async fn start_with_basic_auth(dir: &Path, user: &str, password: &str) -> Result<Self, Error> {
+        use base64::Engine as _;
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        Self::start_with(dir, Some(format!("Basic {token}"))).await
+    }
+
+    async fn start_with(dir: &Path, authorization: Option<String>) -> Result<Self, Error> {
         let shared = Shared {
             dir: dir.to_path_buf(),
             inner: Arc::default(),
+            authorization,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -98,6 +141,24 @@ impl ChartRepo {
             task.abort();
             let _ = task.await;
         }
+    }
+
+    /// Stops serving HTTP and, in its place, accepts every connection and closes it at once, without an
+    /// answer: the repository is down as its clients see it, and each attempt is counted in
+    /// [`ChartRepo::requests`] as [`HUNG_UP`]. [`ChartRepo::restart`] serves again.
+    pub async fn hang_up(&mut self) -> Result<(), Error> {
+        self.stop().await;
+        let listener = tokio::net::TcpListener::bind(self.addr)
+            .await
+            .map_err(|e| Error::io(Path::new(&self.addr.to_string()), e))?;
+        let shared = self.shared.clone();
+        self.task = Some(tokio::spawn(async move {
+            while let Ok((connection, _)) = listener.accept().await {
+                shared.record(HUNG_UP.to_owned());
+                drop(connection);
+            }
+        }));
+        Ok(())
     }
 
     /// Serves again on the same address.
@@ -145,13 +206,11 @@ fn close(response: impl IntoResponse) -> Response {
     response
 }
 
-async fn index(State(shared): State<Shared>) -> Response {
-    shared
-        .inner
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .requests
-        .push("/index.yaml".into());
+async fn index(State(shared): State<Shared>, headers: header::HeaderMap) -> Response {
+    shared.record("/index.yaml".into());
+    if let Some(refused) = shared.refuse(&headers) {
+        return refused;
+    }
     let mut files: Vec<String> = match std::fs::read_dir(&shared.dir) {
         Ok(entries) => entries
             .flatten()
@@ -195,13 +254,15 @@ async fn index(State(shared): State<Shared>) -> Response {
     close(([(header::CONTENT_TYPE, "application/x-yaml")], body))
 }
 
-async fn archive(State(shared): State<Shared>, UrlPath(file): UrlPath<String>) -> Response {
-    shared
-        .inner
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .requests
-        .push(format!("/{file}"));
+async fn archive(
+    State(shared): State<Shared>,
+    UrlPath(file): UrlPath<String>,
+    headers: header::HeaderMap,
+) -> Response {
+    shared.record(format!("/{file}"));
+    if let Some(refused) = shared.refuse(&headers) {
+        return refused;
+    }
     if file.contains(['/', '\\']) || file.starts_with('.') || !file.ends_with(".tgz") {
         return close(StatusCode::NOT_FOUND);
     }
@@ -279,5 +340,50 @@ mod tests {
                 .await
                 .is_ok()
         );
+    }
+
+    #[tokio::test]
+    async fn private_and_hung_up() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("demo-1.2.3.tgz"), b"chart").unwrap();
+        let mut repo = ChartRepo::start_with_basic_auth(dir.path(), "u", "p")
+            .await
+            .unwrap();
+        crate::install_crypto_provider();
+        let client = reqwest::Client::new();
+        let index = format!("{}index.yaml", repo.url());
+        let status = |r: reqwest::Response| r.status().as_u16();
+        assert_eq!(status(client.get(&index).send().await.unwrap()), 401);
+        let wrong = client
+            .get(&index)
+            .basic_auth("u", Some("x"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(status(wrong), 401);
+        let right = client
+            .get(&index)
+            .basic_auth("u", Some("p"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(status(right), 200);
+
+        repo.hang_up().await.unwrap();
+        assert!(client.get(&index).send().await.is_err());
+        assert_eq!(
+            repo.requests().iter().filter(|r| *r == HUNG_UP).count(),
+            1,
+            "{:?}",
+            repo.requests()
+        );
+        repo.restart().await.unwrap();
+        let back = client
+            .get(&index)
+            .basic_auth("u", Some("p"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(status(back), 200);
     }
 }

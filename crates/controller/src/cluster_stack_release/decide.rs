@@ -10,7 +10,10 @@ use cso_api::{
     names::{condition, event, reason},
 };
 use cso_apply::ApplyReport;
-use cso_release::{CacheError, SourceError};
+use cso_release::{
+    CacheError, SourceError,
+    deps::{DependencyError, FailureKind},
+};
 
 use crate::events::{Events, FalseCondition, Kind};
 
@@ -372,6 +375,16 @@ impl FetchFailure {
                     event::RELEASE_DOWNLOAD_FAILED,
                 )
             },
+            // Retried with backoff whatever the kind: a mirror is filled, a repository fixed, without a
+            // change to any object. Wrong content (a digest mismatch, not a chart) is an Error.
+            CacheError::Dependency { error, .. } => downloaded(
+                reason::CHART_DEPENDENCY_UNAVAILABLE,
+                match error.kind {
+                    FailureKind::Unreachable | FailureKind::NotFound => Severity::Warning,
+                    FailureKind::Integrity | FailureKind::Invalid | FailureKind::Io => Severity::Error,
+                },
+                event::CHART_DEPENDENCY_UNAVAILABLE,
+            ),
             CacheError::Release { .. } => downloaded(
                 reason::ISSUE_WITH_RELEASE_ASSETS,
                 Severity::Error,
@@ -726,6 +739,30 @@ mod tests {
                     event::RELEASE_DOWNLOAD_FAILED,
                 ),
             ),
+            (
+                dependency(FailureKind::Unreachable),
+                (
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::CHART_DEPENDENCY_UNAVAILABLE,
+                    event::CHART_DEPENDENCY_UNAVAILABLE,
+                ),
+            ),
+            (
+                dependency(FailureKind::NotFound),
+                (
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::CHART_DEPENDENCY_UNAVAILABLE,
+                    event::CHART_DEPENDENCY_UNAVAILABLE,
+                ),
+            ),
+            (
+                dependency(FailureKind::Integrity),
+                (
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::CHART_DEPENDENCY_UNAVAILABLE,
+                    event::CHART_DEPENDENCY_UNAVAILABLE,
+                ),
+            ),
         ];
         for (error, (condition, reason, event)) in cases {
             let failure = FetchFailure::of(&error);
@@ -735,6 +772,63 @@ mod tests {
                 "{error}"
             );
             assert_eq!(failure.retry_after, None);
+        }
+    }
+
+    fn dependency(kind: FailureKind) -> CacheError {
+        CacheError::Dependency {
+            tag: TAG.into(),
+            error: DependencyError {
+                chart: "cni".into(),
+                name: "cilium".into(),
+                version: "1.19.1".into(),
+                repository: "https://mirror.example/charts/".into(),
+                reason: "connection refused".into(),
+                kind,
+            },
+        }
+    }
+
+    /// A chart dependency that cannot be had: the condition names the chart, the dependency's version and
+    /// repository; a mirror that is down or lacks the version is a Warning, a wrong digest an Error; both are
+    /// retried with backoff (a mirror gets fixed without any change to the object).
+    #[test]
+    fn a_chart_dependency_that_cannot_be_had_is_named_and_retried() {
+        for (kind, severity) in [
+            (FailureKind::Unreachable, Severity::Warning),
+            (FailureKind::NotFound, Severity::Warning),
+            (FailureKind::Integrity, Severity::Error),
+        ] {
+            let error = dependency(kind);
+            let mut p = progress();
+            p.files = Files::Failed {
+                failure: FetchFailure::of(&error),
+                message: error.to_string(),
+            };
+            let mut release = release();
+            let (events, outcome) = conclude(&p, &mut release, RESYNC);
+            assert_eq!(events.reasons(), [event::CHART_DEPENDENCY_UNAVAILABLE]);
+            let downloaded = release
+                .get_condition(condition::CLUSTER_STACK_RELEASE_DOWNLOADED)
+                .unwrap();
+            assert_eq!(
+                (
+                    downloaded.status,
+                    downloaded.reason.as_deref(),
+                    downloaded.severity
+                ),
+                (
+                    ConditionStatus::False,
+                    Some(reason::CHART_DEPENDENCY_UNAVAILABLE),
+                    Some(severity)
+                )
+            );
+            let message = downloaded.message.clone().unwrap_or_default();
+            assert!(
+                message.contains("cilium 1.19.1 of chart cni from https://mirror.example/charts/"),
+                "{message}"
+            );
+            assert!(matches!(outcome, Outcome::Retry(_)), "{outcome:?}");
         }
     }
 
