@@ -10,10 +10,7 @@ use cso_api::{
     names::{condition, event, reason},
 };
 use cso_apply::ApplyReport;
-use cso_release::{
-    CacheError, SourceError,
-    deps::{DependencyError, FailureKind},
-};
+use cso_release::{CacheError, SourceError, deps::FailureKind};
 
 use crate::events::{Events, FalseCondition, Kind};
 
@@ -408,6 +405,7 @@ mod tests {
         conditions::{ConditionStatus, READY},
     };
     use cso_apply::{Failure, ObjectKey};
+    use cso_release::deps::DependencyError;
 
     use super::*;
 
