@@ -1,17 +1,27 @@
 //! The provider side of Cluster API's contract, where a real provider would need machines: a stand-in for
-//! the kubeadm control-plane provider and the Docker infrastructure provider, so that the real Cluster API
+//! the kubeadm control-plane provider and the infrastructure provider of each Cluster (Docker, OpenStack, or
+//! any other: the kind is read from the Cluster's `spec.infrastructureRef`), so that the real Cluster API
 //! core manager drives a Cluster through creation, control plane initialisation and (chained) upgrades and
 //! calls every lifecycle hook, while the addons go to a real workload kube-apiserver.
+//!
+//! Each Cluster is backed by one workload kube-apiserver: the one given to [`StandIn::start`], or the one
+//! [`StandIn::assign`]ed to that Cluster (assign before creating the Cluster: the kubeconfig Secret is written
+//! once), so one stand-in serves several Clusters with a workload cluster each.
 //!
 //! It writes only what those providers write and Cluster API reads (`docs/cluster-api-contract.md`):
 //!
 //! - on a `KubeadmControlPlane` (v1beta2 contract): the Secret `<cluster>-kubeconfig` (type
 //!   `cluster.x-k8s.io/secret`, label `cluster.x-k8s.io/cluster-name`, key `value`, owned by the control
-//!   plane), pointing at the workload kube-apiserver it was given; then the status: `initialization.
+//!   plane), pointing at the Cluster's workload kube-apiserver; then the status: `initialization.
 //!   controlPlaneInitialized`, `version` (the `spec.version` it reaches, after [`StandIn::step_time`], which is
 //!   how long an upgrade step of the control plane takes), and the replica counts;
-//! - on a `DockerCluster`: `spec.controlPlaneEndpoint` (the workload API server's host and port) and
-//!   `status.initialization.provisioned` (`status.ready` in v1beta1).
+//! - on the infrastructure cluster a Cluster's `spec.infrastructureRef` names (`DockerCluster`,
+//!   `OpenStackCluster`, ..., read in its group's preferred version when that serves the kind, else in the
+//!   newest that does: CAPO's kinds are `v1beta1` only): `spec.controlPlaneEndpoint` (the workload API
+//!   server's host and port) and the provisioned status of the contract its API version speaks:
+//!   `status.initialization.provisioned` for a `v1beta2` API (Docker), `status.ready` for a `v1beta1` API
+//!   (CAPO v0.14's `OpenStackCluster`; it also writes `status.initialization.provisioned`, and so does the
+//!   stand-in, where the schema has it).
 //!
 //! It never touches a Cluster, a MachineDeployment or anything else Cluster API itself writes, so what Cluster
 //! API does next (conditions, hook calls, the next upgrade step) is Cluster API's own doing. Workers: use
@@ -22,6 +32,7 @@
 //! to v1.34.2`, so tests can check the sequence of control-plane steps against the hook calls.
 
 use std::{
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -42,10 +53,12 @@ const POLL: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub struct StandIn {
     log: Arc<Mutex<Vec<String>>>,
+    last_error: Arc<Mutex<Option<String>>>,
+    workloads: Arc<Workloads>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// The workload cluster every Cluster's kubeconfig Secret points at.
+/// A workload cluster: where a Cluster's kubeconfig Secret and control-plane endpoint point.
 #[derive(Clone, Debug)]
 pub struct Workload {
     /// The kubeconfig (YAML) of the workload kube-apiserver.
@@ -62,11 +75,36 @@ impl StandIn {
     }
 
     /// Starts standing in for the control-plane and infrastructure providers of every Cluster of the
-    /// management cluster of `client`.
+    /// management cluster of `client`, each backed by `workload` unless [`Self::assign`]ed another.
     pub fn start(client: Client, workload: Workload) -> Self {
         let log = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(run(client, workload, log.clone()));
-        StandIn { log, task }
+        let workloads = Arc::new(Workloads {
+            default: workload,
+            assigned: Mutex::default(),
+        });
+        let last_error = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(run(client, workloads.clone(), log.clone(), last_error.clone()));
+        StandIn {
+            log,
+            last_error,
+            workloads,
+            task,
+        }
+    }
+
+    /// Backs the Cluster `namespace/cluster` by `workload` instead of the default one. Call it before the
+    /// Cluster is created: its kubeconfig Secret is written once.
+    pub fn assign(&self, namespace: &str, cluster: &str, workload: Workload) {
+        self.workloads
+            .assigned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(format!("{namespace}/{cluster}"), workload);
+    }
+
+    /// Why its last pass over the Clusters failed (it tries again), if it did: for a test's failure message.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// What it did, in order.
@@ -81,78 +119,139 @@ impl Drop for StandIn {
     }
 }
 
-async fn run(client: Client, workload: Workload, log: Arc<Mutex<Vec<String>>>) {
-    let mut upgrading: std::collections::HashMap<String, (String, tokio::time::Instant)> = Default::default();
+/// The default workload cluster and the ones assigned to single Clusters (`namespace/name`).
+#[derive(Debug)]
+struct Workloads {
+    default: Workload,
+    assigned: Mutex<HashMap<String, Workload>>,
+}
+
+impl Workloads {
+    /// The workload cluster of the Cluster `key` (`namespace/name`).
+    fn of(&self, key: &str) -> Workload {
+        self.assigned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .unwrap_or(&self.default)
+            .clone()
+    }
+}
+
+async fn run(
+    client: Client,
+    workloads: Arc<Workloads>,
+    log: Arc<Mutex<Vec<String>>>,
+    last_error: Arc<Mutex<Option<String>>>,
+) {
+    let mut upgrading: HashMap<String, (String, tokio::time::Instant)> = Default::default();
+    let mut resources: HashMap<(String, String), ApiResource> = Default::default();
     loop {
-        if let Err(e) = pass(&client, &workload, &log, &mut upgrading).await {
+        let result = pass(&client, &workloads, &log, &mut upgrading, &mut resources).await;
+        *last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+            result.as_ref().err().map(ToString::to_string);
+        if let Err(e) = result {
             tracing::debug!(error = %e, "stand-in pass failed; trying again");
         }
         tokio::time::sleep(POLL).await;
     }
 }
 
-/// The served version of `group`'s `kind` Cluster API picks (the newest).
-async fn resource(client: &Client, group: &str, kind: &str) -> Result<ApiResource, kube::Error> {
-    let group = kube::discovery::group(client, group).await?;
-    group
-        .recommended_kind(kind)
+/// The served version of `group`'s `kind` Cluster API picks: the group's preferred version when it serves
+/// the kind, else the first (newest) that does (CAPO's kinds are `v1beta1` only, in a group whose preferred
+/// version is Docker's `v1beta2`); asked once per kind.
+async fn resource(
+    client: &Client,
+    known: &mut HashMap<(String, String), ApiResource>,
+    group: &str,
+    kind: &str,
+) -> Result<ApiResource, kube::Error> {
+    let key = (group.to_owned(), kind.to_owned());
+    if let Some(resource) = known.get(&key) {
+        return Ok(resource.clone());
+    }
+    let discovered = kube::discovery::group(client, group).await?;
+    let preferred = discovered.preferred_version_or_latest().to_owned();
+    let resource = std::iter::once(preferred.as_str())
+        .chain(discovered.versions())
+        .find_map(|version| {
+            discovered
+                .versioned_resources(version)
+                .into_iter()
+                .find(|(resource, _)| resource.kind == kind)
+        })
         .map(|(resource, _)| resource)
-        .ok_or_else(|| kube::Error::Discovery(kube::error::DiscoveryError::MissingKind(kind.to_owned())))
+        .ok_or_else(|| kube::Error::Discovery(kube::error::DiscoveryError::MissingKind(kind.to_owned())))?;
+    known.insert(key, resource.clone());
+    Ok(resource)
+}
+
+/// The group and kind of a Cluster's `spec.infrastructureRef`: `apiGroup` (v1beta2) or the group of
+/// `apiVersion` (v1beta1).
+fn infrastructure_ref(cluster: &Value) -> Option<(String, String, String)> {
+    let reference = cluster.pointer("/spec/infrastructureRef")?;
+    let group = match reference.get("apiGroup").and_then(Value::as_str) {
+        Some(group) => group.to_owned(),
+        None => reference
+            .get("apiVersion")
+            .and_then(Value::as_str)?
+            .rsplit_once('/')
+            .map_or("", |(group, _)| group)
+            .to_owned(),
+    };
+    let kind = reference.get("kind").and_then(Value::as_str)?.to_owned();
+    let name = reference.get("name").and_then(Value::as_str)?.to_owned();
+    Some((group, kind, name))
+}
+
+/// The provisioned status of an infrastructure cluster served in `version`, and where Cluster API reads it:
+/// the v1beta2 contract's `initialization.provisioned`, or the v1beta1 contract's `ready` (with
+/// `initialization.provisioned` beside it, as CAPO v0.14 writes; pruned where the schema lacks it).
+fn provisioned_status(version: &str) -> (&'static str, Value) {
+    if version == "v1beta1" {
+        (
+            "/status/ready",
+            json!({"ready": true, "initialization": {"provisioned": true}}),
+        )
+    } else {
+        (
+            "/status/initialization/provisioned",
+            json!({"initialization": {"provisioned": true}}),
+        )
+    }
 }
 
 async fn pass(
     client: &Client,
-    workload: &Workload,
+    workloads: &Workloads,
     log: &Mutex<Vec<String>>,
-    upgrading: &mut std::collections::HashMap<String, (String, tokio::time::Instant)>,
+    upgrading: &mut HashMap<String, (String, tokio::time::Instant)>,
+    resources: &mut HashMap<(String, String), ApiResource>,
 ) -> Result<(), kube::Error> {
     let record = |line: String| log.lock().unwrap_or_else(|p| p.into_inner()).push(line);
 
-    // Infrastructure: provisioned, with the workload API server as the control-plane endpoint.
-    let infra = resource(client, "infrastructure.cluster.x-k8s.io", "DockerCluster").await?;
-    let (host, port) = endpoint(&workload.server_url);
-    for cluster in Api::<DynamicObject>::all_with(client.clone(), &infra)
+    // Infrastructure: each Cluster's infrastructure cluster provisioned, with its workload API server as the
+    // control-plane endpoint.
+    // One Cluster whose infrastructure cannot be served does not hold the others up.
+    let clusters = resource(client, resources, "cluster.x-k8s.io", "Cluster").await?;
+    let mut failed = None;
+    for cluster in Api::<DynamicObject>::all_with(client.clone(), &clusters)
         .list(&ListParams::default())
         .await?
     {
-        let name = cluster.name_any();
-        let infra_api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), &cluster.namespace().unwrap_or_default(), &infra);
-        let value = serde_json::to_value(&cluster).unwrap_or_default();
-        if value
-            .pointer("/spec/controlPlaneEndpoint/host")
-            .and_then(Value::as_str)
-            != Some(host.as_str())
-        {
-            infra_api
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"controlPlaneEndpoint": {"host": host, "port": port}}})),
-                )
-                .await?;
-        }
-        let (path, status) = if infra.version == "v1beta1" {
-            ("/status/ready", json!({"ready": true}))
-        } else {
-            (
-                "/status/initialization/provisioned",
-                json!({"initialization": {"provisioned": true}}),
-            )
-        };
-        if value.pointer(path) != Some(&json!(true)) {
-            infra_api
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
-                )
-                .await?;
+        if let Err(e) = provision(client, workloads, resources, &cluster).await {
+            failed.get_or_insert(e);
         }
     }
 
     // Control planes: kubeconfig Secret, initialised, and at their spec.version after a step's time.
-    let control_plane = resource(client, "controlplane.cluster.x-k8s.io", "KubeadmControlPlane").await?;
+    let control_plane = resource(
+        client,
+        resources,
+        "controlplane.cluster.x-k8s.io",
+        "KubeadmControlPlane",
+    )
+    .await?;
     for kcp in Api::<DynamicObject>::all_with(client.clone(), &control_plane)
         .list(&ListParams::default())
         .await?
@@ -194,7 +293,7 @@ async fn pass(
                     ..Default::default()
                 },
                 type_: Some("cluster.x-k8s.io/secret".into()),
-                string_data: Some([("value".to_owned(), workload.kubeconfig.clone())].into()),
+                string_data: Some([("value".to_owned(), workloads.of(&key).kubeconfig)].into()),
                 ..Default::default()
             };
             match secrets.create(&PostParams::default(), &secret).await {
@@ -252,6 +351,49 @@ async fn pass(
             format!("initialized {key} at {wanted}")
         });
     }
+    failed.map_or(Ok(()), Err)
+}
+
+/// The infrastructure cluster of `cluster` provisioned, with its workload API server as the control-plane
+/// endpoint.
+async fn provision(
+    client: &Client,
+    workloads: &Workloads,
+    resources: &mut HashMap<(String, String), ApiResource>,
+    cluster: &DynamicObject,
+) -> Result<(), kube::Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let Some((group, kind, name)) = infrastructure_ref(&serde_json::to_value(cluster).unwrap_or_default())
+    else {
+        return Ok(());
+    };
+    let infra = resource(client, resources, &group, &kind).await?;
+    let infra_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &infra);
+    let Some(object) = infra_api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    let workload = workloads.of(&format!("{namespace}/{}", cluster.name_any()));
+    let (host, port) = endpoint(&workload.server_url);
+    let value = serde_json::to_value(&object).unwrap_or_default();
+    if value.pointer("/spec/controlPlaneEndpoint") != Some(&json!({"host": host, "port": port})) {
+        infra_api
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"controlPlaneEndpoint": {"host": host, "port": port}}})),
+            )
+            .await?;
+    }
+    let (path, status) = provisioned_status(&infra.version);
+    if value.pointer(path) != Some(&json!(true)) {
+        infra_api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await?;
+    }
     Ok(())
 }
 
@@ -276,5 +418,43 @@ mod tests {
         assert_eq!(endpoint("https://127.0.0.1:6443"), ("127.0.0.1".into(), 6443));
         assert_eq!(endpoint("https://127.0.0.1:31000/"), ("127.0.0.1".into(), 31000));
         assert_eq!(endpoint("https://example.org"), ("example.org".into(), 443));
+    }
+
+    #[test]
+    fn infrastructure_refs_are_read_in_both_cluster_api_versions() {
+        let v1beta2 = json!({"spec": {"infrastructureRef": {
+            "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "OpenStackCluster", "name": "c-x1"}}});
+        assert_eq!(
+            infrastructure_ref(&v1beta2),
+            Some((
+                "infrastructure.cluster.x-k8s.io".into(),
+                "OpenStackCluster".into(),
+                "c-x1".into()
+            ))
+        );
+        let v1beta1 = json!({"spec": {"infrastructureRef": {
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerCluster", "name": "c-y2",
+            "namespace": "ns"}}});
+        assert_eq!(
+            infrastructure_ref(&v1beta1),
+            Some((
+                "infrastructure.cluster.x-k8s.io".into(),
+                "DockerCluster".into(),
+                "c-y2".into()
+            ))
+        );
+        assert_eq!(infrastructure_ref(&json!({"spec": {}})), None);
+    }
+
+    #[test]
+    fn the_provisioned_status_follows_the_contract_of_the_api_version() {
+        assert_eq!(provisioned_status("v1beta1").0, "/status/ready");
+        assert_eq!(
+            provisioned_status("v1beta2"),
+            (
+                "/status/initialization/provisioned",
+                json!({"initialization": {"provisioned": true}})
+            )
+        );
     }
 }

@@ -310,3 +310,28 @@ impl Drop for ApiProxy {
         self.cut();
     }
 }
+
+/// The Prometheus text of the metrics endpoint of `cso run` listening on `port`.
+pub async fn metrics_text(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of the samples of `name` (with its `_total` suffix, if any) whose labels contain every one of
+/// `labels` (`controller="clusteraddon"`): a counter over the label values not named.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && labels.iter().all(|l| rest.contains(l)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
