@@ -12,7 +12,7 @@
 //     kube_version and api_versions there too, as in `helm template` (it stays client only).
 //   - "values": cso's values templating (crates/render/src/values.rs): `tpl` of a values file over the
 //     Cluster data, through the same one-file helper chart and the same values that ValuesTemplater hands to
-//     `helm template`; the answer is the raw `tpl` output.
+//     `helm template`; the answer is what `helm template` prints for it.
 //
 // Errors are what helm would print on stderr ("Error: ...", with "Use --debug flag ..." where helm adds it).
 //
@@ -24,7 +24,6 @@ package main
 import (
 	"bufio"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -33,7 +32,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -101,14 +99,14 @@ func main() {
 	out := bufio.NewWriter(os.Stdout)
 	var outMu sync.Mutex
 	reply := func(r response) {
-		line, err := json.Marshal(r)
-		if err != nil { // strings only: cannot happen
-			line = []byte(fmt.Sprintf(`{"id":%d,"output":"","error":"cso-renderer: %s"}`, r.ID, "unencodable answer"))
-		}
 		outMu.Lock()
 		defer outMu.Unlock()
-		out.Write(line)
-		out.WriteByte('\n')
+		// One line per answer (Encode ends it with a newline); no HTML escaping, so an answer stays near its size.
+		encoder := json.NewEncoder(out)
+		encoder.SetEscapeHTML(false)
+		if err := encoder.Encode(r); err != nil { // strings only: cannot happen
+			fmt.Fprintf(out, "{\"id\":%d,\"output\":\"\",\"error\":\"Error: cso-renderer: unencodable answer\"}\n", r.ID)
+		}
 		if err := out.Flush(); err != nil {
 			os.Exit(1) // cso is gone
 		}
@@ -235,8 +233,9 @@ func (s *server) render(req request) (string, error) {
 	return s.template(ch, vals, req)
 }
 
-// values templates one values file as ValuesTemplater does with helm: the helper chart, its values
-// `{"template": ..., "data": ...}` read as `--values -` reads them, and the `tpl` output decoded.
+// values templates one values file as ValuesTemplater does with helm: the helper chart, with its values
+// `{"template": ..., "data": ...}` read as `--values -` reads them. The answer is what `helm template` prints for
+// it (the `tpl` output, base64-encoded in a map), so that cso reads both backends' answers with one rule.
 func (s *server) values(req request) (string, error) {
 	data := req.Data
 	if len(data) == 0 {
@@ -250,23 +249,7 @@ func (s *server) values(req request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	rendered, err := s.template(copyChart(s.helper), vals, request{ReleaseName: "values", Namespace: "default"})
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(rendered, "\n") {
-		if encoded, ok := strings.CutPrefix(line, "rendered: "); ok {
-			if unquoted, err := strconv.Unquote(strings.TrimSpace(encoded)); err == nil {
-				encoded = unquoted
-			}
-			raw, err := base64.StdEncoding.DecodeString(encoded)
-			if err != nil {
-				return "", fmt.Errorf("unexpected helm output: %w", err)
-			}
-			return string(raw), nil
-		}
-	}
-	return "", errors.New("unexpected helm output: no rendered values")
+	return s.template(copyChart(s.helper), vals, request{ReleaseName: "values", Namespace: "default"})
 }
 
 // parseValues reads values as `--values -` does (pkg/cli/values: sigs.k8s.io/yaml into a map).

@@ -55,6 +55,13 @@ pub enum RenderError {
     Failed { chart: PathBuf, stderr: String },
     #[error("helm template of {chart} took longer than {timeout:?} and was stopped")]
     Timeout { chart: PathBuf, timeout: Duration },
+    /// The long-lived renderer ([`crate::Engine`]) failed as a process: it died, or wrote what cannot be read.
+    #[error("the renderer ({binary}) failed while rendering {chart}: {message}")]
+    Engine {
+        binary: PathBuf,
+        chart: PathBuf,
+        message: String,
+    },
     #[error("helm template of {chart} produced output that is not UTF-8")]
     Output { chart: PathBuf },
     #[error(

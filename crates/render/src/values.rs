@@ -2,7 +2,8 @@
 //! `{Cluster, ControlPlane, InfraCluster}` (the objects as JSON maps, e.g. `.Cluster.spec.controlPlaneEndpoint.host`).
 //!
 //! The engine is Helm's own (`tpl` inside a one-file helper chart): Go `text/template` with sprig, exactly
-//! as stacks are written for. Helm does not define `env` or `expandenv` and answers `getHostByName` with
+//! as stacks are written for; the chart is rendered by a `helm` process or by the long-lived renderer
+//! ([`crate::Engine`], which carries the same chart), and read by one rule for both. Helm does not define `env` or `expandenv` and answers `getHostByName` with
 //! nothing, so a stack cannot read the operator's environment (its credentials) or probe the network.
 //! Differences from the Go operator, which used plain `text/template`: a missing key renders as an empty
 //! string instead of the text `<no value>`, and Helm's extra functions (`toYaml`, `required`, ...) exist.
@@ -16,10 +17,10 @@
 
 use std::path::Path;
 
-use base64::Engine;
+use base64::Engine as _;
 use serde_json::Value;
 
-use crate::{ChartRenderer, Helm, RenderError, RenderRequest, helm::human_bytes};
+use crate::{ChartRenderer, Engine, Helm, RenderError, RenderRequest, helm::human_bytes};
 
 /// The largest values file (`cluster-addon-values.yaml`, a stage's `overwrite.yaml`) that is read: 1 MiB.
 /// Real stacks' values files have a few kilobytes.
@@ -109,14 +110,28 @@ async fn read_bounded(file: &Path, limit: usize) -> Result<String, ValuesError> 
     })
 }
 
-/// Renders values templates with Helm.
+/// Renders values templates with Helm's engine: a `helm` process per file, or the long-lived [`Engine`].
 #[derive(Debug)]
 pub struct ValuesTemplater {
-    helm: Helm,
-    chart: tempfile::TempDir,
+    backend: Backend,
 }
 
+/// Where the helper chart is rendered. Both answer what `helm template` prints for it; everything after
+/// that (decoding, limits, errors, the values rule) is [`ValuesTemplater::render`]'s, for both.
+#[derive(Debug)]
+enum Backend {
+    /// `helm template` of the helper chart, written to a private directory.
+    Helm { helm: Helm, chart: tempfile::TempDir },
+    /// The same chart inside the long-lived renderer.
+    Engine(Engine),
+}
+
+/// The most `helm template` of the helper chart may print: the rendered values come back base64-encoded (a
+/// third more), with a little for the map around them.
+const ENCODED_LIMIT: usize = MAX_RENDERED_VALUES_BYTES.div_ceil(3) * 4 + 1024;
+
 impl ValuesTemplater {
+    /// Values templating through `helm` processes.
     pub fn new(helm: Helm) -> Result<Self, ValuesError> {
         let chart = tempfile::Builder::new()
             .prefix("cso-values-chart-")
@@ -126,11 +141,44 @@ impl ValuesTemplater {
         std::fs::write(chart.path().join("Chart.yaml"), HELPER_CHART).map_err(ValuesError::Setup)?;
         std::fs::write(chart.path().join("templates/values.yaml"), HELPER_TEMPLATE)
             .map_err(ValuesError::Setup)?;
-        // The rendered values come back base64-encoded: a third more, and a little for the map around them.
-        let encoded_limit = MAX_RENDERED_VALUES_BYTES.div_ceil(3) * 4 + 1024;
-        let limit = encoded_limit.min(helm.output_limit());
+        let limit = ENCODED_LIMIT.min(helm.output_limit());
         let helm = helm.with_output_limit(limit);
-        Ok(ValuesTemplater { helm, chart })
+        Ok(ValuesTemplater {
+            backend: Backend::Helm { helm, chart },
+        })
+    }
+
+    /// Values templating in the long-lived renderer (which carries the same helper chart); `engine` may be a
+    /// clone of the chart renderer's, sharing its process.
+    pub fn with_engine(engine: Engine) -> Self {
+        ValuesTemplater {
+            backend: Backend::Engine(engine),
+        }
+    }
+
+    /// What `helm template` prints for the helper chart with these values.
+    async fn render_helper(
+        &self,
+        input: &Value,
+        template: &str,
+        data: &Value,
+    ) -> Result<String, RenderError> {
+        match &self.backend {
+            Backend::Helm { helm, chart } => {
+                helm.render(RenderRequest {
+                    chart: chart.path().to_path_buf(),
+                    release_name: "values".into(),
+                    namespace: "default".into(),
+                    values: Some(input.to_string()),
+                    ..Default::default()
+                })
+                .await
+            }
+            Backend::Engine(engine) => {
+                let limit = ENCODED_LIMIT.min(engine.output_limit());
+                engine.template_values(template, data, limit).await
+            }
+        }
     }
 
     /// Renders `template` (the text of `file`, named in errors) over `data` and returns the Helm values.
@@ -152,14 +200,7 @@ impl ValuesTemplater {
         };
         let input = serde_json::json!({ "template": template, "data": data });
         let rendered = self
-            .helm
-            .render(RenderRequest {
-                chart: self.chart.path().to_path_buf(),
-                release_name: "values".into(),
-                namespace: "default".into(),
-                values: Some(input.to_string()),
-                ..Default::default()
-            })
+            .render_helper(&input, template, data)
             .await
             .map_err(|e| match e {
                 RenderError::OutputTooLarge { .. } => rendered_too_large(None),
