@@ -254,9 +254,13 @@ pub fn extract_values(file: &str, rendered: &str) -> Result<String, ValuesError>
     }
 }
 
-/// Helm's message without the helper chart's own frames.
+/// Helm's message without the helper chart's own frames (nor where the chart lies: a private directory for
+/// `helm`, inside the process for the engine).
 fn template_message(error: RenderError) -> String {
-    let text = error.to_string();
+    let text = match error {
+        RenderError::Failed { stderr, .. } => stderr,
+        error => error.to_string(),
+    };
     let text = text
         .split_once("error calling tpl: ")
         .map_or(text.as_str(), |(_, rest)| rest);
