@@ -17,7 +17,7 @@ use cso_api::ReleaseId;
 use cso_release::{
     CacheError, ChartMirrors, DependencyResolver, ReleaseCache,
     archive::UnpackLimits,
-    deps::FailureKind,
+    deps::{ChartCredentials, FailureKind},
     source::github::{GithubConfig, GithubSource},
 };
 use cso_render::{ChartRenderer, Helm, RenderRequest};
@@ -394,4 +394,121 @@ async fn a_release_cached_without_its_dependencies_is_fetched_again() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(left, vec![TAG.to_owned()], "the replaced copy is gone");
+}
+
+/// A Docker config (`docker login`, a `kubernetes.io/dockerconfigjson` Secret) with basic credentials for
+/// `host`.
+fn docker_config(host: &str, user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    serde_json::json!({"auths": {host: {"auth": auth}}}).to_string()
+}
+
+#[tokio::test]
+async fn a_private_oci_mirror_with_credentials_from_a_registry_config_file() {
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let registry = Registry::start_with_basic_auth(&tools, "mirror", "c0nfig-pass")
+        .await
+        .unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let prefix = format!("oci://{}/private/charts", registry.host());
+    for chart in ["cilium-1.19.1.tgz", "metrics-server-3.13.0.tgz"] {
+        let output = std::process::Command::new(tools.helm.as_ref().unwrap())
+            .arg("push")
+            .arg(charts().join(chart))
+            .arg(&prefix)
+            .args(["--plain-http", "--username=mirror", "--password=c0nfig-pass"])
+            .env("HELM_CONFIG_HOME", helm_home.path().join("config"))
+            .env("HELM_CACHE_HOME", helm_home.path().join("cache"))
+            .env("HELM_DATA_HOME", helm_home.path().join("data"))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "helm push {chart}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let fake = published().await;
+    let configs = tempfile::tempdir().unwrap();
+    // `REGISTRY_AUTH_FILE` (podman's) names no entry for the mirror; `docker login` wrote the wrong password
+    // in a later file; the first file with an entry for the host wins, as in the tools.
+    let auth_file = configs.path().join("auth.json");
+    std::fs::write(&auth_file, docker_config("other.example", "u", "p")).unwrap();
+    let docker = configs.path().join("docker-config.json");
+    std::fs::write(&docker, docker_config(registry.host(), "mirror", "wr0ng-pass")).unwrap();
+    let helm = configs.path().join("helm-registry-config.json");
+    std::fs::write(&helm, docker_config(registry.host(), "mirror", "c0nfig-pass")).unwrap();
+    let resolver = |files: Vec<std::path::PathBuf>| {
+        DependencyResolver::new(ChartMirrors::all(prefix.clone())).with_registry_configs(files)
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = cache(dir.path(), &fake, ChartMirrors::default()).with_dependencies(resolver(vec![
+        auth_file.clone(),
+        docker.clone(),
+        helm.clone(),
+    ]));
+    let error = wrong.get(&id()).await.unwrap_err().to_string();
+    assert!(error.contains("dependency cilium 1.19.1 of chart cni"), "{error}");
+    assert!(
+        !error.contains("wr0ng-pass") && !error.contains("c0nfig-pass"),
+        "a password leaked: {error}"
+    );
+    nothing_cached(dir.path());
+
+    let right =
+        cache(dir.path(), &fake, ChartMirrors::default()).with_dependencies(resolver(vec![auth_file, helm]));
+    let release = right.get(&id()).await.unwrap();
+    let stages = release.addon_charts(UnpackLimits::default()).unwrap();
+    assert!(stages.join("cni/charts/cilium-1.19.1.tgz").is_file());
+}
+
+#[tokio::test]
+async fn a_private_http_mirror_with_credentials_by_host() {
+    let mut repo = ChartRepo::start_with_basic_auth(&charts(), "mirror", "s3cret-http")
+        .await
+        .unwrap();
+    let fake = published().await;
+    let host = repo
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+
+    // No credentials: 401, named, nothing cached.
+    let resolver = DependencyResolver::new(ChartMirrors::all(repo.url()));
+    let anonymous = cache(dir.path(), &fake, ChartMirrors::default()).with_dependencies(resolver.clone());
+    let error = anonymous.get(&id()).await.unwrap_err().to_string();
+    assert!(
+        error.contains("dependency cilium 1.19.1 of chart cni") && error.contains("401"),
+        "{error}"
+    );
+    nothing_cached(dir.path());
+
+    // A wrong password from a dockerconfigjson (as in a Secret): refused, and not in the message.
+    let wrong = ChartCredentials::from_docker_config(docker_config(&host, "mirror", "wr0ng-http").as_bytes())
+        .unwrap();
+    resolver.set_credentials(wrong);
+    let error = anonymous.get(&id()).await.unwrap_err().to_string();
+    assert!(error.contains("401"), "{error}");
+    assert!(!error.contains("wr0ng-http"), "the password leaked: {error}");
+    nothing_cached(dir.path());
+
+    // The right one, set on the resolver the cache already holds (a Secret that changed): cached, and the
+    // credentials went to the mirror with every request (the index and both charts).
+    let right = ChartCredentials::from_docker_config(
+        docker_config(&format!("http://{host}/"), "mirror", "s3cret-http").as_bytes(),
+    )
+    .unwrap();
+    resolver.set_credentials(right);
+    let release = anonymous.get(&id()).await.unwrap();
+    let stages = release.addon_charts(UnpackLimits::default()).unwrap();
+    assert!(
+        stages
+            .join("metrics-server/charts/metrics-server-3.13.0.tgz")
+            .is_file()
+    );
+    repo.stop().await;
 }
