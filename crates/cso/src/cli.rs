@@ -61,6 +61,11 @@ pub struct RenderArgs {
     /// The `helm` binary.
     #[arg(long, default_value = "helm", env = "CSO_HELM")]
     pub helm: PathBuf,
+    /// Where chart dependencies the release does not vendor are fetched from, as for `cso run`: `URL` (an
+    /// HTTP(S) chart repository or an `oci://` prefix) for all, `FROM=URL` for one repository. Repeatable.
+    /// Without it they come from the repositories their `Chart.yaml` names.
+    #[arg(long = "chart-mirror", value_name = "[FROM=]URL")]
+    pub chart_mirror: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -165,6 +170,13 @@ pub struct RunArgs {
     /// credentials in the URL (`https://user:password@host/`).
     #[arg(long = "chart-mirror", value_name = "[FROM=]URL")]
     pub chart_mirror: Vec<String>,
+    /// A Secret of type `kubernetes.io/dockerconfigjson` with the basic credentials of private chart mirrors
+    /// and repositories, by host (its `auths`): for `oci://` registries and HTTP(S) chart repositories alike.
+    /// Read at start and followed, so a rotated password applies to the next fetch. Without it, OCI
+    /// credentials come from the usual registry config (`REGISTRY_AUTH_FILE`, `~/.docker/config.json`,
+    /// Helm's registry config); credentials in a `--chart-mirror` URL come first.
+    #[arg(long = "chart-mirror-credentials", value_name = "NAMESPACE/NAME")]
+    pub chart_mirror_credentials: Option<String>,
 }
 
 /// Go-style durations: `300ms`, `30s`, `5m`, `1h`, and sums such as `1m30s`.

@@ -1,5 +1,6 @@
 //! `cso`: the cluster stack operator and its tools.
 
+mod chart_credentials;
 mod cli;
 mod commands;
 mod endpoints;

@@ -415,3 +415,45 @@ spec:
     assert_eq!(annotation("cso.test/first-pod-cidr"), "192.168.0.0/16");
     assert_eq!(annotation("cso.test/variables"), "[]");
 }
+
+/// A release as the stacks publish it in 2026 (stage charts with `dependencies`, nothing vendored) renders
+/// offline from a `--chart-mirror`, as `cso run` caches it; the release directory itself is left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_release_renders_from_a_chart_mirror() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut mirror = cso_testenv::chart_repo::ChartRepo::start(&root.join("tests/fixtures/charts"))
+        .await
+        .unwrap();
+    let dir = root.join("tests/fixtures/releases-2026/docker-scs-1-35-v1");
+    let archive = dir.join("docker-scs-1-35-cluster-addon-v1.tgz");
+    let before = std::fs::read(&archive).unwrap();
+    let args = vec![
+        dir.display().to_string(),
+        format!("--chart-mirror={}", mirror.url()),
+    ];
+    let output =
+        tokio::task::spawn_blocking(move || cso_render(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+            .await
+            .unwrap();
+    for object in [
+        "kind: DaemonSet",
+        "name: cilium-operator",
+        "name: metrics-server",
+        "kind: APIService",
+    ] {
+        assert!(output.contains(object), "{object} not rendered:\n{output}");
+    }
+    let requests = mirror.requests();
+    for path in ["/index.yaml", "/cilium-1.19.1.tgz", "/metrics-server-3.13.0.tgz"] {
+        assert!(
+            requests.iter().any(|r| r == path),
+            "{path} not asked: {requests:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(&archive).unwrap(),
+        before,
+        "the release directory is not rewritten"
+    );
+    mirror.stop().await;
+}

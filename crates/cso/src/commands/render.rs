@@ -14,7 +14,7 @@ use cso_apply::{
 };
 use cso_controller::preview::{self, ForCluster, Part, Target};
 use cso_release::{
-    Release, ReleaseCache,
+    ChartMirrors, DependencyResolver, Release, ReleaseCache,
     archive::UnpackLimits,
     source::{self, SourceSettings},
 };
@@ -150,6 +150,8 @@ fn live_cluster_name(cluster: &str) -> Option<(String, String)> {
 /// The release named by `args.release`: a directory (copied into `scratch`, since unpacking writes beside the
 /// archives and a preview must not change the user's files) or a tag fetched through the release cache.
 async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Release> {
+    let resolver =
+        DependencyResolver::new(ChartMirrors::parse(&args.chart_mirror).map_err(anyhow::Error::msg)?);
     let dir = Path::new(&args.release);
     if dir.is_dir() {
         let tag = dir
@@ -162,6 +164,18 @@ async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Relea
         let copy = scratch.join(&tag);
         cso_release::release::copy_release_dir(dir, &copy)
             .with_context(|| format!("failed to copy {}", dir.display()))?;
+        let release = Release::load(&copy, &id)?;
+        release.verify_archives(UnpackLimits::default())?;
+        // Dependencies the charts do not vendor are fetched into the copy, as the cache does when a release
+        // enters it (from `--chart-mirror`, else the repositories in `Chart.yaml`); the copy is then read
+        // through again.
+        if cso_release::deps::missing(&release)?.is_empty() {
+            return Ok(release);
+        }
+        resolver
+            .resolve(&release, UnpackLimits::default())
+            .await
+            .with_context(|| format!("failed to fetch the chart dependencies of {tag}"))?;
         let release = Release::load(&copy, &id)?;
         release.verify_archives(UnpackLimits::default())?;
         return Ok(release);
@@ -182,7 +196,8 @@ async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Relea
         &args.release_dir,
         source::from_settings(&settings)?,
         UnpackLimits::default(),
-    )?;
+    )?
+    .with_dependencies(resolver);
     Ok(cache.get(&id).await?.as_ref().clone())
 }
 

@@ -59,6 +59,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
     // A wrong mirror is a configuration error: refused at start rather than reported on every release.
     let mirrors = ChartMirrors::parse(&args.chart_mirror).map_err(anyhow::Error::msg)?;
+    let dependencies = DependencyResolver::new(mirrors);
+    if let Some(secret) = &args.chart_mirror_credentials {
+        // Read before the controllers start, then followed (see `chart_credentials`).
+        crate::chart_credentials::follow(client.clone(), secret, dependencies.clone()).await?;
+    }
     let releases = Arc::new(
         ReleaseCache::new(&args.release_dir, release_source, UnpackLimits::default())
             .with_context(|| {
@@ -67,7 +72,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     args.release_dir.display()
                 )
             })?
-            .with_dependencies(DependencyResolver::new(mirrors)),
+            .with_dependencies(dependencies),
     );
     let helm = Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?;
     let renderer = Arc::new(CachingRenderer::new(helm, DEFAULT_CAPACITY_BYTES));
