@@ -21,6 +21,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum Command {
     /// Run the operator against the cluster of `--kubeconfig` (else `KUBECONFIG`, else in-cluster).
     Run(Box<RunArgs>),

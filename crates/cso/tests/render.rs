@@ -427,7 +427,7 @@ async fn a_2026_release_renders_from_a_chart_mirror() {
     let dir = root.join("tests/fixtures/releases-2026/docker-scs-1-35-v1");
     let archive = dir.join("docker-scs-1-35-cluster-addon-v1.tgz");
     let before = std::fs::read(&archive).unwrap();
-    let args = vec![
+    let args = [
         dir.display().to_string(),
         format!("--chart-mirror={}", mirror.url()),
     ];

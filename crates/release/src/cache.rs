@@ -49,7 +49,7 @@ pub enum CacheError {
     #[error("release {tag}: chart {error}")]
     Dependency {
         tag: String,
-        error: crate::deps::DependencyError,
+        error: Box<crate::deps::DependencyError>,
     },
     #[error("release cache {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
@@ -346,7 +346,7 @@ impl ReleaseCache {
             .await
             .map_err(|error| CacheError::Dependency {
                 tag: tag.clone(),
-                error,
+                error: Box::new(error),
             })?;
         if !resolved.added.is_empty() {
             self.verify_staged(staging.path(), &tag, verify).await?;

@@ -776,14 +776,14 @@ mod tests {
     fn dependency(kind: FailureKind) -> CacheError {
         CacheError::Dependency {
             tag: TAG.into(),
-            error: DependencyError {
+            error: Box::new(DependencyError {
                 chart: "cni".into(),
                 name: "cilium".into(),
                 version: "1.19.1".into(),
                 repository: "https://mirror.example/charts/".into(),
                 reason: "connection refused".into(),
                 kind,
-            },
+            }),
         }
     }
 
