@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assembles the operator image's file system exactly as the Dockerfile's final stage does (static cso for
-# musl, static helm, CA certificates; user 65532) without a Docker daemon, writes it as an OCI image archive
+# musl, static helm and cso-renderer, CA certificates; user 65532) without a Docker daemon, writes it as an OCI image archive
 # (`docker load -i` / `podman load -i`) to target/image/cso-image.tar, and prints its size.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +17,8 @@ cargo build --locked --profile image -p cso --target x86_64-unknown-linux-musl
 rm -rf "$OUT" && mkdir -p "$OUT/rootfs/usr/local/bin" "$OUT/rootfs/etc/ssl/certs"
 cp target/x86_64-unknown-linux-musl/image/cso "$OUT/rootfs/usr/local/bin/cso"
 cp "$CSO_HELM" "$OUT/rootfs/usr/local/bin/helm"
+# The long-lived renderer on Helm's engine (hack/renderer), beside helm: `cso_render::Engine` runs it.
+cp "$CSO_RENDERER" "$OUT/rootfs/usr/local/bin/cso-renderer"
 cp /etc/ssl/certs/ca-certificates.crt "$OUT/rootfs/etc/ssl/certs/ca-certificates.crt"
 
 python3 - "$OUT" <<'PY'
@@ -67,6 +69,6 @@ mib = lambda n: f"{n / 1048576:.1f} MiB"
 print(f"image: {os.path.join(out, 'cso-image.tar')}")
 print(f"  compressed (pulled) size: {mib(len(packed) + len(config) + len(manifest))}")
 print(f"  unpacked size: {mib(len(raw))}")
-for name in ("usr/local/bin/cso", "usr/local/bin/helm"):
+for name in ("usr/local/bin/cso", "usr/local/bin/helm", "usr/local/bin/cso-renderer"):
     print(f"  {name}: {mib(os.path.getsize(os.path.join(rootfs, name)))}")
 PY
