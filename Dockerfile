@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The operator image: a static `cso` (musl) and a static `helm`, CA certificates, nothing else (no shell, no
+# The operator image: a static `cso` (musl), a static `helm` and `cso-renderer` (hack/renderer), CA certificates, nothing else (no shell, no
 # package manager), running as 65532 like the Go operator's image. Build: `docker build -t cso .`
 # `hack/image.sh` assembles the same file system without a Docker daemon and reports its size.
 
@@ -12,6 +12,14 @@ ARG HELM_VERSION
 RUN CGO_ENABLED=0 GOBIN=/out go install -trimpath \
       -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" \
       "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+
+# The long-lived renderer on Helm's engine (cso_render::Engine), stamped with the Helm version its go.mod requires.
+FROM golang:${GO_VERSION}-bookworm AS renderer
+WORKDIR /renderer
+COPY hack/renderer/ ./
+RUN version="$(awk '$1 == "helm.sh/helm/v3" { print $2 }' go.mod)" \
+ && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${version}" -o /out/cso-renderer .
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 RUN rustup target add x86_64-unknown-linux-musl \
@@ -27,6 +35,7 @@ FROM scratch
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /cso /usr/local/bin/cso
 COPY --from=helm /out/helm /usr/local/bin/helm
+COPY --from=renderer /out/cso-renderer /usr/local/bin/cso-renderer
 ENV PATH=/usr/local/bin HOME=/tmp SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/cso"]
