@@ -35,7 +35,7 @@ crds-check:
 # The tests that run helm, run again with Helm 4. (`--workspace` with `--test` filters: selecting packages
 # instead would resolve features differently and rebuild the dependencies.)
 HELM4_TESTS := --test values_and_charts --test engine --test workload_and_cel --test management_flow \
-  --test workload_flow --test render
+  --test workload_flow --test render --test engine_parity
 
 ## test: everything CI checks: formatting, clippy, the CRD check and all tests (real API servers), then the
 ## tests that run helm again with Helm 4
