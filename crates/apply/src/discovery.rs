@@ -1,5 +1,6 @@
 //! One discovery cache per cluster: kinds are resolved once and asked again only when unknown (a CRD that
-//! was just installed, or a kind the cluster does not serve). [`ClusterDiscovery::get_object`] reads one
+//! was just installed, or a kind the cluster does not serve); a group's preferred version is kept for
+//! [`PREFERRED_VERSION_TTL`]. [`ClusterDiscovery::get_object`] reads one
 //! object of any kind through it, named the way Cluster API references name objects. [`cluster_resource`]
 //! decides, once at start-up, which version of Cluster API `Cluster`s the operator reads.
 
@@ -156,9 +157,17 @@ pub struct ResolvedKind {
     pub namespaced: bool,
 }
 
+/// How long a group's preferred version is trusted: an upgrade of Cluster API or a provider that changes it
+/// is seen within this time, and a reference naming only its group costs no discovery request otherwise.
+pub const PREFERRED_VERSION_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct ClusterDiscovery {
     client: Client,
     kinds: RwLock<HashMap<GroupVersionKind, ResolvedKind>>,
+    /// Each group's preferred version, and when it was asked.
+    preferred: RwLock<HashMap<String, (String, std::time::Instant)>>,
+    /// The version each kind named by group alone is read in (group, kind), and when it was found.
+    kind_versions: RwLock<HashMap<(String, String), (String, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for ClusterDiscovery {
@@ -175,6 +184,8 @@ impl ClusterDiscovery {
         ClusterDiscovery {
             client,
             kinds: RwLock::default(),
+            preferred: RwLock::default(),
+            kind_versions: RwLock::default(),
         }
     }
 
@@ -225,29 +236,103 @@ impl ClusterDiscovery {
             // The core group has one version; `/api` lists it, there is no `/apis/` document for it.
             return Ok("v1".to_owned());
         }
+        if let Some((version, asked)) = self
+            .preferred
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(group)
+            && asked.elapsed() < PREFERRED_VERSION_TTL
+        {
+            return Ok(version.clone());
+        }
+        let document = self.group_document(group, kind).await?;
+        let version = document
+            .preferred_version
+            .map(|v| v.version)
+            .or_else(|| document.versions.first().map(|v| v.version.clone()))
+            .ok_or(DiscoveryError::UnknownKind(unversioned))?;
+        self.preferred
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(group.to_owned(), (version.clone(), std::time::Instant::now()));
+        Ok(version)
+    }
+
+    /// The discovery document of API `group` (`/apis/<group>`): its versions, in the server's order of
+    /// preference. `kind` only names what was looked for in a [`DiscoveryError`].
+    async fn group_document(&self, group: &str, kind: &str) -> Result<APIGroup, DiscoveryError> {
+        let unversioned = GroupVersionKind::gvk(group, "", kind);
         let request = http::Request::get(format!("/apis/{group}"))
             .body(Vec::new())
             .map_err(|e| DiscoveryError::Failed {
                 gvk: unversioned.clone(),
                 error: kube::Error::HttpError(e),
             })?;
-        let document: APIGroup = match self.client.request(request).await {
-            Ok(document) => document,
+        match self.client.request(request).await {
+            Ok(document) => Ok(document),
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                return Err(DiscoveryError::UnknownKind(unversioned));
+                Err(DiscoveryError::UnknownKind(unversioned))
             }
-            Err(error) => {
-                return Err(DiscoveryError::Failed {
-                    gvk: unversioned,
-                    error,
-                });
+            Err(error) => Err(DiscoveryError::Failed {
+                gvk: unversioned,
+                error,
+            }),
+        }
+    }
+
+    /// The version of `group` that `kind`, named by its group alone, is read in: the group's preferred
+    /// version when it serves the kind, else the first of the group's versions (in the server's order of
+    /// preference) that does. Kept for [`PREFERRED_VERSION_TTL`].
+    ///
+    /// The preferred version is the group's, not the kind's: providers share groups (every infrastructure
+    /// provider's kinds are in `infrastructure.cluster.x-k8s.io`), so beside CAPD 1.14 (`v1beta2`) the
+    /// group prefers `v1beta2` while CAPO 0.14's `OpenStackCluster` is served in `v1beta1` only, and
+    /// reading it in the preferred version says the cluster does not serve it. Cluster API finds the
+    /// version from the CRD's contract label; the newest version that serves the kind is the same one.
+    pub async fn version_of_kind(&self, group: &str, kind: &str) -> Result<String, DiscoveryError> {
+        let key = (group.to_owned(), kind.to_owned());
+        if let Some((version, found)) = self
+            .kind_versions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            && found.elapsed() < PREFERRED_VERSION_TTL
+        {
+            return Ok(version.clone());
+        }
+        let preferred = self.preferred_version(group, kind).await?;
+        let version = match self
+            .resolve(&GroupVersionKind::gvk(group, &preferred, kind))
+            .await
+        {
+            Ok(_) => preferred,
+            Err(DiscoveryError::UnknownKind(unknown)) if !group.is_empty() => {
+                let mut serving = None;
+                for version in self.group_document(group, kind).await?.versions {
+                    if version.version == preferred {
+                        continue;
+                    }
+                    match self
+                        .resolve(&GroupVersionKind::gvk(group, &version.version, kind))
+                        .await
+                    {
+                        Ok(_) => {
+                            serving = Some(version.version);
+                            break;
+                        }
+                        Err(DiscoveryError::UnknownKind(_)) => {}
+                        Err(error) => return Err(error),
+                    }
+                }
+                serving.ok_or(DiscoveryError::UnknownKind(unknown))?
             }
+            Err(error) => return Err(error),
         };
-        document
-            .preferred_version
-            .map(|v| v.version)
-            .or_else(|| document.versions.first().map(|v| v.version.clone()))
-            .ok_or(DiscoveryError::UnknownKind(unversioned))
+        self.kind_versions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (version.clone(), std::time::Instant::now()));
+        Ok(version)
     }
 
     /// Reads the object `kind` `namespace/name` in the API `api` names, as the API server returns it.
@@ -255,8 +340,9 @@ impl ClusterDiscovery {
     /// `Ok(None)` when the object does not exist. A kind the cluster does not serve (its CRD is not
     /// installed) is [`DiscoveryError::UnknownKind`], so callers can tell "not there yet" from a failure.
     /// `namespace` is ignored for a cluster-scoped kind; for a namespaced kind without one, the client's
-    /// default namespace is used, as kubectl does. With [`ApiRef::Group`] the kind must be served in the
-    /// group's preferred version (as Cluster API requires of the objects its references name). A kind whose
+    /// default namespace is used, as kubectl does. With [`ApiRef::Group`] the kind is read in the group's
+    /// preferred version when it is served there, else in the newest that serves it
+    /// ([`ClusterDiscovery::version_of_kind`]). A kind whose
     /// CRD was removed after it was resolved reads as `Ok(None)`: the API server answers 404 either way.
     pub async fn get_object(
         &self,
@@ -271,11 +357,20 @@ impl ClusterDiscovery {
                 GroupVersionKind::gvk(group, version, kind)
             }
             ApiRef::Group(group) => {
-                let version = self.preferred_version(group, kind).await?;
+                let version = self.version_of_kind(group, kind).await?;
                 GroupVersionKind::gvk(group, &version, kind)
             }
         };
-        let resolved = self.resolve(&gvk).await?;
+        let resolved = match self.resolve(&gvk).await {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                // The preferred version may have moved on: asked again next time.
+                if matches!(api, ApiRef::Group(_)) {
+                    self.forget_group(&gvk.group);
+                }
+                return Err(error.into());
+            }
+        };
         let objects: Api<DynamicObject> = match (resolved.namespaced, namespace) {
             (true, Some(namespace)) => {
                 Api::namespaced_with(self.client.clone(), namespace, &resolved.resource)
@@ -291,8 +386,22 @@ impl ClusterDiscovery {
         })
     }
 
-    /// Drops a kind from the cache (after the cluster said it does not know it any more).
+    /// Drops a kind, and its group's preferred version, from the cache (after the cluster said it does not
+    /// know it any more).
     pub fn forget(&self, gvk: &GroupVersionKind) {
         self.kinds.write().unwrap_or_else(|p| p.into_inner()).remove(gvk);
+        self.forget_group(&gvk.group);
+    }
+
+    /// Drops what is known of `group`'s versions: its preferred one and those its kinds are read in.
+    fn forget_group(&self, group: &str) {
+        self.preferred
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(group);
+        self.kind_versions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(kind_group, _), _| kind_group != group);
     }
 }

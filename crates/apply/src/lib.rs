@@ -1,7 +1,7 @@
 //! Applying rendered objects to a cluster (management or workload): a discovery cache per cluster
 //! ([`discovery`]), an inventory of what was applied keyed by group, kind, namespace and name
 //! ([`inventory`]), the engine that applies in order and prunes ([`engine`]) and its dry run ([`plan`]), CEL wait conditions
-//! ([`cel`]), client-side rate limits ([`rate_limit`]), clients for workload clusters ([`workload`]) and the data values templates see
+//! ([`cel`]), client-side rate limits ([`rate_limit`]), request counts ([`request_tally`]), clients for workload clusters ([`workload`]) and the data values templates see
 //! ([`template_data`]).
 
 pub mod cel;
@@ -10,6 +10,7 @@ pub mod engine;
 pub mod inventory;
 pub mod plan;
 pub mod rate_limit;
+pub mod request_tally;
 pub mod template_data;
 pub mod workload;
 
@@ -17,5 +18,6 @@ pub use discovery::{ClusterDiscovery, DiscoveryError, cluster_resource};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure};
 pub use inventory::{ObjectKey, resource_of};
 pub use plan::{Change, PlannedChange};
-pub use rate_limit::{ClientLimits, limited_client};
+pub use rate_limit::{ClientLimits, limited_client, observed_client};
+pub use request_tally::{RequestKind, RequestObserver, RequestTally};
 pub use workload::{WorkloadClients, WorkloadCluster, WorkloadError};

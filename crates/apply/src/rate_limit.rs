@@ -30,12 +30,28 @@ impl ClientLimits {
 
 /// Builds a client for `config` whose requests are limited by `limits`.
 pub fn limited_client(config: kube::Config, limits: ClientLimits) -> Result<kube::Client, kube::Error> {
+    observed_client(config, limits, None)
+}
+
+/// Builds a client for `config` whose requests are limited by `limits` and, when given, told to `observer`
+/// as they are sent (after waiting for the rate limit).
+pub fn observed_client(
+    config: kube::Config,
+    limits: ClientLimits,
+    observer: Option<crate::RequestObserver>,
+) -> Result<kube::Client, kube::Error> {
     let builder = ClientBuilder::try_from(config)?;
-    Ok(if limits.enabled() {
-        builder.with_layer(&RateLimitLayer(limits)).build()
-    } else {
-        builder.build()
-    })
+    match (limits.enabled(), observer) {
+        (true, Some(observer)) => Ok(builder
+            .with_layer(&crate::request_tally::TallyLayer(observer))
+            .with_layer(&RateLimitLayer(limits))
+            .build()),
+        (true, None) => Ok(builder.with_layer(&RateLimitLayer(limits)).build()),
+        (false, Some(observer)) => Ok(builder
+            .with_layer(&crate::request_tally::TallyLayer(observer))
+            .build()),
+        (false, None) => Ok(builder.build()),
+    }
 }
 
 /// The bucket itself, pure: how many tokens there are at a given instant.

@@ -129,6 +129,25 @@ impl WorkloadClients {
 
     /// The client of the Cluster `cluster` in `namespace`, rebuilt when its kubeconfig Secret changed.
     pub async fn get(&self, namespace: &str, cluster: &str) -> Result<WorkloadCluster, WorkloadError> {
+        self.get_known(namespace, cluster, None).await
+    }
+
+    /// [`WorkloadClients::get`], told the kubeconfig Secret's resourceVersion as a watch of Secrets
+    /// shows it (`known_version`): when the cached client was built from that version, it is returned
+    /// without reading the Secret.
+    pub async fn get_known(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        known_version: Option<&str>,
+    ) -> Result<WorkloadCluster, WorkloadError> {
+        let key = (namespace.to_owned(), cluster.to_owned());
+        if let Some(known) = known_version
+            && let Some(cached) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+            && cached.secret_version == known
+        {
+            return Ok(cached.cluster.clone());
+        }
         let name = kubeconfig_secret_name(cluster);
         let secrets: Api<Secret> = Api::namespaced(self.management.clone(), namespace);
         let secret = match secrets.get_opt(&name).await {
@@ -148,7 +167,6 @@ impl WorkloadClients {
             }
         };
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
-        let key = (namespace.to_owned(), cluster.to_owned());
         if let Some(cached) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
             && cached.secret_version == version
         {

@@ -3,16 +3,21 @@
 //! helm runs (addon renders and values templates), and this process's CPU and peak memory: the operator runs
 //! in-process here so its render count can be read; the API servers are separate processes.
 //!
-//! `cargo bench -p cso-controller --bench addons_at_scale` (results in docs/benchmarks.md).
+//! It also counts the operator's requests to the management API server, by verb and resource.
+//!
+//! `cargo bench -p cso-controller --bench addons_at_scale` (results in docs/benchmarks.md); `CSO_BENCH_N=50`
+//! picks the sizes (default `10,100`).
 #![allow(clippy::unwrap_used, reason = "a benchmark: a failed unwrap is a failed run")]
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use cso_api::{ClusterAddon, ClusterStack};
+use cso_apply::{RequestKind, RequestTally};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
 use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
@@ -36,7 +41,32 @@ async fn create(client: &Client, namespace: &str, object: serde_json::Value, res
         .unwrap();
 }
 
-async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
+/// The requests counted by `tally` since `before`, by kind, and their total.
+fn requests_since(
+    tally: &RequestTally,
+    before: &BTreeMap<RequestKind, u64>,
+) -> (u64, Vec<(RequestKind, u64)>) {
+    let mut made: Vec<(RequestKind, u64)> = tally
+        .counts()
+        .into_iter()
+        .map(|(kind, count)| {
+            let earlier = before.get(&kind).copied().unwrap_or_default();
+            (kind, count - earlier)
+        })
+        .filter(|(_, count)| *count > 0)
+        .collect();
+    made.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    (made.iter().map(|(_, c)| c).sum(), made)
+}
+
+async fn run(
+    n: usize,
+    client: &Client,
+    operator_client: &Client,
+    tally: &RequestTally,
+    workloads: &[String],
+    helm: &Path,
+) {
     let ns = cso_testenv::namespace(client, &format!("scale-{n}"))
         .await
         .unwrap();
@@ -53,7 +83,7 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
         DEFAULT_CAPACITY_BYTES,
     ));
     let operator = Operator {
-        client: client.clone(),
+        client: operator_client.clone(),
         releases: Arc::new(
             ReleaseCache::new(
                 dir.path(),
@@ -91,13 +121,16 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
     let secret = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Secret"));
     let cluster = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster"));
     let cpu_before = Usage::of(None).unwrap().cpu;
+    let requests_before = tally.counts();
     let started = Instant::now();
     for i in 0..n {
         let name = format!("c{i}");
         create(
             client,
             &ns,
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-kubeconfig")},
+            json!({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+                   "metadata": {"name": format!("{name}-kubeconfig"),
+                                "labels": {"cluster.x-k8s.io/cluster-name": name}},
                    "stringData": {"value": workloads[i % workloads.len()]}}),
             &secret,
         )
@@ -138,11 +171,21 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
         ..
     } = Usage::of(None).unwrap();
     let (hits, misses) = renderer.stats();
+    let (requests, by_kind) = requests_since(tally, &requests_before);
     println!(
         "N = {n:>3}: all ClusterAddons ready in {:>6.1} s; addon chart: {misses} helm runs ({hits} cache hits), values: {n} helm runs; operator CPU {:>5.1} s; peak RSS so far {:.1} MiB",
         took.as_secs_f64(),
         (cpu_after - cpu_before).as_secs_f64(),
         peak as f64 / 1024.0
+    );
+    println!(
+        "        management requests: {requests} ({:.1} per Cluster): {}",
+        requests as f64 / n as f64,
+        by_kind
+            .iter()
+            .map(|(kind, count)| format!("{} {} {count}", kind.verb, kind.resource))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let _ = stop.send(());
     let _ = task.await;
@@ -150,10 +193,25 @@ async fn run(n: usize, client: &Client, workloads: &[String], helm: &Path) {
 
 #[tokio::main]
 async fn main() {
+    // `RUST_LOG=cso_controller=debug` shows what the operator does.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .init();
+    }
     let tools = cso_testenv::Tools::discover().unwrap();
     let helm = tools.helm.clone().unwrap();
     let management = cso_testenv::start_management(&tools, None).await.unwrap();
     let client = management.client().await.unwrap();
+    // The operator's own client counts its requests.
+    let tally = Arc::new(RequestTally::default());
+    let kubeconfig = kube::config::Kubeconfig::read_from(management.kubeconfig_path()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let operator_client =
+        cso_apply::observed_client(config, cso_apply::ClientLimits::UNLIMITED, Some(tally.observer()))
+            .unwrap();
     let mut planes = Vec::new();
     for i in 0..WORKLOADS {
         planes.push(
@@ -166,7 +224,13 @@ async fn main() {
     println!(
         "addons at scale: ferrol v1 addons, {WORKLOADS} workload API servers, --clusteraddon-concurrency={CONCURRENCY}"
     );
-    for n in [10, 100] {
-        run(n, &client, &kubeconfigs, &helm).await;
+    // `CSO_BENCH_N=10,50` picks the sizes.
+    let sizes: Vec<usize> = std::env::var("CSO_BENCH_N")
+        .unwrap_or_else(|_| "10,100".to_owned())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    for n in sizes {
+        run(n, &client, &operator_client, &tally, &kubeconfigs, &helm).await;
     }
 }

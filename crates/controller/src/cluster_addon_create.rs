@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
-    runtime::{controller::Action, events::EventType},
+    runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
 
 use crate::{
@@ -27,7 +27,6 @@ use crate::{
     context::object_key,
     events::Announced,
     filter::{is_paused, propagated_labels},
-    patch,
 };
 
 /// The longest object name the API server accepts (a DNS subdomain).
@@ -138,7 +137,15 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step 
 async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result<Action, Error> {
     let namespace = queued.namespace().unwrap_or_default();
     let key = object_key(queued.as_ref());
-    let cluster = patch::current(&ctx.clusters(Some(&namespace)), queued.as_ref()).await?;
+    // Nothing of ours writes Clusters: the store's copy is as new as any we know.
+    let cluster = match ctx.stores() {
+        Some(_) => Some(queued.as_ref().clone()),
+        None => ctx
+            .clusters(Some(&namespace))
+            .get_opt(&queued.name_any())
+            .await
+            .map_err(|e| Error::kube(format!("read Cluster {}", queued.name_any()), e))?,
+    };
     let mut progress = Progress::default();
     loop {
         match next_step(cluster.as_ref(), &progress) {
@@ -147,21 +154,36 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 ctx.own.news(&key, BTreeSet::new());
                 return Ok(Action::await_change());
             }
+            // From the stores when they run: a release that appears triggers its Clusters again, and a
+            // ClusterAddon the store does not show yet is created once more and found to exist (409).
             Step::ReadRelease { name, namespace } => {
-                let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &namespace);
-                let release = releases
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| Error::kube(format!("read ClusterStackRelease {name}"), e))?;
-                progress.release_exists = Some(release.is_some());
+                let exists = match ctx.stores().and_then(|s| s.releases()) {
+                    Some(store) => store.get(&ObjectRef::new(&name).within(&namespace)).is_some(),
+                    None => {
+                        let releases: Api<ClusterStackRelease> =
+                            Api::namespaced(ctx.client.clone(), &namespace);
+                        releases
+                            .get_opt(&name)
+                            .await
+                            .map_err(|e| Error::kube(format!("read ClusterStackRelease {name}"), e))?
+                            .is_some()
+                    }
+                };
+                progress.release_exists = Some(exists);
             }
             Step::ReadAddon { name } => {
-                let addons: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &namespace);
-                let addon = addons
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| Error::kube(format!("read ClusterAddon {name}"), e))?;
-                progress.addon_exists = Some(addon.is_some());
+                let exists = match ctx.stores().and_then(|s| s.addons()) {
+                    Some(store) => store.get(&ObjectRef::new(&name).within(&namespace)).is_some(),
+                    None => {
+                        let addons: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &namespace);
+                        addons
+                            .get_opt(&name)
+                            .await
+                            .map_err(|e| Error::kube(format!("read ClusterAddon {name}"), e))?
+                            .is_some()
+                    }
+                };
+                progress.addon_exists = Some(exists);
             }
             Step::Create { name } => {
                 let Some(cluster) = &cluster else {

@@ -110,6 +110,11 @@ pub struct Context {
     pub(crate) settings: Settings,
     /// The version Clusters are read, listed and watched in (`cso_apply::cluster_resource`).
     pub(crate) cluster_resource: ApiResource,
+    /// The versions our last writes made (see [`crate::stores`]).
+    pub(crate) written: crate::stores::Written,
+    /// The watch caches, once the controllers run ([`crate::run`]); a context used without them reads
+    /// from the API server.
+    stores: std::sync::OnceLock<crate::stores::Stores>,
     recorder: Recorder,
     backoff: Backoff,
     in_flight: InFlight,
@@ -162,10 +167,22 @@ impl Context {
             metrics,
             settings,
             cluster_resource,
+            written: Default::default(),
+            stores: Default::default(),
             backoff: Backoff::default(),
             in_flight: InFlight::default(),
         };
         Ok(ctx)
+    }
+
+    /// The watch caches, when the controllers run.
+    pub(crate) fn stores(&self) -> Option<&crate::stores::Stores> {
+        self.stores.get()
+    }
+
+    /// Hands the context the watch caches (once; [`crate::run`] does).
+    pub(crate) fn use_stores(&self, stores: crate::stores::Stores) {
+        let _ = self.stores.set(stores);
     }
 
     /// The Clusters in `namespace` (in every namespace with `None`), in the version they are read in.
@@ -193,6 +210,7 @@ impl Context {
         let limit = ctx.settings.reconcile_timeout;
         let key = object_key(object.as_ref());
         let _running_now = ctx.in_flight.enter(&key);
+
         let running = reconcile(object.clone(), ctx.clone());
         let bounded = async {
             match tokio::time::timeout(limit, running).await {

@@ -5,8 +5,13 @@ use kube::api::ListParams;
 
 use crate::{Context, Error};
 
-/// Every Cluster the operator may see. Without Cluster API installed there are none.
+/// Every Cluster the operator may see: the Cluster store when it holds them all, else a list (with a
+/// `--watch-filter` the store holds only the selected Clusters, but a Cluster outside the filter still uses
+/// its release). Without Cluster API installed there are none.
 pub(crate) async fn list_clusters(ctx: &Context) -> Result<Vec<Cluster>, Error> {
+    if let Some(clusters) = ctx.stores().and_then(|s| s.all_clusters()) {
+        return Ok(clusters);
+    }
     match ctx
         .clusters(ctx.settings.namespace.as_deref())
         .list(&ListParams::default())

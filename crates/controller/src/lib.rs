@@ -21,6 +21,7 @@ pub mod preview;
 mod provider_watch;
 pub mod rendering;
 mod run;
+mod stores;
 mod watch;
 
 pub use context::{Context, ControllerContext, EVENT_REPORTER, Settings};

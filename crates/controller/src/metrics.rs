@@ -83,6 +83,14 @@ struct HookResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubeRequestLabels {
+    /// The Kubernetes verb: `get`, `list`, `watch`, `create`, `patch`, ...
+    verb: String,
+    /// The resource (`clusteraddons`, `clusteraddons/status`, `secrets`, ...).
+    resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceRequestLabels {
     source: String,
     /// `list` or `download`.
@@ -110,6 +118,7 @@ pub struct Metrics {
     renewal_failures: Family<LeaseLabels, Counter>,
     hook_requests: Family<HookResultLabels, Counter>,
     hook_durations: Family<HookLabels, Histogram>,
+    kube_requests: Family<KubeRequestLabels, Counter>,
     /// The release cache whose size `releases_cached` shows, read at scrape time.
     cache: OnceLock<Arc<ReleaseCache>>,
 }
@@ -143,6 +152,7 @@ impl Default for Metrics {
             renewal_failures: Family::default(),
             hook_requests: Family::default(),
             hook_durations: Family::new_with_constructor(reconcile_buckets),
+            kube_requests: Family::default(),
             cache: OnceLock::new(),
         };
         registry.register(
@@ -220,12 +230,31 @@ impl Default for Metrics {
             "Length of time to answer a lifecycle hook call, per hook",
             metrics.hook_durations.clone(),
         );
+        registry.register(
+            "cso_kube_requests",
+            "Requests to the management cluster's API server, per verb and resource",
+            metrics.kube_requests.clone(),
+        );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics
     }
 }
 
 impl Metrics {
+    /// Counts the management client's requests (`cso_kube_requests_total{verb, resource}`): give it to
+    /// `cso_apply::observed_client`.
+    pub fn kube_request_observer(&self) -> cso_apply::RequestObserver {
+        let family = self.kube_requests.clone();
+        Arc::new(move |kind: &cso_apply::RequestKind| {
+            family
+                .get_or_create(&KubeRequestLabels {
+                    verb: kind.verb.to_owned(),
+                    resource: kind.resource.clone(),
+                })
+                .inc();
+        })
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
         if let Some(cache) = self.cache.get() {

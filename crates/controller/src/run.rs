@@ -32,7 +32,8 @@ use crate::{
     cluster_stack_release::{self, ReleaseContext},
     filter::watcher_config,
     provider_watch::ProviderWatches,
-    watch,
+    stores::{self, Stores},
+    watch::{self, SharedWatch},
 };
 
 /// What the operator is made of.
@@ -71,52 +72,69 @@ where
     }
 }
 
-/// The Clusters the operator may see, as a stream of those that changed, for `Controller::watches_stream_with`
-/// (with `ctx.cluster_resource`).
-fn touched_clusters(
-    ctx: &Context,
-    config: &watcher::Config,
-) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + use<> {
-    watch::touched_with(
-        ctx.clusters(ctx.settings.namespace.as_deref()),
-        config.clone(),
-        &ctx.cluster_resource,
-    )
+/// The objects of `events` whose `state` changed since the watch last showed them, and those deleted. The
+/// first sight of an object counts as a change.
+fn changes_of<K, S>(
+    events: impl futures::Stream<Item = watcher::Event<K>> + Send + 'static,
+    state: impl Fn(&K) -> S + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: PartialEq + Send + 'static,
+{
+    let mut seen: std::collections::HashMap<(String, String), S> = Default::default();
+    events.filter_map(move |event| {
+        let changed = match event {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+                let key = (object.namespace().unwrap_or_default(), object.name_any());
+                let now = state(&object);
+                let news = seen.get(&key) != Some(&now);
+                seen.insert(key, now);
+                news.then_some(object)
+            }
+            watcher::Event::Delete(object) => {
+                seen.remove(&(object.namespace().unwrap_or_default(), object.name_any()));
+                Some(object)
+            }
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        };
+        std::future::ready(changed.map(Ok))
+    })
 }
 
 /// The Clusters whose class or life changed: created, moved to another class, being deleted, gone. Status
 /// writes are left out: Cluster API rewrites a Cluster's conditions all the time (with messages that change
 /// at every reconcile), and a release reconcile on each would re-apply its ClusterClass, which moves a
-/// `v1beta1` class's generation and makes Cluster API write the Cluster again: a loop.
+/// `v1beta1` class's generation and makes Cluster API write the Cluster again: a loop. Which releases are in
+/// use depends on nothing else.
 fn class_or_life_changes(
-    ctx: &Context,
-    config: &watcher::Config,
-) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + use<> {
-    let mut seen: std::collections::HashMap<(String, String), (Option<String>, bool)> = Default::default();
-    watcher(ctx.clusters(ctx.settings.namespace.as_deref()), config.clone())
-        .backoff(watch::backoff())
-        .filter_map(move |event| {
-            let changed = match event {
-                Ok(watcher::Event::Apply(cluster) | watcher::Event::InitApply(cluster)) => {
-                    let key = (cluster.namespace().unwrap_or_default(), cluster.name_any());
-                    let state = (
-                        cluster.class().map(|c| format!("{c:?}")),
-                        cluster.meta().deletion_timestamp.is_some(),
-                    );
-                    (seen.insert(key, state.clone()) != Some(state)).then_some(cluster)
-                }
-                Ok(watcher::Event::Delete(cluster)) => {
-                    seen.remove(&(cluster.namespace().unwrap_or_default(), cluster.name_any()));
-                    Some(cluster)
-                }
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-                Err(e) => {
-                    tracing::debug!(error = %e, "Cluster watch interrupted; retrying");
-                    None
-                }
-            };
-            std::future::ready(changed.map(Ok))
-        })
+    events: impl futures::Stream<Item = watcher::Event<Cluster>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static {
+    changes_of(events, |cluster: &Cluster| {
+        (
+            cluster.uid(),
+            cluster.class().map(|c| format!("{c:?}")),
+            cluster.meta().deletion_timestamp.is_some(),
+        )
+    })
+}
+
+/// The Clusters whose spec, labels, annotations or life changed: what a ClusterAddon's values can see of
+/// its Cluster apart from the status, which Cluster API rewrites all the time (a values template reading the
+/// status sees it at the next resync).
+fn spec_or_metadata_changes(
+    events: impl futures::Stream<Item = watcher::Event<Cluster>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static {
+    changes_of(events, |cluster: &Cluster| {
+        let meta = cluster.meta();
+        (
+            meta.uid.clone(),
+            meta.generation,
+            meta.labels.clone(),
+            meta.annotations.clone(),
+            meta.deletion_timestamp.is_some(),
+        )
+    })
 }
 
 impl Operator {
@@ -147,25 +165,62 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let config = watcher_config(&settings);
     let namespace = &settings.namespace;
 
-    let stacks = watch::controller(scoped::<ClusterStack>(&client, namespace), config.clone());
-    let stack_store = stacks.store();
-    let stacks = stacks
+    // Each kind once: one watch, one store (what the reconcilers read), every controller subscribed.
+    let mut stack_watch = SharedWatch::new(scoped::<ClusterStack>(&client, namespace), config.clone(), ());
+    let mut release_watch = SharedWatch::new(
+        scoped::<ClusterStackRelease>(&client, namespace),
+        config.clone(),
+        (),
+    );
+    let mut addon_watch = SharedWatch::new(scoped::<ClusterAddon>(&client, namespace), config.clone(), ());
+    let mut cluster_watch = SharedWatch::new(
+        ctx.clusters(namespace.as_deref()),
+        config.clone(),
+        ctx.cluster_resource.clone(),
+    );
+    // Only Cluster API's Secrets, and only their metadata: a kubeconfig that appeared or changed.
+    let mut secret_watch = SharedWatch::new(
+        scoped::<PartialObjectMeta<Secret>>(&client, namespace),
+        watcher::Config::default().fields(CAPI_SECRET_SELECTOR),
+        (),
+    );
+    ctx.use_stores(Stores {
+        releases: stores::Listed {
+            store: release_watch.store(),
+            listed: release_watch.listed(),
+        },
+        addons: stores::Listed {
+            store: addon_watch.store(),
+            listed: addon_watch.listed(),
+        },
+        clusters: stores::Listed {
+            store: cluster_watch.store(),
+            listed: cluster_watch.listed(),
+        },
+        cluster_resource: ctx.cluster_resource.clone(),
+        capi_secrets: stores::Listed {
+            store: secret_watch.store(),
+            listed: secret_watch.listed(),
+        },
+        all_clusters: settings.watch_filter.is_none(),
+    });
+
+    let stack_store = stack_watch.store();
+    let stacks = stack_watch
+        .controller(())
         // A release changed or went away: its ClusterStack decides again.
-        .watches_stream(
-            watch::touched(scoped::<ClusterStackRelease>(&client, namespace), config.clone()),
-            |release| {
-                let namespace = release.namespace().unwrap_or_default();
-                release
-                    .owner_references()
-                    .iter()
-                    .filter(|o| o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP))
-                    .map(|o| ObjectRef::new(&o.name).within(&namespace))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .watches_stream(release_watch.touched(), |release| {
+            let namespace = release.namespace().unwrap_or_default();
+            release
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP))
+                .map(|o| ObjectRef::new(&o.name).within(&namespace))
+                .collect::<Vec<_>>()
+        })
         // A Cluster moved to another class or went away: what is in use changed.
         .watches_stream_with(
-            touched_clusters(&ctx, &config),
+            class_or_life_changes(cluster_watch.subscribe()),
             move |cluster| {
                 let Some((id, class_namespace)) = cluster.stack_release() else {
                     return Vec::new();
@@ -206,9 +261,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
         None => Api::all_with(client.clone(), &class_resource),
     };
-    let releases = watch::controller(scoped::<ClusterStackRelease>(&client, namespace), config.clone());
-    let release_store = releases.store();
-    let crd_triggers = crd_triggers(client.clone(), releases.store());
+    let release_store = release_watch.store();
+    let crd_triggers = crd_triggers(client.clone(), release_watch.store());
     // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
     // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
     // it first listed) has no event of its own.
@@ -239,10 +293,11 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             };
             futures::stream::iter(triggered)
         });
-    let releases = releases
+    let releases = release_watch
+        .controller(())
         // A Cluster moved on or went away: a release waiting to be deleted may go now.
         .watches_stream_with(
-            class_or_life_changes(&ctx, &config),
+            class_or_life_changes(cluster_watch.subscribe()),
             |cluster| {
                 let (id, class_namespace) = cluster.stack_release()?;
                 Some(ObjectRef::new(&id.tag()).within(&class_namespace))
@@ -268,31 +323,27 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
-    let clusters = watch::controller_with(
-        ctx.clusters(namespace.as_deref()),
-        config.clone(),
-        ctx.cluster_resource.clone(),
-    );
-    let cluster_store = clusters.store();
+    let cluster_store = cluster_watch.store();
     let cluster_resource = ctx.cluster_resource.clone();
     let owner_resource = ctx.cluster_resource.clone();
-    let addon_create = clusters
+    let addon_create = cluster_watch
+        .controller(ctx.cluster_resource.clone())
         // A ClusterAddon was deleted: make it again.
+        .watches_stream(addon_watch.touched(), move |addon| {
+            let namespace = addon.namespace().unwrap_or_default();
+            addon
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "Cluster")
+                .map(|o| ObjectRef::new_with(&o.name, owner_resource.clone()).within(&namespace))
+                .collect::<Vec<_>>()
+        })
+        // A release appeared: Clusters of its class get their ClusterAddon (its status changes are no news
+        // to them: each would look at every Cluster of the class).
         .watches_stream(
-            watch::touched(scoped::<ClusterAddon>(&client, namespace), config.clone()),
-            move |addon| {
-                let namespace = addon.namespace().unwrap_or_default();
-                addon
-                    .owner_references()
-                    .iter()
-                    .filter(|o| o.kind == "Cluster")
-                    .map(|o| ObjectRef::new_with(&o.name, owner_resource.clone()).within(&namespace))
-                    .collect::<Vec<_>>()
-            },
-        )
-        // A release appeared: Clusters of its class get their ClusterAddon.
-        .watches_stream(
-            watch::touched(scoped::<ClusterStackRelease>(&client, namespace), config.clone()),
+            changes_of(release_watch.subscribe(), |release: &ClusterStackRelease| {
+                release.uid()
+            }),
             move |release| {
                 let release_namespace = release.namespace().unwrap_or_default();
                 let Ok(id) = ReleaseId::parse_tag(&release.name_any()) else {
@@ -321,10 +372,11 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
-    let addons = watch::controller(scoped::<ClusterAddon>(&client, namespace), config.clone())
-        // Any change of the Cluster (its class, its endpoint used by values templates) is looked at.
+    let addons = addon_watch
+        .controller(())
+        // A change of the Cluster's spec or metadata (its class, its endpoint used by values templates).
         .watches_stream_with(
-            touched_clusters(&ctx, &config),
+            spec_or_metadata_changes(cluster_watch.subscribe()),
             |cluster| {
                 Some(
                     ObjectRef::new(&cluster_addon_name(&cluster.name_any()))
@@ -334,21 +386,12 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             ctx.cluster_resource.clone(),
         )
         // A kubeconfig Secret appeared or changed: its Cluster's addons go ahead without waiting for the
-        // next poll. Only Cluster API's Secrets, and only their metadata, are watched.
-        .watches_stream(
-            watch::touched(
-                scoped::<PartialObjectMeta<Secret>>(&client, namespace),
-                watcher::Config::default().fields(CAPI_SECRET_SELECTOR),
-            ),
-            |secret| {
-                let name = secret.name_any();
-                let cluster = cluster_of_kubeconfig_secret(&name)?;
-                Some(
-                    ObjectRef::new(&cluster_addon_name(cluster))
-                        .within(&secret.namespace().unwrap_or_default()),
-                )
-            },
-        )
+        // next poll.
+        .watches_stream(secret_watch.touched(), |secret| {
+            let name = secret.name_any();
+            let cluster = cluster_of_kubeconfig_secret(&name)?;
+            Some(ObjectRef::new(&cluster_addon_name(cluster)).within(&secret.namespace().unwrap_or_default()))
+        })
         .with_config(Config::default().concurrency(settings.cluster_addon_concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster_addon::reconcile, cluster_addon::error_policy, addon_ctx)
@@ -358,9 +401,22 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
+    // The watches run as long as the controllers do.
+    let watches = async {
+        futures::join!(
+            stack_watch.run(),
+            release_watch.run(),
+            addon_watch.run(),
+            cluster_watch.run(),
+            secret_watch.run()
+        );
+    };
     tracing::info!(namespace = ?settings.namespace, "controllers started");
     let controllers = async {
-        futures::join!(stacks, releases, addon_create, addons);
+        tokio::select! {
+            _ = async { futures::join!(stacks, releases, addon_create, addons) } => {}
+            () = watches => {}
+        }
     };
     let grace_over = async {
         shutdown.await;

@@ -9,6 +9,9 @@
 //! others, and their errors are taken one per backoff period. After a 30 s outage, edits waited 29-132 s for a
 //! controller's watches to come back (issue 19). Here every watch has its own backoff, and its errors are
 //! logged and left out of the controller's stream, so one watch never waits for another.
+//!
+//! Each kind is watched once ([`SharedWatch`]): one store that reconcilers read instead of asking the API
+//! server, and every controller that reacts to the kind subscribes to the same events.
 
 use std::{fmt::Debug, time::Duration};
 
@@ -71,83 +74,257 @@ fn random_fraction() -> f64 {
     fraction
 }
 
-/// A controller of `K` whose own watch has its own backoff (use [`touched`] for the others it watches).
-pub(crate) fn controller<K>(api: Api<K>, config: watcher::Config) -> Controller<K>
+/// One watch of a kind, shared by everything that needs it: it fills one store (the cache reconcilers read
+/// from) and hands every event (deletions too) to each subscriber after the store has it, so that a
+/// reconcile triggered by an event reads a store at least as new as that event. One watch and one copy of
+/// each object per kind, however many controllers look at it.
+pub(crate) struct SharedWatch<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Debug + Unpin,
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    controller_with(api, config, K::DynamicType::default())
-}
-
-/// [`controller`] of a kind whose version is chosen at run time (`dyntype`, e.g. Cluster API's `Cluster`).
-pub(crate) fn controller_with<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    dyntype: K::DynamicType,
-) -> Controller<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Unpin,
-{
-    let kind = K::kind(&dyntype).into_owned();
-    let writer = reflector::store::Writer::new(dyntype.clone());
-    let reader = writer.as_reader();
-    let objects = watcher(api, config)
-        .backoff(backoff())
-        .reflect(writer)
-        .applied_objects();
-    Controller::for_stream_with(without_errors(kind, objects), reader, dyntype)
-        // Nothing fails through the streams above; a trigger stream added later gets a bounded backoff too.
-        .trigger_backoff(backoff())
-}
-
-/// The objects of `api` that changed (for `Controller::watches_stream`), on the watch's own backoff.
-pub(crate) fn touched<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    touched_with(api, config, &K::DynamicType::default())
-}
-
-/// [`touched`] of a kind whose version is chosen at run time (`dyntype`; for
-/// `Controller::watches_stream_with`).
-pub(crate) fn touched_with<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    dyntype: &K::DynamicType,
-) -> impl Stream<Item = Result<K, watcher::Error>> + Send + use<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let kind = K::kind(dyntype).into_owned();
-    without_errors(kind, watcher(api, config).backoff(backoff()).touched_objects())
-}
-
-/// `stream` (of objects of `kind`) with its errors logged and left out: the backoff has already waited for
-/// them.
-fn without_errors<T>(
     kind: String,
-    stream: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
-) -> impl Stream<Item = Result<T, watcher::Error>> + Send + 'static
+    store: reflector::Store<K>,
+    /// Set once the store has its first list ([`Listed`]).
+    listed: tokio::sync::watch::Sender<bool>,
+    events: futures::stream::BoxStream<'static, watcher::Event<K>>,
+    subscribers: Vec<tokio::sync::mpsc::UnboundedSender<watcher::Event<K>>>,
+}
+
+/// Whether a [`SharedWatch`]'s store has had its first list, asked without waiting: a reconcile reads a store
+/// that has it, else the API server.
+///
+/// Not `Store::wait_until_ready`: kube-runtime's readiness is a oneshot receiver that keeps the waker of the
+/// last future that polled it only, so of two futures waiting at once (a controller's runner and a reconcile,
+/// or two reconciles) all but the last are never woken. Reconciles waiting that way hung for good, silently
+/// (no ClusterStackRelease was ever created), and a controller's runner that lost its waker would never start.
+/// Only each controller's own runner waits on its store that way; nothing else may even poll it.
+#[derive(Clone, Debug)]
+pub(crate) struct Listed(tokio::sync::watch::Receiver<bool>);
+
+impl Listed {
+    /// Whether the store has had its first list, now (never waits, never disturbs a waiter).
+    pub(crate) fn now(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+impl<K> SharedWatch<K>
 where
-    T: Send + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Unpin + Send + Sync,
 {
-    stream.filter(move |item| {
-        if let Err(e) = item {
-            tracing::debug!(%kind, error = %e, "watch interrupted; retrying");
+    /// The watch of `api` (with `config`), on its own backoff; nothing happens until [`SharedWatch::run`].
+    pub(crate) fn new(api: Api<K>, config: watcher::Config, dyntype: K::DynamicType) -> Self {
+        let kind = K::kind(&dyntype).into_owned();
+        let writer = reflector::store::Writer::new(dyntype);
+        let store = writer.as_reader();
+        let logged_kind = kind.clone();
+        let events = watcher(api, config)
+            .backoff(backoff())
+            .reflect(writer)
+            .filter_map(move |event| {
+                std::future::ready(match event {
+                    Ok(event) => Some(event),
+                    Err(e) => {
+                        tracing::debug!(kind = %logged_kind, error = %e, "watch interrupted; retrying");
+                        None
+                    }
+                })
+            })
+            .boxed();
+        SharedWatch {
+            kind,
+            store,
+            listed: tokio::sync::watch::Sender::new(false),
+            events,
+            subscribers: Vec::new(),
         }
-        std::future::ready(item.is_ok())
-    })
+    }
+
+    /// The store the watch fills.
+    pub(crate) fn store(&self) -> reflector::Store<K> {
+        self.store.clone()
+    }
+
+    /// Whether the store has had its first list (wait on this, not on the store: see [`Listed`]).
+    pub(crate) fn listed(&self) -> Listed {
+        Listed(self.listed.subscribe())
+    }
+
+    /// Every event of the watch from now on, each after the store has it.
+    pub(crate) fn subscribe(&mut self) -> impl Stream<Item = watcher::Event<K>> + Send + 'static {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        self.subscribers.push(sender);
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|event| (event, receiver))
+        })
+    }
+
+    /// The objects created or changed (for a controller of `K`: `Controller::for_stream_with` with
+    /// [`SharedWatch::store`]).
+    pub(crate) fn applied(&mut self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        self.subscribe().filter_map(|event| {
+            std::future::ready(match event {
+                watcher::Event::Apply(object) | watcher::Event::InitApply(object) => Some(Ok(object)),
+                watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => None,
+            })
+        })
+    }
+
+    /// The objects created, changed or deleted (for `Controller::watches_stream`).
+    pub(crate) fn touched(&mut self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        self.subscribe().filter_map(|event| {
+            std::future::ready(match event {
+                watcher::Event::Apply(object)
+                | watcher::Event::InitApply(object)
+                | watcher::Event::Delete(object) => Some(Ok(object)),
+                watcher::Event::Init | watcher::Event::InitDone => None,
+            })
+        })
+    }
+
+    /// A controller of `K` on this watch and its store.
+    pub(crate) fn controller(&mut self, dyntype: K::DynamicType) -> Controller<K> {
+        Controller::for_stream_with(self.applied(), self.store(), dyntype).trigger_backoff(backoff())
+    }
+
+    /// Drives the watch, handing each event to every subscriber, until no subscriber is left.
+    pub(crate) async fn run(self) {
+        let SharedWatch {
+            kind,
+            listed,
+            mut events,
+            mut subscribers,
+            ..
+        } = self;
+        while let Some(event) = events.next().await {
+            if matches!(event, watcher::Event::InitDone) {
+                // The store has swapped the list in (the reflector applies each event before handing it on).
+                listed.send_replace(true);
+            }
+            subscribers.retain(|subscriber| subscriber.send(event.clone()).is_ok());
+            if subscribers.is_empty() {
+                break;
+            }
+        }
+        tracing::debug!(%kind, "shared watch stopped");
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        pin::pin,
+        sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering},
+        },
+        task::{Context, Wake, Waker},
+    };
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
     use super::*;
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Woken(AtomicUsize);
+
+    impl Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn waker() -> (Arc<Woken>, Waker) {
+        let woken = Arc::new(Woken::default());
+        (woken.clone(), Waker::from(woken))
+    }
+
+    fn config_map(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Why [`Listed`] exists: of two futures waiting on kube-runtime's store readiness at once, only the one
+    /// that polled last is woken when the store is ready; the other waits for good.
+    #[test]
+    fn a_kube_store_wakes_only_the_last_of_two_waiters() {
+        let mut writer = reflector::store::Writer::<ConfigMap>::default();
+        let store = writer.as_reader();
+        let (first_woken, first_waker) = waker();
+        let (second_woken, second_waker) = waker();
+        let mut first = pin!(store.wait_until_ready());
+        let mut second = pin!(store.wait_until_ready());
+        assert!(
+            first
+                .as_mut()
+                .poll(&mut Context::from_waker(&first_waker))
+                .is_pending()
+        );
+        assert!(
+            second
+                .as_mut()
+                .poll(&mut Context::from_waker(&second_waker))
+                .is_pending()
+        );
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(second_woken.0.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            first_woken.0.load(Ordering::SeqCst),
+            0,
+            "kube-runtime wakes every waiter now: Listed could go"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_store_is_said_listed_once_it_has_its_first_list() {
+        let writer = reflector::store::Writer::<ConfigMap>::default();
+        let store = writer.as_reader();
+        let (feed, events) = futures::channel::mpsc::unbounded();
+        let shared = SharedWatch {
+            kind: "ConfigMap".to_owned(),
+            store: store.clone(),
+            listed: tokio::sync::watch::Sender::new(false),
+            events: events
+                .map(Ok)
+                .reflect(writer)
+                .filter_map(|event: Result<_, watcher::Error>| std::future::ready(event.ok()))
+                .boxed(),
+            subscribers: Vec::new(),
+        };
+        let mut shared = shared;
+        let mut subscriber = Box::pin(shared.subscribe());
+        let listed = shared.listed();
+        assert!(!listed.now(), "nothing listed yet");
+        let running = tokio::spawn(shared.run());
+
+        feed.unbounded_send(watcher::Event::Init).unwrap();
+        feed.unbounded_send(watcher::Event::InitApply(config_map("a")))
+            .unwrap();
+        feed.unbounded_send(watcher::Event::InitDone).unwrap();
+        // The subscriber sees the end of the list after the store has it, and by then it is said listed.
+        loop {
+            match subscriber.next().await {
+                Some(watcher::Event::InitDone) => break,
+                Some(_) => continue,
+                None => panic!("the watch stopped"),
+            }
+        }
+        assert_eq!(store.state().len(), 1);
+        assert!(listed.now());
+        drop(subscriber);
+        drop(feed);
+        running.await.unwrap();
+    }
 
     #[test]
     fn waits_grow_to_a_bound_with_jitter_and_start_over_after_a_reset() {

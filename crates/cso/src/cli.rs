@@ -156,10 +156,17 @@ pub struct RunArgs {
     /// operator applies, so swapping operators leaves no fields stranded). Empty to disable.
     #[arg(long, default_value = "kubectl", value_delimiter = ',')]
     pub take_over_field_managers: Vec<String>,
-    /// The `helm` binary.
+    /// What renders charts and values templates: `engine`, one long-lived `cso-renderer` process on Helm's
+    /// own engine (no process per render), or `helm`, a `helm template` process per render.
+    #[arg(long, default_value = "engine", env = "CSO_RENDER_WITH", value_parser = ["engine", "helm"])]
+    pub renderer: String,
+    /// The `cso-renderer` binary (with `--renderer=engine`).
+    #[arg(long, default_value = "cso-renderer", env = "CSO_RENDERER")]
+    pub renderer_binary: PathBuf,
+    /// The `helm` binary (with `--renderer=helm`).
     #[arg(long, default_value = "helm", env = "CSO_HELM")]
     pub helm: PathBuf,
-    /// How long one `helm template` may take.
+    /// How long one render may take.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub helm_timeout: Duration,
     /// The GitHub API (GitHub Enterprise, or a stand-in).

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, rules::Hook};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
-use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
+use cso_render::{CachingRenderer, Engine, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
 use cso_testenv::{
     Tools,
     capi::{ClusterApiTools, Options, TopologyCluster, start_management_with_cluster_api},
@@ -70,7 +70,10 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let releases = releases.map_or_else(|| PathBuf::from(BUNDLED_RELEASES), Path::to_path_buf);
     let mut steps = Steps::new();
     let tools = Tools::discover().context("the tools are missing: run `make tools`")?;
-    let helm = tools.helm.clone().context("helm is missing: run `make tools`")?;
+    let renderer = tools
+        .renderer
+        .clone()
+        .context("cso-renderer is missing: run `make tools`")?;
     let capi = ClusterApiTools::discover().context("Cluster API is missing: run `make tools`")?;
 
     steps.begin(&format!(
@@ -114,14 +117,13 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         )?;
     }
     let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
+    // What `cso run` renders with by default: one long-lived renderer on Helm's engine.
+    let engine = Engine::new(&renderer, Duration::from_secs(120));
     let operator = Operator {
         client: client.clone(),
         releases: Arc::new(ReleaseCache::new(&release_dir, source, UnpackLimits::default())?),
-        renderer: Arc::new(CachingRenderer::new(
-            Helm::new(&helm, Duration::from_secs(120))?,
-            DEFAULT_CAPACITY_BYTES,
-        )),
-        values: Arc::new(ValuesTemplater::new(Helm::new(&helm, Duration::from_secs(120))?)?),
+        renderer: Arc::new(CachingRenderer::new(engine.clone(), DEFAULT_CAPACITY_BYTES)),
+        values: Arc::new(ValuesTemplater::with_engine(engine)),
         metrics: Default::default(),
         take_over_from: Vec::new(),
         settings: Settings::default(),

@@ -30,7 +30,7 @@ use cso_api::{
     names::reason,
     rules::{Hook, HookStages, hook_runs::HOOK_STAGES_ANNOTATION},
 };
-use cso_apply::{WorkloadCluster, template_data::template_data};
+use cso_apply::{WorkloadCluster, template_data::template_data, workload::kubeconfig_secret_name};
 use cso_release::{AddonStyle, Release};
 use cso_render::Manifest;
 use kube::{
@@ -86,7 +86,7 @@ pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Resu
 
 async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
     let api: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
-    let Some(addon) = patch::current(&api, queued.as_ref()).await? else {
+    let Some(addon) = patch::current(&ctx, &api, queued.as_ref()).await? else {
         return Ok(Action::await_change());
     };
     if is_paused(&addon) {
@@ -95,7 +95,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     if addon.meta().deletion_timestamp.is_some() {
         // Deleting never waits: the addons live in the workload cluster and go with it. The Go operator's
         // finalizer (kept only while its Cluster exists) is removed so a Cluster deletion cannot deadlock.
-        patch::remove_finalizer(&api, &addon, CLUSTER_ADDON_FINALIZER).await?;
+        patch::remove_finalizer(&ctx.written, &api, &addon, CLUSTER_ADDON_FINALIZER).await?;
         ctx.workloads
             .forget(&addon.namespace().unwrap_or_default(), &cluster_name(&addon));
         return Ok(Action::await_change());
@@ -147,12 +147,10 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     }
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
-    patch::status(&api, &working, before.as_ref(), &status).await?;
+    patch::status(&ctx.written, &api, &working, before.as_ref(), &status).await?;
     ctx.publish(&working, events).await;
-    write_spec(&api, &working, spec).await?;
-    if let Some(release) = &driver.release {
-        record_hook_stages(&api, &working, release).await?;
-    }
+    let hook_stages = driver.release.as_deref().map(hook_stages_of);
+    write_spec(&ctx.written, &api, &working, spec, hook_stages).await?;
     match outcome {
         Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
         Outcome::Requeue(None) => Ok(Action::await_change()),
@@ -193,12 +191,20 @@ impl Driver<'_> {
         let cluster_name = cluster_name(self.addon);
         match step {
             Step::ReadCluster => {
-                let cluster = self
+                // Nothing of ours writes Clusters: the store's copy is as new as any we know.
+                let cluster = match self
                     .ctx
-                    .clusters(Some(&namespace))
-                    .get_opt(&cluster_name)
-                    .await
-                    .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?;
+                    .stores()
+                    .and_then(|s| s.cluster(&namespace, &cluster_name))
+                {
+                    Some(cluster) => cluster.map(|c| c.as_ref().clone()),
+                    None => self
+                        .ctx
+                        .clusters(Some(&namespace))
+                        .get_opt(&cluster_name)
+                        .await
+                        .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?,
+                };
                 progress.cluster = match &cluster {
                     None => {
                         // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does
@@ -216,7 +222,15 @@ impl Driver<'_> {
                 self.cluster = cluster;
             }
             Step::ConnectWorkload => {
-                progress.workload = match self.ctx.workloads.get(&namespace, &cluster_name).await {
+                let known_secret = self.ctx.stores().and_then(|stores| {
+                    stores.capi_secret_version(&namespace, &kubeconfig_secret_name(&cluster_name))
+                });
+                progress.workload = match self
+                    .ctx
+                    .workloads
+                    .get_known(&namespace, &cluster_name, known_secret.as_deref())
+                    .await
+                {
                     Err(e) => WorkloadState::NoKubeconfig(e.to_string()),
                     Ok(workload) => match self.ctx.workloads.ready(&workload).await {
                         Err(e) => WorkloadState::NotReady(e.to_string()),
@@ -358,14 +372,9 @@ pub(crate) async fn render_addon(
     })
 }
 
-/// Records which hooks the release of the Cluster's class has stages for (annotation
-/// [`HOOK_STAGES_ANNOTATION`]), when that changed, so the hook server answers hooks with nothing to run at
-/// once.
-async fn record_hook_stages(
-    api: &Api<ClusterAddon>,
-    addon: &ClusterAddon,
-    release: &Release,
-) -> Result<(), Error> {
+/// Which hooks the release of the Cluster's class has stages for (recorded in the annotation
+/// [`HOOK_STAGES_ANNOTATION`], so the hook server answers hooks with nothing to run at once).
+fn hook_stages_of(release: &Release) -> HookStages {
     let hooks: Vec<Hook> = match &release.addons {
         AddonStyle::Staged { config } => Hook::ADDON_STAGES
             .into_iter()
@@ -373,19 +382,18 @@ async fn record_hook_stages(
             .collect(),
         AddonStyle::Single { .. } => Vec::new(),
     };
-    let stages = HookStages::new(release.id.cluster_class_name(), hooks);
-    if HookStages::of(addon).as_ref() == Some(&stages) {
-        return Ok(());
-    }
-    let body = json!({"metadata": {"annotations": {HOOK_STAGES_ANNOTATION: stages.encode()}}});
-    api.patch(&addon.name_any(), &PatchParams::default(), &Patch::Merge(&body))
-        .await
-        .map_err(|e| Error::kube(format!("record the hook stages of {}", addon.name_any()), e))?;
-    Ok(())
+    HookStages::new(release.id.cluster_class_name(), hooks)
 }
 
-/// Writes the spec fields and the stage annotation that changed (merge patch on fields we own).
-async fn write_spec(api: &Api<ClusterAddon>, addon: &ClusterAddon, update: SpecUpdate) -> Result<(), Error> {
+/// Writes the spec fields, the stage annotation and the hook stages that changed, in one merge patch on
+/// fields we own.
+async fn write_spec(
+    written: &crate::stores::Written,
+    api: &Api<ClusterAddon>,
+    addon: &ClusterAddon,
+    update: SpecUpdate,
+    hook_stages: Option<HookStages>,
+) -> Result<(), Error> {
     let mut spec = serde_json::Map::new();
     if let Some(cluster_stack) = update.cluster_stack.filter(|c| *c != addon.spec.cluster_stack) {
         spec.insert("clusterStack".into(), cluster_stack.into());
@@ -396,18 +404,30 @@ async fn write_spec(api: &Api<ClusterAddon>, addon: &ClusterAddon, update: SpecU
     if let Some(hook) = update.hook.filter(|h| *h != addon.spec.hook) {
         spec.insert("hook".into(), hook.into());
     }
-    let stage = update
+    let mut annotations = serde_json::Map::new();
+    if let Some(stage) = update
         .stage
-        .filter(|s| addon.annotations().get(STAGE_ANNOTATION).map(String::as_str) != Some(*s));
-    if spec.is_empty() && stage.is_none() {
+        .filter(|s| addon.annotations().get(STAGE_ANNOTATION).map(String::as_str) != Some(*s))
+    {
+        annotations.insert(STAGE_ANNOTATION.into(), stage.into());
+    }
+    if let Some(stages) = hook_stages.filter(|stages| HookStages::of(addon).as_ref() != Some(stages)) {
+        annotations.insert(HOOK_STAGES_ANNOTATION.into(), stages.encode().into());
+    }
+    if spec.is_empty() && annotations.is_empty() {
         return Ok(());
     }
-    let mut body = json!({"spec": spec});
-    if let Some(stage) = stage {
-        body["metadata"] = json!({"annotations": {STAGE_ANNOTATION: stage}});
+    let mut body = json!({});
+    if !spec.is_empty() {
+        body["spec"] = spec.into();
     }
-    api.patch(&addon.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+    if !annotations.is_empty() {
+        body["metadata"] = json!({ "annotations": annotations });
+    }
+    let updated = api
+        .patch(&addon.name_any(), &PatchParams::default(), &Patch::Merge(&body))
         .await
         .map_err(|e| Error::kube(format!("update ClusterAddon {}", addon.name_any()), e))?;
+    written.record(&updated);
     Ok(())
 }

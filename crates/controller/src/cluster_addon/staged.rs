@@ -116,7 +116,8 @@ impl StagedRun<'_> {
             addon.annotations_mut().remove(STAGE_CLOCK_ANNOTATION);
             if hook_changes {
                 // Written at once, so a restart resumes this hook.
-                self.api
+                let updated = self
+                    .api
                     .patch(
                         &addon.name_any(),
                         &PatchParams::default(),
@@ -124,6 +125,7 @@ impl StagedRun<'_> {
                     )
                     .await
                     .map_err(|e| Error::kube(format!("set the hook of {}", addon.name_any()), e))?;
+                self.ctx.written.record(&updated);
             }
             self.persist(addon, &inventory, &mut end).await?;
         }
@@ -389,7 +391,8 @@ impl StagedRun<'_> {
             }
         }
         if !changed.is_empty() {
-            self.api
+            let updated = self
+                .api
                 .patch(
                     &addon.name_any(),
                     &PatchParams::default(),
@@ -397,6 +400,7 @@ impl StagedRun<'_> {
                 )
                 .await
                 .map_err(|e| Error::kube(format!("record the stage progress of {}", addon.name_any()), e))?;
+            self.ctx.written.record(&updated);
             for key in changed.keys() {
                 match addon.annotations().get(key) {
                     Some(value) => end.written_annotations.insert(key.clone(), value.clone()),
@@ -407,7 +411,14 @@ impl StagedRun<'_> {
         let mut shown = addon.clone();
         shown.set_summary();
         let status = shown.status.clone().unwrap_or_default();
-        patch::status(self.api, &shown, end.persisted.as_ref(), &status).await?;
+        patch::status(
+            &self.ctx.written,
+            self.api,
+            &shown,
+            end.persisted.as_ref(),
+            &status,
+        )
+        .await?;
         end.persisted = Some(status);
         self.ctx
             .publish(&*addon, std::mem::take(&mut end.conclusion.events))

@@ -63,7 +63,7 @@ pub async fn reconcile(stack: Arc<ClusterStack>, ctx: Arc<StackContext>) -> Resu
 async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<StackContext>) -> Result<Action, Error> {
     let api: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
     let key = object_key(queued.as_ref());
-    let Some(stack) = patch::current(&api, queued.as_ref()).await? else {
+    let Some(stack) = patch::current(&ctx, &api, queued.as_ref()).await? else {
         ctx.own.news(&key, BTreeSet::new());
         return Ok(Action::await_change());
     };
@@ -98,7 +98,7 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<StackContext>) -> 
     };
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
-    patch::status(&api, &working, stack.status.as_ref(), &status).await?;
+    patch::status(&ctx.written, &api, &working, stack.status.as_ref(), &status).await?;
     ctx.publish(&working, events).await;
     tell_clusters(&ctx, &key, &clusters, reports).await;
     match outcome {
@@ -154,12 +154,24 @@ async fn observe(
     ctx: &Context,
 ) -> Result<(Observed, Vec<Cluster>), Error> {
     let namespace = stack.namespace().unwrap_or_default();
-    let releases: Api<ClusterStackRelease> = Api::namespaced(ctx.client.clone(), &namespace);
-    let owned: Vec<ClusterStackRelease> = releases
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list ClusterStackReleases", e))?
-        .items
+    let in_namespace: Vec<ClusterStackRelease> = match ctx.stores().and_then(|s| s.releases()) {
+        // A release created or deleted a moment ago and not in the store yet is made again (409) or deleted
+        // again (404); its event triggers this stack once the store has it.
+        Some(store) => store
+            .state()
+            .iter()
+            .filter(|r| r.namespace().as_deref() == Some(namespace.as_str()))
+            .map(|r| r.as_ref().clone())
+            .collect(),
+        None => {
+            Api::<ClusterStackRelease>::namespaced(ctx.client.clone(), &namespace)
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| Error::kube("list ClusterStackReleases", e))?
+                .items
+        }
+    };
+    let owned: Vec<ClusterStackRelease> = in_namespace
         .into_iter()
         .filter(|r| owned_by(r, &stack.name_any()))
         .collect();
@@ -283,7 +295,7 @@ async fn act(stack: &ClusterStack, actions: &Actions, ctx: &Context) -> Done {
                     &Patch::Merge(json!({"spec": {"providerRef": provider_ref}})),
                 )
                 .await
-                .map(|_| ()),
+                .map(|updated| ctx.written.record(&updated)),
             Some(_) => Ok(()),
             None => create_release(&releases, name, &owner, &labels, provider_ref.clone(), stack, ctx).await,
         };
@@ -337,7 +349,10 @@ async fn create_release(
             Ok(())
         }
         // Created meanwhile (an earlier pass whose list was stale): fine.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            tracing::debug!(release = %name, "the ClusterStackRelease exists already");
+            Ok(())
+        }
         Err(e) => {
             ctx.event(
                 stack,

@@ -59,7 +59,7 @@ async fn reconcile_object(
 ) -> Result<Action, Error> {
     let api: Api<ClusterStackRelease> =
         Api::namespaced(ctx.client.clone(), &queued.namespace().unwrap_or_default());
-    let Some(release) = patch::current(&api, queued.as_ref()).await? else {
+    let Some(release) = patch::current(&ctx, &api, queued.as_ref()).await? else {
         return Ok(Action::await_change());
     };
     if is_paused(&release) {
@@ -75,7 +75,7 @@ async fn reconcile_object(
     }
     if !deleting {
         // Persist the finalizer first: nothing may be applied that a deletion could then leave behind.
-        patch::add_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
+        patch::add_finalizer(&ctx.written, &api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
     }
 
     let id = ReleaseId::parse_tag(&release.name_any()).map_err(|e| e.to_string());
@@ -98,14 +98,14 @@ async fn reconcile_object(
     let (events, outcome) = conclude(&progress, &mut working, ctx.settings.resync_interval);
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
-    patch::status(&api, &working, release.status.as_ref(), &status).await?;
+    patch::status(&ctx.written, &api, &working, release.status.as_ref(), &status).await?;
     ctx.publish(&working, events).await;
     match outcome {
         Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
         Outcome::Requeue(None) => Ok(Action::await_change()),
         Outcome::Deleted => {
             tracing::info!(release = %release.name_any(), "deleted the objects of the release");
-            patch::remove_finalizer(&api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
+            patch::remove_finalizer(&ctx.written, &api, &release, CLUSTER_STACK_RELEASE_FINALIZER).await?;
             Ok(Action::await_change())
         }
         Outcome::Retry(message) => Err(Error::Reported(message)),

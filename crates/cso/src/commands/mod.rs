@@ -20,6 +20,15 @@ pub(crate) async fn kube_client(
     kubeconfig: Option<&std::path::Path>,
     limits: cso_apply::ClientLimits,
 ) -> anyhow::Result<kube::Client> {
+    observed_kube_client(kubeconfig, limits, None).await
+}
+
+/// [`kube_client`], each request told to `observer` (the operator's request metrics).
+pub(crate) async fn observed_kube_client(
+    kubeconfig: Option<&std::path::Path>,
+    limits: cso_apply::ClientLimits,
+    observer: Option<cso_apply::RequestObserver>,
+) -> anyhow::Result<kube::Client> {
     use anyhow::Context;
     let config = match kubeconfig {
         Some(path) => {
@@ -31,5 +40,5 @@ pub(crate) async fn kube_client(
             .await
             .context("no kubeconfig: pass --kubeconfig, set KUBECONFIG or run in a cluster")?,
     };
-    cso_apply::limited_client(config, limits).context("failed to build the Kubernetes client")
+    cso_apply::observed_client(config, limits, observer).context("failed to build the Kubernetes client")
 }

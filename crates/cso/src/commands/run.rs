@@ -12,7 +12,9 @@ use cso_release::{
     archive::UnpackLimits,
     source::{self, SourceKind, SourceSettings, UnavailableSource},
 };
-use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
+use cso_render::{
+    CachingRenderer, ChartRenderer, Engine, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES,
+};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
@@ -29,7 +31,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         qps: args.qps,
         burst: args.burst,
     };
-    let client = super::kube_client(args.kubeconfig.as_deref(), limits).await?;
+    let metrics = Arc::new(cso_controller::Metrics::default());
+    let client = super::observed_kube_client(
+        args.kubeconfig.as_deref(),
+        limits,
+        Some(metrics.kube_request_observer()),
+    )
+    .await?;
     // An API-server outage is said in the log (readiness does not follow it: see `endpoints`).
     tokio::spawn(crate::endpoints::watch_api_server(
         client.clone(),
@@ -46,7 +54,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         release_dir: args.release_dir.clone(),
         github_api_url: args.github_api_url.clone(),
     };
-    let metrics = Arc::new(cso_controller::Metrics::default());
     let release_source = source::from_settings(&settings).unwrap_or_else(|error| {
         // Reported on the objects (AssetsClientAPIAvailable) as the Go operator does; cached releases keep
         // working. A corrected configuration takes effect at the next start.
@@ -74,8 +81,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             })?
             .with_dependencies(dependencies),
     );
-    let helm = Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?;
-    let renderer = Arc::new(CachingRenderer::new(helm, DEFAULT_CAPACITY_BYTES));
+    let (renderer, values): (Arc<dyn ChartRenderer>, Arc<ValuesTemplater>) = match args.renderer.as_str() {
+        "helm" => {
+            let helm = || Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm");
+            (
+                Arc::new(CachingRenderer::new(helm()?, DEFAULT_CAPACITY_BYTES)),
+                Arc::new(ValuesTemplater::new(helm()?).context("failed to prepare the values templater")?),
+            )
+        }
+        _ => {
+            // One process renders charts and values templates alike.
+            let engine = Engine::new(&args.renderer_binary, args.helm_timeout);
+            (
+                Arc::new(CachingRenderer::new(engine.clone(), DEFAULT_CAPACITY_BYTES)),
+                Arc::new(ValuesTemplater::with_engine(engine)),
+            )
+        }
+    };
 
     for (flag, router) in [
         (
@@ -95,10 +117,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         client,
         releases,
         renderer,
-        values: Arc::new(
-            ValuesTemplater::new(Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm")?)
-                .context("failed to prepare the values templater")?,
-        ),
+        values,
         metrics: metrics.clone(),
         cluster_resource: cluster_resource.clone(),
         take_over_from: args

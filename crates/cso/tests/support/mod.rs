@@ -154,6 +154,10 @@ pub fn start_operator_with(
             .args(["--log-level=debug", "--log-format=json"])
             .args(extra)
             .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+            .env(
+                "CSO_RENDERER",
+                cso_testenv::Tools::discover().unwrap().renderer.unwrap(),
+            )
             // Its scratch directories (helm's home, kubeconfigs) go with the test's, even after a SIGKILL.
             .env("TMPDIR", release_dir)
             .stdout(Stdio::null())
