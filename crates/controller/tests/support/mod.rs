@@ -127,6 +127,20 @@ impl RunningOperator {
         }
     }
 
+    /// Runs `operator` (made by [`operator`] and changed by the test, e.g. its release cache).
+    pub async fn run(mut operator: Operator, renderer: Arc<CachingRenderer<Helm>>) -> Self {
+        operator.cluster_resource = cso_controller::cluster_resource(&operator.client).await;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(cso_controller::run(operator, async move {
+            let _ = stopped.await;
+        }));
+        RunningOperator {
+            stop: Some(stop),
+            task,
+            renderer,
+        }
+    }
+
     /// Stops as on SIGTERM and waits until the controllers have finished.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
