@@ -20,7 +20,9 @@ use cso_api::{ClusterAddon, ClusterStack};
 use cso_apply::{RequestKind, RequestTally};
 use cso_controller::{Operator, Settings};
 use cso_release::{ReleaseCache, archive::UnpackLimits, source::local::LocalSource};
-use cso_render::{CachingRenderer, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES};
+use cso_render::{
+    CachingRenderer, ChartRenderer, Engine, Helm, ValuesTemplater, cache::DEFAULT_CAPACITY_BYTES,
+};
 use cso_testenv::usage::Usage;
 use kube::{
     Api, Client,
@@ -59,6 +61,13 @@ fn requests_since(
     (made.iter().map(|(_, c)| c).sum(), made)
 }
 
+/// The chart renderer, the values templater and how to read the render cache's (hits, misses).
+type Renderers = (
+    Arc<dyn ChartRenderer>,
+    ValuesTemplater,
+    Box<dyn Fn() -> (u64, u64)>,
+);
+
 async fn run(
     n: usize,
     client: &Client,
@@ -66,6 +75,7 @@ async fn run(
     tally: &RequestTally,
     workloads: &[String],
     helm: &Path,
+    engine: Option<&Path>,
 ) {
     let ns = cso_testenv::namespace(client, &format!("scale-{n}"))
         .await
@@ -78,10 +88,33 @@ async fn run(
     for entry in std::fs::read_dir(fixture).unwrap().flatten() {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
-    let renderer = Arc::new(CachingRenderer::new(
-        Helm::new(helm, Duration::from_secs(60)).unwrap(),
-        DEFAULT_CAPACITY_BYTES,
-    ));
+    // The engine (what `cso run` renders with by default), or helm processes with
+    // `CSO_BENCH_RENDER_WITH=helm`.
+    let (renderer, values, stats): Renderers =
+        match (std::env::var("CSO_BENCH_RENDER_WITH").as_deref(), engine) {
+            (Ok("helm"), _) | (_, None) => {
+                let caching = Arc::new(CachingRenderer::new(
+                    Helm::new(helm, Duration::from_secs(60)).unwrap(),
+                    DEFAULT_CAPACITY_BYTES,
+                ));
+                let counted = caching.clone();
+                (
+                    caching,
+                    ValuesTemplater::new(Helm::new(helm, Duration::from_secs(60)).unwrap()).unwrap(),
+                    Box::new(move || counted.stats()),
+                )
+            }
+            (_, Some(binary)) => {
+                let engine = Engine::new(binary, Duration::from_secs(60));
+                let caching = Arc::new(CachingRenderer::new(engine.clone(), DEFAULT_CAPACITY_BYTES));
+                let counted = caching.clone();
+                (
+                    caching,
+                    ValuesTemplater::with_engine(engine),
+                    Box::new(move || counted.stats()),
+                )
+            }
+        };
     let operator = Operator {
         client: operator_client.clone(),
         releases: Arc::new(
@@ -92,8 +125,8 @@ async fn run(
             )
             .unwrap(),
         ),
-        renderer: renderer.clone(),
-        values: Arc::new(ValuesTemplater::new(Helm::new(helm, Duration::from_secs(60)).unwrap()).unwrap()),
+        renderer,
+        values: Arc::new(values),
         metrics: Default::default(),
         take_over_from: Vec::new(),
         settings: Settings {
@@ -170,10 +203,10 @@ async fn run(
         peak_rss_kib: peak,
         ..
     } = Usage::of(None).unwrap();
-    let (hits, misses) = renderer.stats();
+    let (hits, misses) = stats();
     let (requests, by_kind) = requests_since(tally, &requests_before);
     println!(
-        "N = {n:>3}: all ClusterAddons ready in {:>6.1} s; addon chart: {misses} helm runs ({hits} cache hits), values: {n} helm runs; operator CPU {:>5.1} s; peak RSS so far {:.1} MiB",
+        "N = {n:>3}: all ClusterAddons ready in {:>6.1} s; addon chart: {misses} renders ({hits} cache hits), values: {n} templatings; operator CPU {:>5.1} s; peak RSS so far {:.1} MiB",
         took.as_secs_f64(),
         (cpu_after - cpu_before).as_secs_f64(),
         peak as f64 / 1024.0
@@ -231,6 +264,15 @@ async fn main() {
         .filter_map(|n| n.trim().parse().ok())
         .collect();
     for n in sizes {
-        run(n, &client, &operator_client, &tally, &kubeconfigs, &helm).await;
+        run(
+            n,
+            &client,
+            &operator_client,
+            &tally,
+            &kubeconfigs,
+            &helm,
+            tools.renderer.as_deref(),
+        )
+        .await;
     }
 }

@@ -262,6 +262,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         None => Api::all_with(client.clone(), &class_resource),
     };
     let release_store = release_watch.store();
+    let deleting_releases = release_watch.store();
     let crd_triggers = crd_triggers(client.clone(), release_watch.store());
     // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
     // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
@@ -295,12 +296,17 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         });
     let releases = release_watch
         .controller(())
-        // A Cluster moved on or went away: a release waiting to be deleted may go now.
+        // A Cluster moved on or went away: a release waiting to be deleted may go now. Only such a release
+        // cares (re-applying a ClusterClass for every Cluster created of it would be work for nothing).
         .watches_stream_with(
             class_or_life_changes(cluster_watch.subscribe()),
-            |cluster| {
+            move |cluster| {
                 let (id, class_namespace) = cluster.stack_release()?;
-                Some(ObjectRef::new(&id.tag()).within(&class_namespace))
+                let release = ObjectRef::new(&id.tag()).within(&class_namespace);
+                deleting_releases
+                    .get(&release)
+                    .is_some_and(|r| r.meta().deletion_timestamp.is_some())
+                    .then_some(release)
             },
             ctx.cluster_resource.clone(),
         )

@@ -333,54 +333,65 @@ async fn answer(client: &Client, hook: Hook, request: HookRequest) -> Result<Out
     };
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &namespace);
     let name = cso_api::cluster_addon::cluster_addon_name(&cluster_name);
-    let addon = match addons.get_opt(&name).await {
-        Ok(Some(addon)) => addon,
-        Ok(None) if hook == Hook::BeforeClusterDelete => return Ok(Outcome::Done),
-        Ok(None) => return Err(format!("ClusterAddon {namespace}/{name} does not exist yet")),
-        Err(e) => {
-            return Err(format!(
-                "failed to read ClusterAddon {namespace}/{name}: {}",
-                reason_of(&e)
-            ));
-        }
-    };
     let call = Call {
         hook,
         class,
         kubernetes_version,
     };
-    match decide(&addon, &call) {
-        Step::Answer(outcome) => Ok(outcome),
-        Step::Start(outcome) => {
-            let runs = HookRuns::of(&addon).with(hook, call.run());
-            // Guarded by the resourceVersion: a concurrent call or the controller wins, and we answer from
-            // what it did on the next call.
-            let patch = json!({
-                "metadata": {
-                    "resourceVersion": addon.resource_version(),
-                    "annotations": {HOOK_RUNS_ANNOTATION: runs.encode()},
-                },
-                "spec": {"hook": hook.as_str()},
-            });
-            match addons
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(cluster_addon = %name, %namespace, %hook, run = %call.run().describe(), "hook started");
-                    Ok(outcome)
-                }
-                Err(kube::Error::Api(s)) if s.code == 409 => Err(format!(
-                    "ClusterAddon {namespace}/{name} changed meanwhile; ask again"
-                )),
-                Err(e) => Err(format!(
-                    "failed to set the hook of ClusterAddon {namespace}/{name}: {}",
+    // The final attempt always returns; the loop only goes round on a conflict.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let addon = match addons.get_opt(&name).await {
+            Ok(Some(addon)) => addon,
+            Ok(None) if hook == Hook::BeforeClusterDelete => return Ok(Outcome::Done),
+            Ok(None) => return Err(format!("ClusterAddon {namespace}/{name} does not exist yet")),
+            Err(e) => {
+                return Err(format!(
+                    "failed to read ClusterAddon {namespace}/{name}: {}",
                     reason_of(&e)
-                )),
+                ));
             }
-        }
+        };
+        return match decide(&addon, &call) {
+            Step::Answer(outcome) => Ok(outcome),
+            Step::Start(outcome) => {
+                let runs = HookRuns::of(&addon).with(hook, call.run());
+                // Guarded by the resourceVersion: a concurrent call or the controller wins, and we answer from
+                // what it did on the next call.
+                let patch = json!({
+                    "metadata": {
+                        "resourceVersion": addon.resource_version(),
+                        "annotations": {HOOK_RUNS_ANNOTATION: runs.encode()},
+                    },
+                    "spec": {"hook": hook.as_str()},
+                });
+                match addons
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(cluster_addon = %name, %namespace, %hook, run = %call.run().describe(), "hook started");
+                        Ok(outcome)
+                    }
+                    // The controller wrote meanwhile: decide again from what it wrote.
+                    Err(kube::Error::Api(s)) if s.code == 409 && attempt < CONFLICT_ATTEMPTS => continue,
+                    Err(kube::Error::Api(s)) if s.code == 409 => Err(format!(
+                        "ClusterAddon {namespace}/{name} changed meanwhile; ask again"
+                    )),
+                    Err(e) => Err(format!(
+                        "failed to set the hook of ClusterAddon {namespace}/{name}: {}",
+                        reason_of(&e)
+                    )),
+                }
+            }
+        };
     }
 }
+
+/// How often a hook call reads, decides and writes its ClusterAddon when the write conflicts with one of the
+/// controller's before it answers "ask again".
+const CONFLICT_ATTEMPTS: u32 = 3;
 
 /// The stable part of an API error (its reason and code), never the text that may carry times or
 /// addresses.
