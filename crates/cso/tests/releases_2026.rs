@@ -348,9 +348,13 @@ async fn snapshot(management: &Client, namespace: &str, workloads: &[(&str, Clie
     all
 }
 
-/// Reconciles (of `controller`) and applies (to `target`) counted by one operator process.
+/// Reconciles (of `controller`) and applies (to `target`) counted by one operator process; none before
+/// it serves its metrics (just after a start).
 async fn counts(port: u16) -> BTreeMap<&'static str, f64> {
-    let text = metrics_text(port).await;
+    let text = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
     let mut counts = BTreeMap::new();
     for controller in ["clusterstackrelease", "clusteraddon"] {
         counts.insert(
