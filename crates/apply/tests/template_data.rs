@@ -232,6 +232,75 @@ fn two_version_crd() -> CustomResourceDefinition {
     .unwrap()
 }
 
+/// A CRD of kind `Gadget` in the same group as [`two_version_crd`], served in `v1beta1` only: the group
+/// prefers `v1beta2` (the Widget's newest), as `infrastructure.cluster.x-k8s.io` prefers CAPD's `v1beta2`
+/// while CAPO's `OpenStackCluster` is served in `v1beta1` only.
+fn older_kind_of_the_group_crd() -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.preferred.cso.test"},
+        "spec": {"group": "preferred.cso.test", "scope": "Namespaced",
+                 "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+                 "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object",
+                                                              "x-kubernetes-preserve-unknown-fields": true}}}]},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_kind_named_by_group_is_read_in_the_newest_version_that_serves_it() {
+    let (client, ns) = setup("get-object-shared-group").await;
+    cso_testenv::crds::install(&client, &[two_version_crd(), older_kind_of_the_group_crd()])
+        .await
+        .unwrap();
+    create(
+        &client,
+        &ns,
+        json!({"apiVersion": "preferred.cso.test/v1beta1", "kind": "Gadget",
+               "metadata": {"name": "g1"}, "spec": {"size": 5}}),
+    )
+    .await;
+    let discovery = ClusterDiscovery::new(client.clone());
+    assert_eq!(
+        discovery
+            .preferred_version("preferred.cso.test", "Gadget")
+            .await
+            .unwrap(),
+        "v1beta2"
+    );
+    // Twice: the second read comes from what the first found.
+    for _ in 0..2 {
+        let gadget = discovery
+            .get_object(ApiRef::Group("preferred.cso.test"), "Gadget", Some(&ns), "g1")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            gadget.types.as_ref().unwrap().api_version,
+            "preferred.cso.test/v1beta1"
+        );
+        assert_eq!(gadget.data["spec"]["size"], 5);
+    }
+    // The group's other kind is still read in the preferred version.
+    assert_eq!(
+        discovery
+            .version_of_kind("preferred.cso.test", "Widget")
+            .await
+            .unwrap(),
+        "v1beta2"
+    );
+    // A kind no version of the group serves is still UnknownKind.
+    let err = discovery
+        .get_object(ApiRef::Group("preferred.cso.test"), "Gizmo", Some(&ns), "g1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GetObjectError::Discovery(DiscoveryError::UnknownKind(_))),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn get_object_reads_by_api_version_or_by_group_in_the_preferred_version() {
     let (client, ns) = setup("get-object").await;
