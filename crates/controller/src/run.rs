@@ -32,7 +32,7 @@ use crate::{
     cluster_stack_release::{self, ReleaseContext},
     filter::watcher_config,
     provider_watch::ProviderWatches,
-    stores::{self, Stores},
+    stores::Stores,
     watch::{self, SharedWatch},
 };
 
@@ -185,23 +185,11 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         (),
     );
     ctx.use_stores(Stores {
-        releases: stores::Listed {
-            store: release_watch.store(),
-            listed: release_watch.listed(),
-        },
-        addons: stores::Listed {
-            store: addon_watch.store(),
-            listed: addon_watch.listed(),
-        },
-        clusters: stores::Listed {
-            store: cluster_watch.store(),
-            listed: cluster_watch.listed(),
-        },
+        releases: release_watch.cache(),
+        addons: addon_watch.cache(),
+        clusters: cluster_watch.cache(),
         cluster_resource: ctx.cluster_resource.clone(),
-        capi_secrets: stores::Listed {
-            store: secret_watch.store(),
-            listed: secret_watch.listed(),
-        },
+        capi_secrets: secret_watch.cache(),
         all_clusters: settings.watch_filter.is_none(),
     });
 

@@ -147,9 +147,13 @@ where
         self.store.clone()
     }
 
-    /// Whether the store has had its first list (wait on this, not on the store: see [`Listed`]).
-    pub(crate) fn listed(&self) -> Listed {
-        Listed(self.listed.subscribe())
+    /// The store with whether it has had its first list (ask that of [`Listed`], never of the store), as the
+    /// reconcilers read it.
+    pub(crate) fn cache(&self) -> crate::stores::Listed<K> {
+        crate::stores::Listed {
+            store: self.store(),
+            listed: Listed(self.listed.subscribe()),
+        }
     }
 
     /// Every event of the watch from now on, each after the store has it.
@@ -303,7 +307,7 @@ mod tests {
         };
         let mut shared = shared;
         let mut subscriber = Box::pin(shared.subscribe());
-        let listed = shared.listed();
+        let listed = shared.cache().listed;
         assert!(!listed.now(), "nothing listed yet");
         let running = tokio::spawn(shared.run());
 
