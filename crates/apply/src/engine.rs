@@ -5,7 +5,9 @@
 //!
 //! Objects keep their own `metadata.namespace`; only namespaced objects without one get the default (the
 //! release) namespace. Server-side apply of unchanged content is a no-op on the server: re-applying the
-//! same render changes no `resourceVersion`. Pod templates of the workload kinds carry the operator's label
+//! same render changes no `resourceVersion`, except for a kind served through a conversion that does not
+//! round-trip; the management cluster's engine therefore reads each object first and leaves it unwritten
+//! when it is as the apply of the same content left it (`ApplyEngine::for_management`). Pod templates of the workload kinds carry the operator's label
 //! too, as the Go operator sets it, so that taking over from it changes no pod template.
 //!
 //! Namespaces are shared, so they follow stricter rules (decisions.md): a Namespace that exists when the
@@ -22,7 +24,7 @@ use std::{
 };
 
 use cso_api::{
-    OWNED_LABEL,
+    APPLIED_DIGEST_ANNOTATION, OWNED_LABEL,
     common::{Resource, ResourceStatus},
     manifest::Manifest,
 };
@@ -75,6 +77,9 @@ pub struct ApplyReport {
     /// Objects this engine had applied before and found recreated (another uid) or with a spec someone else
     /// changed (another generation): drift this apply corrected.
     pub drift_corrected: Vec<ObjectKey>,
+    /// Objects left unwritten because they were as the same content's last apply left them (engines made
+    /// `ApplyEngine::writing_only_changes` only).
+    pub unchanged: usize,
     /// How long the apply (with pruning) took.
     pub duration: Duration,
 }
@@ -100,6 +105,9 @@ pub struct ApplyEngine {
     discovery: Arc<ClusterDiscovery>,
     pub(crate) field_manager: String,
     take_over_from: Vec<String>,
+    /// Read each object before applying it and leave it unwritten when it is as our last apply of the same
+    /// content left it (see `ApplyEngine::writing_only_changes`).
+    write_only_changes: bool,
     /// uid and generation of each object as our last apply left it, to tell drift from no change.
     observed: Arc<Mutex<HashMap<ObjectKey, Observed>>>,
 }
@@ -134,6 +142,8 @@ pub(crate) struct Prepared {
     pub(crate) object: Value,
     pub(crate) error: Option<String>,
     drift_corrected: bool,
+    /// Left unwritten: as our last apply of the same content left it.
+    unchanged: bool,
 }
 
 impl ApplyEngine {
@@ -142,8 +152,28 @@ impl ApplyEngine {
             discovery,
             field_manager: field_manager.into(),
             take_over_from: Vec::new(),
+            write_only_changes: false,
             observed: Arc::default(),
         }
+    }
+
+    /// The engine for the management cluster, where the operator applies ClusterClasses and their templates:
+    /// the operator's field manager, `ApplyEngine::writing_only_changes`.
+    pub fn for_management(discovery: Arc<ClusterDiscovery>) -> Self {
+        ApplyEngine::new(discovery, DEFAULT_FIELD_MANAGER).writing_only_changes()
+    }
+
+    /// Each object gets the annotation `clusterstack.x-k8s.io/applied-digest` (a digest of the content
+    /// applied) and is read before it is applied: when the live object, in the version applied, carries the
+    /// same digest and still holds every field the apply sets ([`holds`]), it is not written. A server-side
+    /// apply of unchanged content is a no-op for most kinds, but not for one served through a conversion that
+    /// does not round-trip (Cluster API 1.14's `v1beta1` ClusterClass: each apply moves its generation and
+    /// resourceVersion). The record lives on the object, so it holds across restarts. It costs a read per
+    /// object, so the management cluster's engine uses it (a release's class and templates, per resync); the
+    /// workload clusters' engines, applying many more objects of kinds that round-trip, do not.
+    fn writing_only_changes(mut self) -> Self {
+        self.write_only_changes = true;
+        self
     }
 
     /// Applies `manifests`, labelled with the operator's label and `labels`, and prunes what `previous`
@@ -203,6 +233,9 @@ impl ApplyEngine {
         for item in prepared {
             if item.drift_corrected {
                 report.drift_corrected.push(item.key.clone());
+            }
+            if item.unchanged {
+                report.unchanged += 1;
             }
             let status = match &item.error {
                 None => {
@@ -282,6 +315,7 @@ impl ApplyEngine {
                     object,
                     error: Some(e.to_string()),
                     drift_corrected: false,
+                    unchanged: false,
                 };
             }
         };
@@ -308,6 +342,7 @@ impl ApplyEngine {
                         object,
                         error: Some(error),
                         drift_corrected: false,
+                        unchanged: false,
                     };
                 }
             }
@@ -332,6 +367,9 @@ impl ApplyEngine {
         if has_pod_template(&key.group, &key.kind) {
             label_pod_template(&mut object);
         }
+        if self.write_only_changes {
+            annotate_digest(&mut object);
+        }
         Prepared {
             key,
             version: version.to_owned(),
@@ -339,6 +377,7 @@ impl ApplyEngine {
             object,
             error: None,
             drift_corrected: false,
+            unchanged: false,
         }
     }
 
@@ -506,6 +545,21 @@ impl ApplyEngine {
             item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
             return item;
         }
+        if self.write_only_changes
+            && let Some(live) = self.live_if_unchanged(&api, &item).await
+        {
+            tracing::debug!(object = %item.key, "as our last apply of this content left it: not written");
+            self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                item.key.clone(),
+                Observed {
+                    content: Sha256::digest(item.object.to_string()).into(),
+                    uid: live.metadata.uid,
+                    generation: live.metadata.generation,
+                },
+            );
+            item.unchanged = true;
+            return item;
+        }
         let params = PatchParams::apply(&self.field_manager).force();
         match api
             .patch(&item.key.name, &params, &Patch::Apply(&item.object))
@@ -538,6 +592,25 @@ impl ApplyEngine {
             }
         }
         item
+    }
+
+    /// The live object, when it carries the digest `item` is annotated with and holds every field of it;
+    /// `None` when it differs, is missing or cannot be read (then the apply goes ahead and tells).
+    async fn live_if_unchanged(&self, api: &Api<DynamicObject>, item: &Prepared) -> Option<DynamicObject> {
+        let live = match api.get_opt(&item.key.name).await {
+            Ok(live) => live?,
+            Err(e) => {
+                tracing::debug!(object = %item.key, error = %api_error(&e), "not read before applying");
+                return None;
+            }
+        };
+        self.would_leave_unwritten(&live, item).then_some(live)
+    }
+
+    /// Whether this engine leaves `item` unwritten, `live` being the object as it is: the rule of
+    /// `ApplyEngine::writing_only_changes`, which the apply and the plan share.
+    pub(crate) fn would_leave_unwritten(&self, live: &DynamicObject, item: &Prepared) -> bool {
+        self.write_only_changes && serde_json::to_value(live).is_ok_and(|live| holds(&live, &item.object))
     }
 
     /// Whether `key`, seen with `uid` at `generation` (a watch event), is as our last apply of it left it:
@@ -720,6 +793,55 @@ enum Pruned {
 /// Namespaces every cluster has; never the operator's, whatever their labels say.
 const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
+/// Puts a digest of `object` (without the annotation itself) into its `applied-digest` annotation.
+/// An object without annotations is digested without the (empty or null) field.
+fn annotate_digest(object: &mut Value) {
+    let metadata = object["metadata"]
+        .as_object_mut()
+        .expect("parse_manifests checked metadata");
+    if let Some(annotations) = metadata.get_mut("annotations").and_then(Value::as_object_mut) {
+        annotations.remove(APPLIED_DIGEST_ANNOTATION);
+    }
+    if metadata
+        .get("annotations")
+        .is_some_and(|a| a.is_null() || a.as_object().is_some_and(|a| a.is_empty()))
+    {
+        metadata.remove("annotations");
+    }
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(object.to_string())));
+    let metadata = object["metadata"]
+        .as_object_mut()
+        .expect("parse_manifests checked metadata");
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !annotations.is_object() {
+        *annotations = Value::Object(Default::default());
+    }
+    annotations[APPLIED_DIGEST_ANNOTATION] = Value::String(digest);
+}
+
+/// Whether `live` holds every field `applied` sets, with the same value: objects key by key, lists item by
+/// item (the same length), scalars equal (numbers by value). What the server added (defaults, status,
+/// `metadata.uid`, other managers' fields) does not count; a field the apply sets to `null` holds when
+/// the live object lacks it. Applied with the digest annotation, it tells that the live object is as the
+/// apply of that very content left it: no one changed a field the apply owns since.
+fn holds(live: &Value, applied: &Value) -> bool {
+    match (live, applied) {
+        (Value::Object(live), Value::Object(applied)) => {
+            applied.iter().all(|(key, value)| match live.get(key) {
+                Some(live) => holds(live, value),
+                None => value.is_null(),
+            })
+        }
+        (Value::Array(live), Value::Array(applied)) => {
+            live.len() == applied.len() && live.iter().zip(applied).all(|(l, a)| holds(l, a))
+        }
+        (Value::Number(live), Value::Number(applied)) => live.as_f64() == applied.as_f64(),
+        (live, applied) => live == applied,
+    }
+}
+
 fn is_namespace_kind(group: &str, kind: &str) -> bool {
     group.is_empty() && kind == "Namespace"
 }
@@ -807,6 +929,59 @@ pub(crate) fn api_error(error: &kube::Error) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_live_object_holds_what_was_applied_when_each_applied_field_is_there_unchanged() {
+        let applied = json!({
+            "metadata": {"name": "c", "labels": {"a": "1"}, "annotations": {"d": "x"}},
+            "spec": {"replicas": 2, "ports": [{"port": 80}], "gone": null},
+        });
+        let live = json!({
+            "metadata": {"name": "c", "uid": "u", "labels": {"a": "1", "other": "2"}, "annotations": {"d": "x"}},
+            "spec": {"replicas": 2.0, "ports": [{"port": 80, "protocol": "TCP"}], "defaulted": true},
+            "status": {"ready": true},
+        });
+        assert!(
+            holds(&live, &applied),
+            "defaults, status and others' fields added"
+        );
+        let cases = [
+            ("/metadata/labels/a", json!("2"), "a label we set changed"),
+            ("/metadata/annotations/d", json!("y"), "the digest changed"),
+            ("/spec/replicas", json!(3), "a spec field we set changed"),
+            ("/spec/ports", json!([{"port": 80}, {"port": 81}]), "a list grew"),
+            ("/spec/ports/0/port", json!("80"), "a number turned string"),
+            ("/spec/gone", json!(1), "a field we clear came back"),
+        ];
+        for (pointer, value, why) in cases {
+            let mut changed = live.clone();
+            match changed.pointer_mut(pointer) {
+                Some(slot) => *slot = value,
+                None => changed["spec"]["gone"] = value,
+            }
+            assert!(!holds(&changed, &applied), "{why}");
+        }
+        let mut removed = live.clone();
+        removed["metadata"]["labels"].as_object_mut().unwrap().remove("a");
+        assert!(!holds(&removed, &applied), "a label we set removed");
+    }
+
+    #[test]
+    fn the_digest_covers_the_content_and_not_itself() {
+        let mut first = json!({"metadata": {"name": "c"}, "spec": {"x": 1}});
+        annotate_digest(&mut first);
+        let digest = first["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION].clone();
+        assert!(digest.as_str().unwrap().starts_with("sha256:"));
+        let mut again = first.clone();
+        annotate_digest(&mut again);
+        assert_eq!(again, first, "annotating an annotated object changes nothing");
+        let mut other = json!({"metadata": {"name": "c", "annotations": null}, "spec": {"x": 2}});
+        annotate_digest(&mut other);
+        assert_ne!(
+            other["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION],
+            digest
+        );
+    }
 
     #[test]
     fn only_a_delete_or_an_edit_between_two_applies_is_drift() {

@@ -74,6 +74,7 @@ impl ApplyEngine {
                     let params = PatchParams::apply(&self.field_manager).force().dry_run();
                     match api.get_opt(&item.key.name).await {
                         Err(e) => Change::Refused(api_error(&e)),
+                        Ok(Some(live)) if self.would_leave_unwritten(&live, &item) => Change::Unchanged,
                         Ok(live) => match api
                             .patch(&item.key.name, &params, &Patch::Apply(&item.object))
                             .await

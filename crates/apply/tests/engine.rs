@@ -7,7 +7,7 @@ use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
 use cso_render::{ChartRenderer, Helm, RenderRequest, parse_manifests};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::{DynamicObject, PostParams},
     core::{ApiResource, GroupVersionKind},
 };
@@ -149,6 +149,107 @@ async fn the_ferrol_cluster_class_lands_in_its_namespace_and_reapplying_changes_
     assert_eq!(
         versions, after,
         "re-applying an unchanged render changes no resourceVersion"
+    );
+}
+
+#[tokio::test]
+async fn the_management_engine_writes_only_what_changed_also_after_a_restart() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "only-changes").await.unwrap();
+    let management = || ApplyEngine::for_management(Arc::new(ClusterDiscovery::new(client.clone())));
+    let rendered = helm()
+        .render(RenderRequest {
+            chart: fixture("docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz"),
+            release_name: "docker-ferrol-1-27".into(),
+            namespace: ns.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let manifests = parse_manifests(&rendered).unwrap();
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let classes = capi(&client, &ns, "cluster.x-k8s.io", "ClusterClass", "clusterclasses");
+    let class_version = || async {
+        classes
+            .get("docker-ferrol-1-27-v1")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+    };
+
+    let engine = management();
+    let first = engine.apply(&manifests, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    assert_eq!(
+        (first.applied, first.unchanged),
+        (5, 0),
+        "all five written at first"
+    );
+    let class = classes.get("docker-ferrol-1-27-v1").await.unwrap();
+    let digest = class
+        .annotations()
+        .get(cso_api::APPLIED_DIGEST_ANNOTATION)
+        .cloned();
+    assert!(
+        digest.as_deref().is_some_and(|d| d.starts_with("sha256:")),
+        "{digest:?}"
+    );
+    let written = class.metadata.resource_version;
+
+    let again = engine.apply(&manifests, &ns, &labels, &first.resources).await;
+    assert_eq!((again.applied, again.unchanged), (5, 5), "nothing written again");
+    let restarted = management()
+        .apply(&manifests, &ns, &labels, &first.resources)
+        .await;
+    assert_eq!(
+        (restarted.applied, restarted.unchanged),
+        (5, 5),
+        "nor by a new process"
+    );
+    assert_eq!(class_version().await, written);
+
+    // Someone else changes a label the engine sets: that object, and only it, is written back.
+    let edit = serde_json::json!({"metadata": {"labels": {cso_api::names::RELEASE_LABEL: "edited"}}});
+    classes
+        .patch(
+            "docker-ferrol-1-27-v1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&edit),
+        )
+        .await
+        .unwrap();
+    let restored = management()
+        .apply(&manifests, &ns, &labels, &first.resources)
+        .await;
+    assert_eq!(
+        (restored.applied, restored.unchanged),
+        (5, 4),
+        "the edited class is written"
+    );
+    let class = classes.get("docker-ferrol-1-27-v1").await.unwrap();
+    assert_eq!(
+        class
+            .labels()
+            .get(cso_api::names::RELEASE_LABEL)
+            .map(String::as_str),
+        Some("docker-ferrol-1-27-v1")
+    );
+
+    // Other content (another release's labels): every object is written, with another digest.
+    let other = engine
+        .apply(
+            &manifests,
+            &ns,
+            &release_label("docker-ferrol-1-27-v2"),
+            &first.resources,
+        )
+        .await;
+    assert_eq!((other.applied, other.unchanged), (5, 0), "new content is written");
+    let class = classes.get("docker-ferrol-1-27-v1").await.unwrap();
+    assert_ne!(
+        class.annotations().get(cso_api::APPLIED_DIGEST_ANNOTATION),
+        digest.as_ref()
     );
 }
 

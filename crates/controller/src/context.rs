@@ -12,7 +12,7 @@ use std::{
 };
 
 use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
-use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, DEFAULT_FIELD_MANAGER, WorkloadClients};
+use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
 use k8s_openapi::{
@@ -143,8 +143,7 @@ impl Context {
             cluster_resource,
         } = operator;
         let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
-        let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
-            .taking_over_from(take_over_from.clone());
+        let engine = ApplyEngine::for_management(discovery.clone()).taking_over_from(take_over_from.clone());
         let workloads =
             WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
                 .taking_over_from(take_over_from)

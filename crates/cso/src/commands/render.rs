@@ -9,7 +9,7 @@ use cso_api::{
     ClusterAddon, ClusterStackRelease, ReleaseId, capi::Cluster, cluster_addon::StageAction, common::Resource,
 };
 use cso_apply::{
-    ApplyEngine, Change, ClusterDiscovery, DEFAULT_FIELD_MANAGER, ObjectKey, PlannedChange, WorkloadClients,
+    ApplyEngine, Change, ClusterDiscovery, ObjectKey, PlannedChange, WorkloadClients,
     plan::without_server_fields, resource_of, template_data::template_data,
 };
 use cso_controller::preview::{self, ForCluster, Part, Target};
@@ -258,10 +258,7 @@ enum Removal {
 impl Diff<'_> {
     async fn print(&self, out: &mut String, parts: &[Part]) -> anyhow::Result<()> {
         let mut tally = Tally::default();
-        let management = ApplyEngine::new(
-            Arc::new(ClusterDiscovery::new(self.client.clone())),
-            DEFAULT_FIELD_MANAGER,
-        );
+        let management = ApplyEngine::for_management(Arc::new(ClusterDiscovery::new(self.client.clone())));
         let mut workload_keys = Vec::new();
         for part in parts {
             writeln!(out, "== {}", heading(part, self.cluster_name))?;
