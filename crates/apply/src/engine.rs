@@ -118,6 +118,57 @@ struct Observed {
     content: [u8; 32],
     uid: Option<String>,
     generation: Option<i64>,
+    /// See [`LiveMeta::writes`].
+    writes: u64,
+}
+
+/// What a watch (or a read) shows of an object: which object it is, the version of its spec, and who wrote
+/// its other fields when.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveMeta {
+    pub uid: Option<String>,
+    pub generation: Option<i64>,
+    /// A fingerprint of the object's `managedFields` entries, those of the `status` subresource aside: each
+    /// write outside `status` by any manager changes the entry's time or fields.
+    pub writes: u64,
+}
+
+impl LiveMeta {
+    pub fn of(meta: &kube::api::ObjectMeta) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for entry in meta.managed_fields.iter().flatten() {
+            if entry.subresource.as_deref() == Some("status") {
+                continue;
+            }
+            entry.manager.hash(&mut hasher);
+            entry.operation.hash(&mut hasher);
+            entry.api_version.hash(&mut hasher);
+            entry.time.as_ref().map(|t| t.0.to_string()).hash(&mut hasher);
+            entry
+                .fields_v1
+                .as_ref()
+                .map(|f| f.0.to_string())
+                .hash(&mut hasher);
+        }
+        LiveMeta {
+            uid: meta.uid.clone(),
+            generation: meta.generation,
+            writes: hasher.finish(),
+        }
+    }
+}
+
+/// Whether `live` is as the apply recorded in `observed` left it: the same object (uid) with the same spec
+/// (generation: status and metadata writes of controllers do not count); for kinds without a generation
+/// (ConfigMaps, Secrets, RBAC, APIServices, ...) not written since outside its status (see
+/// [`LiveMeta::writes`]: an aggregator or load balancer controller writing the status is no drift).
+fn left_as(observed: &Observed, live: &LiveMeta) -> bool {
+    observed.uid == live.uid
+        && match observed.generation {
+            Some(_) => observed.generation == live.generation,
+            None => observed.writes == live.writes,
+        }
 }
 
 /// Whether an apply of unchanged content (`before` is what our last apply left, `now` what this one did)
@@ -262,7 +313,13 @@ impl ApplyEngine {
         for stale in to_prune(&previous, &current) {
             let key = ObjectKey::of(stale);
             match self.prune(stale, default_namespace, &current).await {
-                Ok(Pruned::Deleted) => report.pruned.push(key),
+                Ok(Pruned::Deleted) => {
+                    self.observed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&key);
+                    report.pruned.push(key)
+                }
                 Ok(Pruned::Released) => report.released.push(key),
                 Ok(Pruned::Kept) => report.resources.push(resource(
                     &key,
@@ -553,6 +610,7 @@ impl ApplyEngine {
                 item.key.clone(),
                 Observed {
                     content: Sha256::digest(item.object.to_string()).into(),
+                    writes: LiveMeta::of(&live.metadata).writes,
                     uid: live.metadata.uid,
                     generation: live.metadata.generation,
                 },
@@ -569,6 +627,7 @@ impl ApplyEngine {
                 tracing::debug!(object = %item.key, "applied");
                 let now = Observed {
                     content: Sha256::digest(item.object.to_string()).into(),
+                    writes: LiveMeta::of(&applied.metadata).writes,
                     uid: applied.metadata.uid,
                     generation: applied.metadata.generation,
                 };
@@ -613,16 +672,35 @@ impl ApplyEngine {
         self.write_only_changes && serde_json::to_value(live).is_ok_and(|live| holds(&live, &item.object))
     }
 
-    /// Whether `key`, seen with `uid` at `generation` (a watch event), is as our last apply of it left it:
-    /// only its status or metadata changed since (Cluster API's controllers write both), or the event is our
-    /// own apply's. Watches use it to ignore the writes that are not drift, so an apply never triggers the
-    /// next one.
-    pub fn left_as_applied(&self, key: &ObjectKey, uid: Option<&str>, generation: Option<i64>) -> bool {
+    /// Whether `key`, as `live` shows it (a watch event), is as this engine's last apply of it left it (see
+    /// [`left_as`]): only its status or metadata changed since (controllers write both), or the event is our
+    /// own apply's. `false` for an object this engine never applied. Watches use it to tell drift from the
+    /// writes that are not, so an apply never triggers the next one.
+    pub fn left_as_applied(&self, key: &ObjectKey, live: &LiveMeta) -> bool {
         self.observed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
-            .is_some_and(|o| o.uid.as_deref() == uid && o.generation == generation)
+            .is_some_and(|o| left_as(o, live))
+    }
+
+    /// Whether this engine applied `key` (and has not pruned it since).
+    pub fn has_applied(&self, key: &ObjectKey) -> bool {
+        self.observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(key)
+    }
+
+    /// The objects of `group` and `kind` this engine applied (and has not pruned since).
+    pub fn applied_of_kind(&self, group: &str, kind: &str) -> Vec<ObjectKey> {
+        self.observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|k| k.group == group && k.kind == kind)
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn api(&self, kind: &ResolvedKind, namespace: &str) -> Api<DynamicObject> {
@@ -984,11 +1062,89 @@ mod tests {
     }
 
     #[test]
+    fn writes_to_the_status_leave_the_fingerprint_and_other_writes_move_it() {
+        let meta = |entries: serde_json::Value| -> kube::api::ObjectMeta {
+            serde_json::from_value(json!({"name": "x", "managedFields": entries})).unwrap()
+        };
+        let ours = json!({"manager": "cluster-stack-operator", "operation": "Apply", "apiVersion": "v1",
+            "time": "2026-11-23T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:data": {}}});
+        let status = |time: &str| {
+            json!({"manager": "kube-apiserver", "operation": "Update", "apiVersion": "v1",
+            "time": time, "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}})
+        };
+        let edit = |time: &str| {
+            json!({"manager": "kubectl-edit", "operation": "Update", "apiVersion": "v1",
+            "time": time, "fieldsType": "FieldsV1", "fieldsV1": {"f:data": {"f:x": {}}}})
+        };
+        let applied = LiveMeta::of(&meta(json!([ours])));
+        let after_status = LiveMeta::of(&meta(json!([ours, status("2026-11-23T10:05:00Z")])));
+        assert_eq!(applied.writes, after_status.writes, "a status write");
+        let edited = LiveMeta::of(&meta(json!([ours, edit("2026-11-23T10:06:00Z")])));
+        assert_ne!(applied.writes, edited.writes, "another manager's write");
+        let edited_again = LiveMeta::of(&meta(json!([ours, edit("2026-11-23T10:07:00Z")])));
+        assert_ne!(
+            edited.writes, edited_again.writes,
+            "the same manager writing again"
+        );
+    }
+
+    #[test]
+    fn a_watched_object_is_as_applied_when_neither_its_identity_nor_its_spec_moved() {
+        let applied = |generation: Option<i64>| Observed {
+            content: [0; 32],
+            uid: Some("a".into()),
+            generation,
+            writes: 10,
+        };
+        let live = |uid: &str, generation: Option<i64>, writes: u64| LiveMeta {
+            uid: Some(uid.into()),
+            generation,
+            writes,
+        };
+        for (observed, seen, as_applied, why) in [
+            (
+                applied(Some(2)),
+                live("a", Some(2), 10),
+                true,
+                "our own apply's event",
+            ),
+            (
+                applied(Some(2)),
+                live("a", Some(2), 11),
+                true,
+                "a status or metadata write of a kind with a generation",
+            ),
+            (
+                applied(Some(2)),
+                live("a", Some(3), 12),
+                false,
+                "someone edited the spec",
+            ),
+            (
+                applied(Some(2)),
+                live("b", Some(1), 13),
+                false,
+                "deleted and made again",
+            ),
+            (applied(None), live("a", None, 10), true, "a ConfigMap as applied"),
+            (
+                applied(None),
+                live("a", None, 11),
+                false,
+                "a ConfigMap written since (outside its status)",
+            ),
+        ] {
+            assert_eq!(left_as(&observed, &seen), as_applied, "{why}");
+        }
+    }
+
+    #[test]
     fn only_a_delete_or_an_edit_between_two_applies_is_drift() {
         let at = |uid: &str, generation: i64| Observed {
             content: [0; 32],
             uid: Some(uid.into()),
             generation: Some(generation),
+            writes: 0,
         };
         for (before, now, drift, why) in [
             (at("a", 3), at("a", 3), false, "nothing changed"),

@@ -2,7 +2,8 @@
 //! Cluster API writes it; cached per cluster and rebuilt when the Secret changes; with connect and request
 //! timeouts, so that an unreachable cluster costs seconds, not minutes. Readiness is `GET /readyz`. Each
 //! cluster comes with its apply engine (which remembers what it applied, to tell drift) and its kubeconfig
-//! in a private file, for `helm template --dry-run=server`.
+//! in a private file, for `helm template --dry-run=server`; and, when the clients are given a
+//! [`DriftNotifier`], with the watches that find drift of what the engine applied ([`crate::drift`]).
 
 use std::{
     collections::HashMap,
@@ -17,7 +18,10 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER};
+use crate::{
+    ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER,
+    drift::{DriftNotifier, DriftWatch},
+};
 
 /// The data key of the kubeconfig in the Secret.
 pub const KUBECONFIG_KEY: &str = "value";
@@ -65,6 +69,8 @@ pub struct WorkloadCluster {
     pub engine: ApplyEngine,
     /// The kubeconfig, readable only by this user, for tools such as `helm`.
     pub kubeconfig_path: PathBuf,
+    /// The watches of what `engine` applied (when the clients have a notifier).
+    pub drift: Option<Arc<DriftWatch>>,
 }
 
 impl WorkloadCluster {
@@ -85,6 +91,7 @@ pub struct WorkloadClients {
     request_timeout: Duration,
     take_over_from: Vec<String>,
     limits: crate::ClientLimits,
+    drift_notifier: Option<DriftNotifier>,
     kubeconfigs: tempfile::TempDir,
     cache: Mutex<HashMap<(String, String), Cached>>,
 }
@@ -110,6 +117,7 @@ impl WorkloadClients {
             request_timeout,
             take_over_from: Vec::new(),
             limits: crate::ClientLimits::UNLIMITED,
+            drift_notifier: None,
             kubeconfigs: tempfile::Builder::new().prefix("cso-workload-").tempdir()?,
             cache: Mutex::default(),
         })
@@ -124,6 +132,12 @@ impl WorkloadClients {
     /// `--qps` and `--burst` for each workload cluster's client.
     pub fn with_limits(mut self, limits: crate::ClientLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Each workload cluster's engine comes with drift watches that tell `notifier` (see [`crate::drift`]).
+    pub fn watching_drift(mut self, notifier: DriftNotifier) -> Self {
+        self.drift_notifier = Some(notifier);
         self
     }
 
@@ -189,8 +203,10 @@ impl WorkloadClients {
             .await
             .map_err(|e| invalid(e.to_string()))?;
         config.connect_timeout = Some(self.connect_timeout);
-        config.read_timeout = Some(self.request_timeout);
         config.write_timeout = Some(self.request_timeout);
+        // Watches stay quiet for minutes: their client has no read timeout (the server ends each watch).
+        let watch_config = config.clone();
+        config.read_timeout = Some(self.request_timeout);
         let client = crate::limited_client(config, self.limits).map_err(|e| invalid(e.to_string()))?;
         let kubeconfig_path = self
             .kubeconfigs
@@ -199,12 +215,24 @@ impl WorkloadClients {
         write_private(&kubeconfig_path, text.as_bytes())
             .map_err(|e| invalid(format!("failed to store it: {e}")))?;
         let discovery = Arc::new(ClusterDiscovery::new(client));
+        let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
+            .taking_over_from(self.take_over_from.clone());
+        let drift = match &self.drift_notifier {
+            Some(notifier) => Some(Arc::new(DriftWatch::new(
+                key.clone(),
+                crate::limited_client(watch_config, self.limits).map_err(|e| invalid(e.to_string()))?,
+                discovery.clone(),
+                engine.clone(),
+                notifier.clone(),
+            ))),
+            None => None,
+        };
         let built = WorkloadCluster {
             name: cluster.to_owned(),
-            engine: ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
-                .taking_over_from(self.take_over_from.clone()),
+            engine,
             discovery,
             kubeconfig_path,
+            drift,
         };
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
             key,

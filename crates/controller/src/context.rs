@@ -59,8 +59,9 @@ pub struct Settings {
     pub cluster_addon_concurrency: u16,
     /// How often a ClusterStack with `autoSubscribe` asks its source for new releases.
     pub poll_interval: Duration,
-    /// How often applied objects are re-applied even when nothing announced a change (drift correction for
-    /// objects without a watch; a deleted ClusterClass is noticed at once).
+    /// How often applied objects are checked even when nothing announced a change: a workload cluster's
+    /// objects against its drift watches (re-applied only when those cannot vouch for them), the management
+    /// cluster's by a read before each apply (a deleted ClusterClass or addon object is noticed at once).
     pub resync_interval: Duration,
     /// How often a ClusterAddon asks again whether its workload cluster answers (`/readyz`). A new or
     /// changed kubeconfig Secret is noticed at once (watched).
@@ -102,8 +103,11 @@ pub struct Context {
     /// Applies to the management cluster.
     pub(crate) engine: ApplyEngine,
     pub(crate) discovery: Arc<ClusterDiscovery>,
-    /// Clients (and apply engines) of workload clusters.
+    /// Clients (and apply engines and drift watches) of workload clusters.
     pub(crate) workloads: WorkloadClients,
+    /// `(namespace, cluster)` of each Cluster whose workload objects drifted, as its drift watches tell;
+    /// taken by the ClusterAddon controller ([`crate::run`]).
+    pub(crate) drifted: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, String)>>>,
     /// Renders values templates over the Cluster.
     pub(crate) values: Arc<ValuesTemplater>,
     pub(crate) metrics: Arc<crate::Metrics>,
@@ -144,10 +148,14 @@ impl Context {
         } = operator;
         let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
         let engine = ApplyEngine::for_management(discovery.clone()).taking_over_from(take_over_from.clone());
+        let (drift_sender, drifted) = tokio::sync::mpsc::unbounded_channel();
         let workloads =
             WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
                 .taking_over_from(take_over_from)
-                .with_limits(settings.client_limits);
+                .with_limits(settings.client_limits)
+                .watching_drift(Arc::new(move |namespace: &str, cluster: &str| {
+                    let _ = drift_sender.send((namespace.to_owned(), cluster.to_owned()));
+                }));
         metrics.watch_cache(releases.clone());
         let renderer: Arc<dyn ChartRenderer> = Arc::new(MeteredRenderer::new(renderer, metrics.clone()));
         let reporter = Reporter {
@@ -162,6 +170,7 @@ impl Context {
             engine,
             discovery,
             workloads,
+            drifted: Mutex::new(Some(drifted)),
             values,
             metrics,
             settings,

@@ -386,6 +386,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             let cluster = cluster_of_kubeconfig_secret(&name)?;
             Some(ObjectRef::new(&cluster_addon_name(cluster)).within(&secret.namespace().unwrap_or_default()))
         })
+        // An object applied to a workload cluster was deleted or changed: put it back now.
+        .reconcile_on(drifted_addons(&ctx))
         .with_config(Config::default().concurrency(settings.cluster_addon_concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster_addon::reconcile, cluster_addon::error_policy, addon_ctx)
@@ -481,6 +483,19 @@ fn not_ready(releases: &[Arc<ClusterStackRelease>]) -> Vec<ObjectRef<ClusterStac
         .collect()
 }
 
+/// The ClusterAddons whose workload objects drifted, as the drift watches tell (once: the receiver is taken).
+fn drifted_addons(ctx: &Context) -> impl futures::Stream<Item = ObjectRef<ClusterAddon>> + Send + 'static {
+    let receiver = ctx.drifted.lock().unwrap_or_else(|p| p.into_inner()).take();
+    futures::stream::unfold(receiver, |receiver| async move {
+        let mut receiver = receiver?;
+        let (namespace, cluster) = receiver.recv().await?;
+        Some((
+            ObjectRef::new(&cluster_addon_name(&cluster)).within(&namespace),
+            Some(receiver),
+        ))
+    })
+}
+
 /// Whether the ClusterClass event shows it as our last apply left it (see `ApplyEngine::left_as_applied`).
 fn class_left_as_applied(engine: &cso_apply::ApplyEngine, class: &DynamicObject) -> bool {
     let key = cso_api::common::ObjectKey {
@@ -489,7 +504,7 @@ fn class_left_as_applied(engine: &cso_apply::ApplyEngine, class: &DynamicObject)
         namespace: class.namespace().unwrap_or_default(),
         name: class.name_any(),
     };
-    engine.left_as_applied(&key, class.uid().as_deref(), class.metadata.generation)
+    engine.left_as_applied(&key, &cso_apply::engine::LiveMeta::of(&class.metadata))
 }
 
 /// The release a ClusterClass of ours was applied for (its release label).

@@ -1041,3 +1041,152 @@ async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
     operator.stop().await;
     own.stop();
 }
+
+/// Sum of the samples of counter `name` in Prometheus text `text` whose labels contain each of `labels`.
+fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The write requests of the kinds the operator makes (server-side apply, patch, delete) the API server of
+/// `workload` answered, by verb and resource (creates and updates are the API server's own bootstrapping and
+/// bookkeeping: its Leases, its `kubernetes` endpoints).
+async fn workload_writes(workload: &Client) -> BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = workload.request_text(request).await.unwrap();
+    let mut writes = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let label = |name: &str| {
+            let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+            Some(line[start..].split('"').next()?.to_owned())
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
+            continue;
+        };
+        if !["PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+            continue;
+        }
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_default();
+        *writes.entry(format!("{verb} {resource}")).or_default() += count;
+    }
+    writes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "drift-watch").await.unwrap();
+    let workload_plane = workload_plane("drift-watch").await;
+    let workload = workload_plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    // No periodic pass for an hour: whatever is put back below, the watches found.
+    let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
+        s.resync_interval = Duration::from_secs(3600)
+    })
+    .await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", workload_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+    ready_addon(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+
+    // Deleted: made again.
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    let uid = deployments.get("metrics-server").await.unwrap().uid();
+    deployments
+        .delete("metrics-server", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted metrics-server is made again", CONVERGE, || async {
+        deployments
+            .get_opt("metrics-server")
+            .await
+            .unwrap()
+            .filter(|d| d.uid() != uid)
+    })
+    .await;
+    // A field we set, edited by someone else (the spec's generation moves): put back.
+    let owned = cso_api::OWNED_LABEL;
+    let edit = json!({"spec": {"template": {"metadata": {"labels": {owned.0: "edited"}}}}});
+    deployments
+        .patch("metrics-server", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    eventually("the edited pod template label is put back", CONVERGE, || async {
+        let d = deployments.get("metrics-server").await.unwrap();
+        let labels = d.spec?.template.metadata?.labels?;
+        (labels.get(owned.0).map(String::as_str) == Some(owned.1)).then_some(())
+    })
+    .await;
+    // The operator's label taken away (the object leaves the watches' selection): put back.
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(workload.clone());
+    let role = roles
+        .list(&kube::api::ListParams::default().labels(&format!("{}={}", owned.0, owned.1)))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the addons have a ClusterRole")
+        .name_any();
+    let unlabel = json!({"metadata": {"labels": {owned.0: null}}});
+    roles
+        .patch(&role, &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .unwrap();
+    eventually("the ClusterRole gets its label back", CONVERGE, || async {
+        let role = roles.get(&role).await.unwrap();
+        (role.labels().get(owned.0).map(String::as_str) == Some(owned.1)).then_some(())
+    })
+    .await;
+    operator.stop().await;
+
+    // Restarted with a periodic pass every 2 s: the first pass applies (a new process vouches for nothing it
+    // did not apply), and from then on every pass finds all as applied and writes nothing.
+    let source = Arc::new(cso_release::source::local::LocalSource::new(
+        dir.path().join("cluster-stacks"),
+    ));
+    let (parts, renderer) = support::operator(&client, &ns, dir.path(), source, |s| {
+        s.resync_interval = Duration::from_secs(2)
+    });
+    let metrics = parts.metrics.clone();
+    let operator = RunningOperator::run(parts, renderer).await;
+    eventually("the first pass re-applied", CONVERGE, || async {
+        (counter(&metrics.encode(), "cso_objects_applied_total", &[]) > 0.0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let writes = workload_writes(&workload).await;
+    let passes = counter(
+        &metrics.encode(),
+        "controller_runtime_reconcile_total",
+        &["controller=\"clusteraddon\""],
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let passes_after = counter(
+        &metrics.encode(),
+        "controller_runtime_reconcile_total",
+        &["controller=\"clusteraddon\""],
+    );
+    assert!(
+        passes_after >= passes + 2.0,
+        "the periodic pass ran ({passes} → {passes_after} ClusterAddon reconciles)"
+    );
+    assert_eq!(
+        workload_writes(&workload).await,
+        writes,
+        "no write to the workload cluster across {} periodic passes",
+        passes_after - passes
+    );
+    operator.stop().await;
+}

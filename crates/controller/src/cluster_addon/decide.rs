@@ -26,11 +26,37 @@ pub(crate) struct Progress {
     pub(crate) cluster: ClusterState,
     pub(crate) workload: WorkloadState,
     pub(crate) release: ReleaseState,
-    /// The periodic re-apply (drift correction) is due.
+    /// The periodic pass is due.
     pub(crate) resync_due: bool,
+    /// What the workload cluster's drift watches tell about the applied objects.
+    pub(crate) drift: Drift,
     /// How many objects the addon chart rendered, or the `HelmChartTemplated` reason and message.
     pub(crate) rendered: Option<Result<usize, (&'static str, String)>>,
     pub(crate) applied: Option<ApplyReport>,
+}
+
+/// What the drift watches of the workload cluster tell about the objects of the inventory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Drift {
+    /// Cannot be told (no watch yet, not listed yet, or not applied by this process).
+    #[default]
+    Unknown,
+    /// Every object is as our last apply left it.
+    None,
+    /// An object is gone or was changed by someone else.
+    Found,
+}
+
+impl Progress {
+    /// Whether the applied addons are to be applied again: drift was found, or the periodic pass is due and
+    /// the watches cannot vouch for the objects. With the watches vouching, the periodic pass writes nothing.
+    pub(crate) fn reapply_due(&self) -> bool {
+        match self.drift {
+            Drift::Found => true,
+            Drift::None => false,
+            Drift::Unknown => self.resync_due,
+        }
+    }
 }
 
 /// The Cluster of the ClusterAddon.
@@ -92,11 +118,11 @@ pub(crate) fn decision(
     addon: &ClusterAddon,
     target: &ReleaseId,
     addon_version: &str,
-    resync_due: bool,
+    reapply_due: bool,
 ) -> Decision {
     let applied = cso_api::rules::AppliedAddons::recorded(&addon.spec.cluster_stack, &addon.spec.version);
     let complete = addon.is_condition_true(condition::HELM_CHART_APPLIED);
-    decide(&applied, target, addon_version, complete, resync_due)
+    decide(&applied, target, addon_version, complete, reapply_due)
 }
 
 /// The next step, from what is known so far.
@@ -119,7 +145,7 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
             staged,
         } => (addon_version, *staged),
     };
-    let decision = decision(addon, target, addon_version, progress.resync_due);
+    let decision = decision(addon, target, addon_version, progress.reapply_due());
     if staged {
         return Step::RunStages(decision);
     }
@@ -260,7 +286,7 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
         return Conclusion::new(Outcome::Retry("the release is not known".into()));
     };
     let resynced = Outcome::Requeue(Some(intervals.resync));
-    let upgrade = match decision(addon, target, addon_version, progress.resync_due) {
+    let upgrade = match decision(addon, target, addon_version, progress.reapply_due()) {
         Decision::RecordOnly => {
             // Same addons as applied: a class switch is recorded, nothing is rendered or applied. A hook set by
             // the hook server is done too (the Go operator never finishes it: upgrades hang).
@@ -435,6 +461,29 @@ mod tests {
     fn with(mut progress: Progress, f: impl FnOnce(&mut Progress)) -> Progress {
         f(&mut progress);
         progress
+    }
+
+    #[rstest]
+    #[case::nothing_due(false, Drift::Unknown, false)]
+    #[case::due_and_not_vouched_for(true, Drift::Unknown, true)]
+    #[case::due_but_all_as_applied(true, Drift::None, false)]
+    #[case::drift_before_the_pass(false, Drift::Found, true)]
+    #[case::drift_and_due(true, Drift::Found, true)]
+    fn the_periodic_pass_reapplies_only_what_the_watches_cannot_vouch_for(
+        #[case] resync_due: bool,
+        #[case] drift: Drift,
+        #[case] reapply: bool,
+    ) {
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+            p.resync_due = resync_due;
+            p.drift = drift;
+        });
+        assert_eq!(progress.reapply_due(), reapply);
+        let expected = if reapply { Step::Render } else { Step::Conclude };
+        assert_eq!(
+            next_step(&progress, &addon("docker-ferrol-1-27-v2", "v2", true)),
+            expected
+        );
     }
 
     #[rstest]

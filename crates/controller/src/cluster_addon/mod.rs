@@ -26,11 +26,12 @@ use cso_api::{
     ClusterAddon,
     capi::Cluster,
     cluster_addon::{CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
+    common::{Resource as InventoryEntry, ResourceStatus},
     conditions::ConditionsExt,
     names::reason,
     rules::{Hook, HookStages, hook_runs::HOOK_STAGES_ANNOTATION},
 };
-use cso_apply::{WorkloadCluster, template_data::template_data, workload::kubeconfig_secret_name};
+use cso_apply::{Verdict, WorkloadCluster, template_data::template_data, workload::kubeconfig_secret_name};
 use cso_release::{AddonStyle, Release};
 use cso_render::Manifest;
 use kube::{
@@ -41,8 +42,8 @@ use kube::{
 use serde_json::json;
 
 use self::decide::{
-    ClusterState, Conclusion, Intervals, Outcome, Progress, ReleaseState, SpecUpdate, Step, WorkloadState,
-    conclude, conclude_prefix, next_step,
+    ClusterState, Conclusion, Drift, Intervals, Outcome, Progress, ReleaseState, SpecUpdate, Step,
+    WorkloadState, conclude, conclude_prefix, next_step,
 };
 use crate::{
     Context, Error,
@@ -158,6 +159,18 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     }
 }
 
+/// The objects the ClusterAddon's applies left in place (synced entries of its inventory and of its stage
+/// inventory): what the drift watches vouch for.
+fn applied_objects(addon: &ClusterAddon) -> Vec<InventoryEntry> {
+    let inventory = addon.status.iter().flat_map(|s| s.resources.iter());
+    let stages = staged::inventory_of(addon);
+    inventory
+        .chain(stages.values().flatten())
+        .filter(|r| r.status == Some(ResourceStatus::Synced))
+        .cloned()
+        .collect()
+}
+
 /// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.
 fn cluster_name(addon: &ClusterAddon) -> String {
     addon
@@ -235,6 +248,15 @@ impl Driver<'_> {
                     Ok(workload) => match self.ctx.workloads.ready(&workload).await {
                         Err(e) => WorkloadState::NotReady(e.to_string()),
                         Ok(()) => {
+                            if let Some(watch) = &workload.drift {
+                                let applied = applied_objects(self.addon);
+                                watch.watch(&applied).await;
+                                progress.drift = match watch.verdict(&applied) {
+                                    Verdict::AsApplied => Drift::None,
+                                    Verdict::Drifted(_) => Drift::Found,
+                                    Verdict::Unknown => Drift::Unknown,
+                                };
+                            }
                             self.workload = Some(workload);
                             WorkloadState::Ready
                         }
@@ -296,7 +318,11 @@ impl Driver<'_> {
                     owner: release.id.tag(),
                     target: Target::Workload(workload),
                 };
-                progress.applied = Some(work.apply(self.ctx, &self.manifests, &previous).await);
+                let report = work.apply(self.ctx, &self.manifests, &previous).await;
+                if let Some(watch) = &workload.drift {
+                    watch.watch(&report.resources).await;
+                }
+                progress.applied = Some(report);
             }
             Step::RunStages(_) | Step::Conclude => {}
         }

@@ -347,6 +347,9 @@ impl StagedRun<'_> {
             StageAction::Apply => {
                 let previous = inventory.get(&stage.name).cloned().unwrap_or_default();
                 let report = self.target(addon).apply(self.ctx, &manifests, &previous).await;
+                if let Some(watch) = &self.workload.drift {
+                    watch.watch(&report.resources).await;
+                }
                 StageWork::Applied {
                     failures: (!report.is_complete()).then(|| report.failure_summary()),
                     resources: report.resources,
@@ -428,7 +431,7 @@ impl StagedRun<'_> {
 }
 
 /// The recorded stage inventory; an unreadable record counts as empty (nothing is pruned by mistake).
-fn inventory_of(addon: &ClusterAddon) -> StageInventory {
+pub(super) fn inventory_of(addon: &ClusterAddon) -> StageInventory {
     addon
         .annotations()
         .get(STAGE_INVENTORY_ANNOTATION)
