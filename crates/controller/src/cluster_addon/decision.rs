@@ -2,8 +2,8 @@
 //!
 //! The addons of a release are its stack's addon chart at `components.clusterAddon`, rendered for its
 //! Kubernetes version. Moving a Cluster to a class with the same addons (same stack, addon version and
-//! Kubernetes minor) changes nothing and renders nothing; anything else is an upgrade. A periodic re-apply
-//! corrects drift; an incomplete apply is retried.
+//! Kubernetes minor) changes nothing and renders nothing; anything else is an upgrade. A re-apply (drift
+//! found, or a periodic pass the watches cannot vouch for) corrects drift; an incomplete apply is retried.
 
 use cso_api::{ReleaseId, rules::AppliedAddons};
 
@@ -16,7 +16,7 @@ pub enum Decision {
 }
 
 /// Decides for the `target` release with addon version `target_addons`. `complete`: the last apply
-/// succeeded; `due`: the periodic re-apply is due.
+/// succeeded; `due`: a re-apply is due (see `Progress::reapply_due`).
 pub fn decide(
     applied: &AppliedAddons,
     target: &ReleaseId,

@@ -2,7 +2,8 @@
 //! (its kubeconfig Secret and `/readyz`), templates the release's values over the Cluster, renders the addon
 //! chart against the workload cluster, applies it there with an inventory, and prunes what an upgrade no
 //! longer has. A class change that keeps the addon version and the Kubernetes minor changes nothing; the
-//! objects are re-applied every resync interval, so deleted or edited addon objects come back.
+//! objects are watched (`cso_apply::drift`): a deleted, edited or unlabelled addon object wakes its ClusterAddon
+//! and comes back; the periodic pass re-applies only what the watches cannot vouch for.
 //!
 //! Shape: the reconcile reads its object, `decide::next_step` (pure) names the next step and the driver
 //! here carries it out (read the Cluster, connect to the workload cluster, fetch the release, render, apply
