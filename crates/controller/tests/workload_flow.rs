@@ -354,7 +354,9 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
     assert!(deployments.get_opt("metrics-server").await.unwrap().is_some());
 
     // BeforeClusterUpgrade (as the hook server sets it): the ngnix stage waits until its post-condition
-    // (metrics-server replicas == ngnix replicas) holds. Make it not hold first.
+    // (metrics-server replicas == ngnix replicas) holds. Make it not hold first, while the operator is down (a
+    // running one puts back a field of its objects someone else changed: drift).
+    operator.stop().await;
     set_replicas(&deployments, "metrics-server", 3).await;
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
     addons
@@ -365,6 +367,7 @@ async fn staged_release_runs_its_hooks_and_resumes_after_a_restart() {
         )
         .await
         .unwrap();
+    let operator = RunningOperator::local(&client, &ns, dir.path()).await;
     let message = wait_condition::<ClusterAddon>(
         &client,
         &ns,
@@ -689,7 +692,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
         dir.path(),
         "v2",
         &format!(
-            "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n{acpi}  BeforeClusterUpgrade:\n    - name: ngnix\n      action: apply\n      waitForPostCondition:\n        objects:\n          - {{key: ms, apiVersion: apps/v1, kind: Deployment, name: metrics-server, namespace: kube-system}}\n          - {{key: web, apiVersion: apps/v1, kind: Deployment, name: cluster-addon-ngnix, namespace: kube-system}}\n        conditions: ms.spec.replicas == web.spec.replicas\n"
+            "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n{acpi}  BeforeClusterUpgrade:\n    - name: ngnix\n      action: apply\n      waitForPostCondition:\n        objects:\n          - {{key: gate, apiVersion: v1, kind: ConfigMap, name: upgrade-gate, namespace: kube-system}}\n        conditions: gate.data.state == 'open'\n"
         ),
     );
     let operator = RunningOperator::local(&client, &ns, dir.path()).await;
@@ -742,9 +745,11 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     ready_addon(&client, &ns, "hooked", "docker-staged-1-27-v1").await;
 
     // The user moves the Cluster to v2; Cluster API calls BeforeClusterUpgrade, which holds the upgrade
-    // while the ngnix stage waits for its post-condition.
-    let deployments: Api<Deployment> = kube_system(&own).await;
-    set_replicas(&deployments, "metrics-server", 3).await;
+    // while the ngnix stage waits for its post-condition: a gate someone else keeps (a ConfigMap that is not
+    // the operator's; a field of the operator's own objects would be put back as drift).
+    let gates: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(own.client().await.unwrap(), "kube-system");
+    set_gate(&gates, "closed").await;
     move_cluster(&client, &ns, "hooked", "docker-staged-1-27-v2").await;
     let before_upgrade = || async {
         let cluster = serde_json::to_value(clusters.get("hooked").await.unwrap()).unwrap();
@@ -779,8 +784,7 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
     );
 
     // The condition holds: the stage and the hook finish, and the upgrade may go on.
-    let replicas = replicas(&deployments, "cluster-addon-ngnix").await;
-    set_replicas(&deployments, "metrics-server", replicas).await;
+    set_gate(&gates, "open").await;
     let released = eventually(
         "BeforeClusterUpgrade lets the upgrade go on",
         CONVERGE,
@@ -827,6 +831,19 @@ async fn lifecycle_hooks_drive_the_stages_and_hold_the_upgrade_until_they_are_do
 }
 
 /// Sets the replicas of Deployment `name`, as someone else than the operator would.
+/// Sets the ConfigMap `kube-system/upgrade-gate` (someone else's) to `state`.
+async fn set_gate(gates: &Api<k8s_openapi::api::core::v1::ConfigMap>, state: &str) {
+    let gate = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "upgrade-gate"}, "data": {"state": state}});
+    gates
+        .patch(
+            "upgrade-gate",
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(&gate),
+        )
+        .await
+        .unwrap();
+}
+
 async fn set_replicas(deployments: &Api<Deployment>, name: &str, replicas: impl serde::Serialize) {
     deployments
         .patch(

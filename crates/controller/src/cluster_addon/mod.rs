@@ -72,6 +72,12 @@ impl ResyncClock {
             .is_none_or(|at| at.elapsed() >= interval)
     }
 
+    /// Whether `key` applied everything it has in this process (a multi-stage release: every stage of its
+    /// last hook). Only then can the drift watches vouch for it: before, its stages are still under way.
+    fn ever_applied(&self, key: &str) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).contains_key(key)
+    }
+
     fn applied(&self, key: &str) {
         self.0
             .lock()
@@ -115,6 +121,8 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         workload: None,
         release: None,
         manifests: Vec::new(),
+        // While a hook's stages are under way, they decide what is applied: drift waits for them.
+        vouch: ctx.own.ever_applied(&key) && addon.spec.hook.is_empty(),
     };
     let intervals = Intervals {
         workload_retry: ctx.settings.workload_retry_interval,
@@ -197,6 +205,9 @@ struct Driver<'a> {
     workload: Option<WorkloadCluster>,
     release: Option<Arc<Release>>,
     manifests: Vec<Manifest>,
+    /// Ask the drift watches: the addon applied everything it has in this process (see
+    /// `ResyncClock::ever_applied`) and no hook is under way.
+    vouch: bool,
 }
 
 impl Driver<'_> {
@@ -249,7 +260,7 @@ impl Driver<'_> {
                     Ok(workload) => match self.ctx.workloads.ready(&workload).await {
                         Err(e) => WorkloadState::NotReady(e.to_string()),
                         Ok(()) => {
-                            if let Some(watch) = &workload.drift {
+                            if let Some(watch) = workload.drift.as_ref().filter(|_| self.vouch) {
                                 let applied = applied_objects(self.addon);
                                 watch.watch(&applied).await;
                                 progress.drift = match watch.verdict(&applied) {
