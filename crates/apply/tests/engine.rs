@@ -49,19 +49,24 @@ fn capi(client: &kube::Client, ns: &str, group: &str, kind: &str, plural: &str) 
     )
 }
 
-#[tokio::test]
-async fn the_ferrol_cluster_class_lands_in_its_namespace_and_reapplying_changes_nothing() {
-    let (client, ns, engine) = setup("cluster-class").await;
+/// The ferrol v1 ClusterClass and its templates, rendered by `helm` for `namespace`.
+async fn ferrol_class(namespace: &str) -> Vec<cso_render::Manifest> {
     let rendered = helm()
         .render(RenderRequest {
             chart: fixture("docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz"),
             release_name: "docker-ferrol-1-27".into(),
-            namespace: ns.clone(),
+            namespace: namespace.to_owned(),
             ..Default::default()
         })
         .await
         .unwrap();
-    let manifests = parse_manifests(&rendered).unwrap();
+    parse_manifests(&rendered).unwrap()
+}
+
+#[tokio::test]
+async fn the_ferrol_cluster_class_lands_in_its_namespace_and_reapplying_changes_nothing() {
+    let (client, ns, engine) = setup("cluster-class").await;
+    let manifests = ferrol_class(&ns).await;
     let report = engine
         .apply(&manifests, &ns, &release_label("docker-ferrol-1-27-v1"), &[])
         .await;
@@ -157,16 +162,7 @@ async fn the_management_engine_writes_only_what_changed_also_after_a_restart() {
     let client = cso_testenv::shared_management().client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "only-changes").await.unwrap();
     let management = || ApplyEngine::for_management(Arc::new(ClusterDiscovery::new(client.clone())));
-    let rendered = helm()
-        .render(RenderRequest {
-            chart: fixture("docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz"),
-            release_name: "docker-ferrol-1-27".into(),
-            namespace: ns.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let manifests = parse_manifests(&rendered).unwrap();
+    let manifests = ferrol_class(&ns).await;
     let labels = release_label("docker-ferrol-1-27-v1");
     let classes = capi(&client, &ns, "cluster.x-k8s.io", "ClusterClass", "clusterclasses");
     let class_version = || async {

@@ -180,21 +180,10 @@ async fn addons_install_upgrade_prune_and_come_back() {
         |s| s.resync_interval = Duration::from_secs(2),
     )
     .await;
-    let uid = deployments.get("metrics-server").await.unwrap().uid();
-    deployments
-        .delete("metrics-server", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually(
+    deleted_and_made_again(
+        &deployments,
+        "metrics-server",
         "metrics-server is restored in the workload cluster",
-        CONVERGE,
-        || async {
-            deployments
-                .get_opt("metrics-server")
-                .await
-                .unwrap()
-                .filter(|d| d.uid() != uid)
-        },
     )
     .await;
     operator.stop().await;
@@ -224,18 +213,7 @@ async fn cluster_addons_only_for_stack_classes_and_recreated_when_deleted() {
     })
     .await;
     assert_eq!(addon.spec.cluster_ref.name.as_deref(), Some("early"));
-    addons
-        .delete("cluster-addon-early", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("cluster-addon-early is recreated", CONVERGE, || async {
-        addons
-            .get_opt("cluster-addon-early")
-            .await
-            .unwrap()
-            .filter(|a| a.uid() != addon.uid())
-    })
-    .await;
+    deleted_and_made_again(&addons, "cluster-addon-early", "cluster-addon-early is recreated").await;
     assert!(
         addons.get_opt("cluster-addon-foreign").await.unwrap().is_none(),
         "a Cluster of a class that is not a cluster stack's gets no ClusterAddon"
@@ -1059,6 +1037,19 @@ async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
     own.stop();
 }
 
+/// Deletes `name` and waits until it is there again, as another object (another uid).
+async fn deleted_and_made_again<K>(api: &Api<K>, name: &str, what: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let uid = api.get(name).await.unwrap().uid();
+    api.delete(name, &DeleteParams::default()).await.unwrap();
+    eventually(what, CONVERGE, || async {
+        api.get_opt(name).await.unwrap().filter(|o| o.uid() != uid)
+    })
+    .await;
+}
+
 /// Sum of the samples of counter `name` in Prometheus text `text` whose labels contain each of `labels`.
 fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
@@ -1119,18 +1110,11 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
 
     // Deleted: made again.
     let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
-    let uid = deployments.get("metrics-server").await.unwrap().uid();
-    deployments
-        .delete("metrics-server", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("the deleted metrics-server is made again", CONVERGE, || async {
-        deployments
-            .get_opt("metrics-server")
-            .await
-            .unwrap()
-            .filter(|d| d.uid() != uid)
-    })
+    deleted_and_made_again(
+        &deployments,
+        "metrics-server",
+        "the deleted metrics-server is made again",
+    )
     .await;
     // A field we set, edited by someone else (the spec's generation moves): put back.
     let owned = cso_api::OWNED_LABEL;
