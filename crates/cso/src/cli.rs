@@ -289,6 +289,17 @@ mod tests {
     }
 
     #[test]
+    fn chart_mirror_credentials_name_a_secret() {
+        let run = parse_run(&["--chart-mirror-credentials=cso-system/mirror-pull"]).unwrap();
+        let reference = run.chart_mirror_credentials.as_deref().unwrap();
+        assert_eq!(
+            crate::chart_credentials::parse_reference(reference).unwrap(),
+            ("cso-system".to_owned(), "mirror-pull".to_owned())
+        );
+        assert!(parse_run(&[]).unwrap().chart_mirror_credentials.is_none());
+    }
+
+    #[test]
     fn go_style_flags_as_in_the_upstream_manifests() {
         let run = parse_run(&[
             "--leader-elect=false",
