@@ -9,7 +9,7 @@
 //! the [`ApiResource`] of the version chosen at start-up ([`read_version`] over what the API server serves),
 //! and every `Api<Cluster>` is made with it (`Api::namespaced_with`, `Api::all_with`).
 
-use std::borrow::Cow;
+use std::{borrow::Cow, sync::Arc};
 
 use kube::core::{ApiResource, DynamicResourceScope, ObjectMeta, Resource, TypeMeta};
 use serde::{Deserialize, Serialize};
@@ -45,7 +45,12 @@ pub fn read_version(served: &[String]) -> &str {
 
 /// A Cluster API `Cluster`, the parts the operator reads. A [`Resource`] of any Cluster API version: its
 /// dynamic type is the [`ApiResource`] of the version it is read in ([`Cluster::resource`]).
+///
+/// A Cluster read from JSON (the API server, a watch, an admission review) also keeps the whole object as it
+/// came, in [`Cluster::object`]: values templates see every field of the Cluster, and a Cluster from the watch
+/// cache can serve them without another read. Only what the typed view names is written back out.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Value")]
 pub struct Cluster {
     /// `apiVersion` and `kind`, as the object came (kept so that a Cluster made from a manifest, in tests,
     /// is created in the version the manifest names).
@@ -55,6 +60,42 @@ pub struct Cluster {
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: ClusterSpec,
+    /// The whole object as read, without `metadata.managedFields` (the API server's record of field owners:
+    /// not the Cluster's state, often larger than the rest, and never read by the operator); `None` for a
+    /// Cluster built in code.
+    #[serde(skip)]
+    pub object: Option<Arc<serde_json::Value>>,
+}
+
+/// The typed parts of a [`Cluster`], read from the same JSON as the whole.
+#[derive(Deserialize)]
+struct ClusterParts {
+    #[serde(flatten, default)]
+    types: Option<TypeMeta>,
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: ClusterSpec,
+}
+
+impl TryFrom<serde_json::Value> for Cluster {
+    type Error = serde_json::Error;
+
+    fn try_from(mut object: serde_json::Value) -> Result<Self, Self::Error> {
+        if let Some(metadata) = object
+            .get_mut("metadata")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            metadata.remove("managedFields");
+        }
+        let parts = ClusterParts::deserialize(&object)?;
+        Ok(Cluster {
+            types: parts.types,
+            metadata: parts.metadata,
+            spec: parts.spec,
+            object: Some(Arc::new(object)),
+        })
+    }
 }
 
 impl Cluster {

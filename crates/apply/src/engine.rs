@@ -28,6 +28,7 @@ use cso_api::{
     common::{Resource, ResourceStatus},
     manifest::Manifest,
 };
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
@@ -48,6 +49,8 @@ use crate::{
 /// The field manager of the operator's server-side applies.
 pub const DEFAULT_FIELD_MANAGER: &str = "cluster-stack-operator";
 const CRD_ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(30);
+/// Objects of one apply phase sent at once (the client's rate limit still applies).
+const APPLIES_AT_ONCE: usize = 8;
 
 /// One object that could not be applied or pruned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,18 +249,21 @@ impl ApplyEngine {
             .partition(|m| m.kind() == "Namespace" && m.group_version().0.is_empty());
 
         let mut prepared = Vec::new();
-        // Kinds the CRDs of this render define: discovery may lag behind Established, so they are waited for.
+        // Kinds the CRDs of this render define.
         let mut new_kinds = BTreeSet::new();
         for phase in [crds, namespaces, rest] {
+            // Within a phase order does not matter (the API server takes a RoleBinding before its Role, a
+            // Deployment before its ServiceAccount): a few objects go at once, in the render's order.
+            let pending: Vec<_> = phase
+                .into_iter()
+                .map(|manifest| self.prepare_and_apply(manifest, &new_kinds, default_namespace, labels))
+                .collect();
+            let applied: Vec<Prepared> = futures::stream::iter(pending)
+                .buffered(APPLIES_AT_ONCE)
+                .collect()
+                .await;
             let mut applied_crds = Vec::new();
-            for manifest in phase {
-                let (group, version) = manifest.group_version();
-                if new_kinds.contains(&(group.to_owned(), manifest.kind().to_owned())) {
-                    self.await_served(&GroupVersionKind::gvk(group, version, manifest.kind()))
-                        .await;
-                }
-                let item = self.prepare(manifest, default_namespace, labels).await;
-                let item = self.apply_one(item).await;
+            for item in applied {
                 if item.error.is_none() && item.key.kind == "CustomResourceDefinition" {
                     applied_crds.push(item.key.name.clone());
                     let spec = &item.object["spec"];
@@ -345,6 +351,24 @@ impl ApplyEngine {
         }
         report.duration = started.elapsed();
         report
+    }
+
+    /// One object of a phase: waits until its kind is served when a CRD of this render defines it
+    /// (`new_kinds`: discovery may lag behind Established), then prepares and applies it.
+    async fn prepare_and_apply(
+        &self,
+        manifest: &Manifest,
+        new_kinds: &BTreeSet<(String, String)>,
+        default_namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Prepared {
+        let (group, version) = manifest.group_version();
+        if new_kinds.contains(&(group.to_owned(), manifest.kind().to_owned())) {
+            self.await_served(&GroupVersionKind::gvk(group, version, manifest.kind()))
+                .await;
+        }
+        let item = self.prepare(manifest, default_namespace, labels).await;
+        self.apply_one(item).await
     }
 
     pub(crate) async fn prepare(

@@ -5,6 +5,7 @@
 //! ([`template_data`]).
 
 pub mod cel;
+mod connection;
 pub mod discovery;
 pub mod drift;
 pub mod engine;

@@ -9,7 +9,6 @@ use std::{
     time::Duration,
 };
 
-use kube::client::ClientBuilder;
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
@@ -40,7 +39,7 @@ pub fn observed_client(
     limits: ClientLimits,
     observer: Option<crate::RequestObserver>,
 ) -> Result<kube::Client, kube::Error> {
-    let builder = ClientBuilder::try_from(config)?;
+    let builder = crate::connection::builder(config)?;
     match (limits.enabled(), observer) {
         (true, Some(observer)) => Ok(builder
             .with_layer(&crate::request_tally::TallyLayer(observer))

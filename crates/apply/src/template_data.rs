@@ -2,9 +2,11 @@
 //! status) read from the management cluster. The control plane and infrastructure objects are the ones the
 //! Cluster references, looked up in the Cluster's namespace, as the Go operator does.
 //!
-//! The Cluster is read again here, whole, rather than taken from the caller's typed view: that view keeps only
-//! the few fields the operator itself needs, while stacks template any field (`spec.clusterNetwork`,
-//! `metadata.labels`, `spec.topology.variables`, `status`, ...).
+//! Templates see the Cluster whole, not the operator's typed view of it (which keeps only the few fields the
+//! operator itself needs), because stacks template any field (`spec.clusterNetwork`, `metadata.labels`,
+//! `spec.topology.variables`, `status`, ...): the object the typed view was read from
+//! ([`Cluster::object`]; for the controllers, the watch cache's copy, so no read per render), or, for a
+//! Cluster built in code, a fresh read.
 
 use cso_api::capi::{CAPI_GROUP, CapiReference, Cluster};
 use kube::api::DynamicObject;
@@ -31,25 +33,31 @@ pub enum TemplateDataError {
 
 /// Reads the Cluster, whole, and the objects it references, and builds the template data.
 ///
-/// `cluster` only says which Cluster: it is read again from the API server in the version the server
-/// prefers (`v1beta2` on Cluster API 1.11 and later, `v1beta1` before), so templates see what `kubectl get`
-/// shows. Its `controlPlaneRef` and `infrastructureRef` (either reference shape) are taken from that fresh
-/// copy; a reference the Cluster does not have leaves its key out, as in the Go operator.
+/// The Cluster is `cluster`'s whole object, in the version it was read in (the operator reads Clusters in
+/// `v1beta2` on Cluster API 1.11 and later, `v1beta1` before); a Cluster without one (built in code) is read
+/// from the API server in the version the server prefers. Its `controlPlaneRef` and `infrastructureRef`
+/// (either reference shape) are taken from that object; a reference the Cluster does not have leaves its key
+/// out, as in the Go operator.
 pub async fn template_data(
     discovery: &ClusterDiscovery,
     cluster: &Cluster,
 ) -> Result<Value, TemplateDataError> {
     let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
     let name = cluster.metadata.name.clone().unwrap_or_default();
-    let full = read(
-        discovery,
-        "the Cluster",
-        ApiRef::Group(CAPI_GROUP),
-        "Cluster",
-        &namespace,
-        &name,
-    )
-    .await?;
+    let full = match &cluster.object {
+        Some(object) => without_managed_fields(object.as_ref().clone()),
+        None => {
+            read(
+                discovery,
+                "the Cluster",
+                ApiRef::Group(CAPI_GROUP),
+                "Cluster",
+                &namespace,
+                &name,
+            )
+            .await?
+        }
+    };
     let mut data = Map::new();
     for (key, what, field) in [
         ("ControlPlane", "the Cluster's control plane", "controlPlaneRef"),
@@ -128,9 +136,12 @@ async fn read(
 /// holds timestamps that change with every write by any controller, and it is often larger than the rest of
 /// the object, which every template run would otherwise carry.
 fn to_template_value(object: DynamicObject) -> Result<Value, serde_json::Error> {
-    let mut value = serde_json::to_value(object)?;
+    Ok(without_managed_fields(serde_json::to_value(object)?))
+}
+
+fn without_managed_fields(mut value: Value) -> Value {
     if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
         metadata.remove("managedFields");
     }
-    Ok(value)
+    value
 }

@@ -1,5 +1,6 @@
 //! The data values templates see, read from a real API server: the whole Cluster (every field, not the
-//! operator's typed view) with its ControlPlane and InfraCluster, a missing reference named in the error,
+//! operator's typed view; the object that view was read from, or a fresh read for a Cluster built in code)
+//! with its ControlPlane and InfraCluster, a missing reference named in the error,
 //! and `ClusterDiscovery::get_object` for both reference shapes (`apiVersion`, and `apiGroup` read in the
 //! version the server prefers).
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
@@ -84,12 +85,23 @@ async fn cluster_with_references(client: &Client, ns: &str) -> (Api<DynamicObjec
         )
         .await
         .unwrap();
-    // The typed view the controller holds: only which Cluster, and a few fields.
-    let cluster = Api::<Cluster>::namespaced_with(client.clone(), ns, &Cluster::v1beta1_resource())
+    (clusters, read_cluster(client, ns).await)
+}
+
+/// The Cluster `c1` as the controllers hold it: the typed view, and the object it was read from.
+async fn read_cluster(client: &Client, ns: &str) -> Cluster {
+    Api::<Cluster>::namespaced_with(client.clone(), ns, &Cluster::v1beta1_resource())
         .get("c1")
         .await
-        .unwrap();
-    (clusters, cluster)
+        .unwrap()
+}
+
+/// The Cluster `c1` as built in code: only which Cluster.
+fn named_cluster(ns: &str) -> Cluster {
+    let mut cluster = Cluster::default();
+    cluster.metadata.name = Some("c1".into());
+    cluster.metadata.namespace = Some(ns.into());
+    cluster
 }
 
 #[tokio::test]
@@ -104,6 +116,11 @@ async fn templates_see_the_whole_cluster_and_its_references() {
 
     let discovery = ClusterDiscovery::new(client.clone());
     let data = template_data(&discovery, &cluster).await.unwrap();
+    // A Cluster built in code (no object behind it) is read from the API server: the same data.
+    assert_eq!(
+        template_data(&discovery, &named_cluster(&ns)).await.unwrap(),
+        data
+    );
     let full = &data["Cluster"];
     assert_eq!(full["apiVersion"], "cluster.x-k8s.io/v1beta1");
     assert_eq!(full["kind"], "Cluster");
@@ -159,10 +176,11 @@ async fn templates_see_the_whole_cluster_and_its_references() {
 #[tokio::test]
 async fn a_missing_reference_or_cluster_is_named() {
     let (client, ns) = setup("template-missing").await;
-    let (clusters, cluster) = cluster_with_references(&client, &ns).await;
+    let (clusters, before) = cluster_with_references(&client, &ns).await;
     let discovery = ClusterDiscovery::new(client.clone());
 
-    // The references are read from the live Cluster, not from the caller's copy.
+    // The references are those of the Cluster as given (the watch cache's copy in the controllers), and the
+    // objects they name are read live.
     clusters
         .patch(
             "c1",
@@ -171,6 +189,10 @@ async fn a_missing_reference_or_cluster_is_named() {
         )
         .await
         .unwrap();
+    let as_given = template_data(&discovery, &before).await.unwrap();
+    assert_eq!(as_given["Cluster"]["spec"]["controlPlaneRef"]["name"], "c1-cp");
+    assert_eq!(as_given["ControlPlane"]["metadata"]["name"], "c1-cp");
+    let cluster = read_cluster(&client, &ns).await;
     let err = template_data(&discovery, &cluster).await.unwrap_err();
     match &err {
         TemplateDataError::Missing {
@@ -201,6 +223,7 @@ async fn a_missing_reference_or_cluster_is_named() {
         )
         .await
         .unwrap();
+    let cluster = read_cluster(&client, &ns).await;
     let err = template_data(&discovery, &cluster).await.unwrap_err();
     assert!(
         matches!(&err, TemplateDataError::Read { .. })
@@ -208,8 +231,9 @@ async fn a_missing_reference_or_cluster_is_named() {
         "{err}"
     );
 
+    // A Cluster with no object behind it is read, and one that is gone is named.
     clusters.delete("c1", &Default::default()).await.unwrap();
-    let err = template_data(&discovery, &cluster).await.unwrap_err();
+    let err = template_data(&discovery, &named_cluster(&ns)).await.unwrap_err();
     assert!(
         matches!(&err, TemplateDataError::Missing { kind, name, .. } if kind == "Cluster" && name == "c1"),
         "{err:?}"

@@ -1,0 +1,77 @@
+//! How the operator's clients reach an API server: over HTTP/2 when the server offers it (ALPN `h2`, as every
+//! kube-apiserver does), so that every request and every watch of one client shares one TCP and TLS
+//! connection. kube's default client speaks HTTP/1.1 only, where each request in flight and each open watch
+//! holds a connection of its own; an operator that watches what it applied in a thousand workload clusters
+//! would hold tens of thousands of them.
+//!
+//! The service around the connection is the one kube builds (base URI, authentication, the config's extra
+//! headers, its retry policy when the config asks for it, its connect/read/write timeouts), assembled here
+//! from the config's own parts; only the connector differs. A config with a proxy is left to kube's builder.
+//! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes).
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use hyper_timeout::TimeoutConnector;
+use hyper_util::{
+    client::legacy::connect::HttpConnector,
+    rt::{TokioExecutor, TokioTimer},
+};
+use kube::client::{Body, ClientBuilder, ConfigExt, DynBody, retry::RetryPolicy};
+use tower::{BoxError, ServiceBuilder, ServiceExt, retry::RetryLayer, util::BoxService};
+
+/// The service type of kube's own builder, so that layers and callers do not care which one was used.
+pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
+
+/// Interval of HTTP/2 keep-alive pings, and how long an answer may take before the connection is dropped.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A client builder for `config` whose connections speak HTTP/2 where the server offers it.
+pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, kube::Error> {
+    if config.proxy_url.is_some() {
+        return ClientBuilder::try_from(config);
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_or_http();
+    if let Some(server_name) = &config.tls_server_name {
+        let name = server_name
+            .clone()
+            .try_into()
+            .map_err(|e| kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e)))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let mut connector = TimeoutConnector::new(https.enable_all_versions().wrap_connector(http));
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let client: hyper_util::client::legacy::Client<_, Body> =
+        hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
+            .build(connector);
+
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(client)
+        .map_response(|response: Response<hyper::body::Incoming>| {
+            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        })
+        .boxed();
+    Ok(ClientBuilder::new(service, config.default_namespace))
+}
