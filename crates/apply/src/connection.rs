@@ -5,9 +5,13 @@
 //! would hold tens of thousands of them.
 //!
 //! The service around the connection is the one kube builds (base URI, authentication, the config's extra
-//! headers, its retry policy when the config asks for it, its connect/read/write timeouts), assembled here
-//! from the config's own parts; only the connector differs. A config with a proxy is left to kube's builder.
-//! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes).
+//! headers, its retry policy when the config asks for it, its connect and write timeouts), assembled here
+//! from the config's own parts, with two differences: the connector, and the config's read timeout, which
+//! bounds the wait for each response (its headers; a watch's come at once) instead of every read of the
+//! connection. A read timeout on a connection that carries watches would end it whenever they are quiet;
+//! this way one client serves requests and watches alike. A config with a proxy is left to kube's builder.
+//! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes). Each
+//! client keeps only a few TLS sessions for resumption (see [`TLS_SESSIONS_KEPT`]).
 
 use std::time::Duration;
 
@@ -19,7 +23,9 @@ use hyper_util::{
     rt::{TokioExecutor, TokioTimer},
 };
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody, retry::RetryPolicy};
-use tower::{BoxError, ServiceBuilder, ServiceExt, retry::RetryLayer, util::BoxService};
+use tower::{
+    BoxError, ServiceBuilder, ServiceExt, retry::RetryLayer, timeout::TimeoutLayer, util::BoxService,
+};
 
 /// The service type of kube's own builder, so that layers and callers do not care which one was used.
 pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
@@ -28,6 +34,13 @@ pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxE
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// TLS sessions a client keeps for resuming. rustls keeps up to 256 by default and allocates room for all of
+/// them with each client's TLS config (about 75 KiB); the operator has two clients per workload cluster, each
+/// talking to one server over one long-lived connection. A store shared by all clients would be smaller
+/// still, but a resumed TLS 1.3 session carries the client certificate of the session it resumes: clients of
+/// different identities must not share one.
+const TLS_SESSIONS_KEPT: usize = 4;
+
 /// A client builder for `config` whose connections speak HTTP/2 where the server offers it.
 pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, kube::Error> {
     if config.proxy_url.is_some() {
@@ -35,8 +48,10 @@ pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, ku
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
+    let mut tls = config.rustls_client_config()?;
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS_KEPT);
     let mut https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config.rustls_client_config()?)
+        .with_tls_config(tls)
         .https_or_http();
     if let Some(server_name) = &config.tls_server_name {
         let name = server_name
@@ -47,7 +62,8 @@ pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, ku
     }
     let mut connector = TimeoutConnector::new(https.enable_all_versions().wrap_connector(http));
     connector.set_connect_timeout(config.connect_timeout);
-    connector.set_read_timeout(config.read_timeout);
+    // Not a read timeout on the connection: it would end a quiet connection, and with it every watch on it.
+    // The config's read timeout bounds the wait for each response instead (below).
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
     let client: hyper_util::client::legacy::Client<_, Body> =
@@ -67,6 +83,7 @@ pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, ku
         )
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        .option_layer(config.read_timeout.map(TimeoutLayer::new))
         .map_err(BoxError::from)
         .service(client)
         .map_response(|response: Response<hyper::body::Incoming>| {

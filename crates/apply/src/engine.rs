@@ -49,6 +49,15 @@ use crate::{
 /// The field manager of the operator's server-side applies.
 pub const DEFAULT_FIELD_MANAGER: &str = "cluster-stack-operator";
 const CRD_ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(30);
+/// Whether objects are read before their first apply to take them over from another field manager
+/// ([`ApplyEngine::taking_over_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TakeOver {
+    Check,
+    /// Nobody applied anything for this owner before ([`ApplyEngine::apply_first`]).
+    Skip,
+}
+
 /// Objects of one apply phase sent at once (the client's rate limit still applies).
 const APPLIES_AT_ONCE: usize = 8;
 
@@ -239,6 +248,31 @@ impl ApplyEngine {
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
     ) -> ApplyReport {
+        self.apply_as(manifests, default_namespace, labels, previous, TakeOver::Check)
+            .await
+    }
+
+    /// [`ApplyEngine::apply`] for an owner that no operator has applied anything for yet (no inventory, no
+    /// stage, no applied condition, by this operator or the one it replaces): its objects cannot carry
+    /// another operator's fields, so the take-over read before each first apply is skipped.
+    pub async fn apply_first(
+        &self,
+        manifests: &[Manifest],
+        default_namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> ApplyReport {
+        self.apply_as(manifests, default_namespace, labels, &[], TakeOver::Skip)
+            .await
+    }
+
+    async fn apply_as(
+        &self,
+        manifests: &[Manifest],
+        default_namespace: &str,
+        labels: &BTreeMap<String, String>,
+        previous: &[Resource],
+        take_over: TakeOver,
+    ) -> ApplyReport {
         let started = Instant::now();
         let mut report = ApplyReport::default();
         let (crds, rest): (Vec<&Manifest>, Vec<&Manifest>) = manifests.iter().partition(|m| {
@@ -256,7 +290,9 @@ impl ApplyEngine {
             // Deployment before its ServiceAccount): a few objects go at once, in the render's order.
             let pending: Vec<_> = phase
                 .into_iter()
-                .map(|manifest| self.prepare_and_apply(manifest, &new_kinds, default_namespace, labels))
+                .map(|manifest| {
+                    self.prepare_and_apply(manifest, &new_kinds, default_namespace, labels, take_over)
+                })
                 .collect();
             let applied: Vec<Prepared> = futures::stream::iter(pending)
                 .buffered(APPLIES_AT_ONCE)
@@ -361,6 +397,7 @@ impl ApplyEngine {
         new_kinds: &BTreeSet<(String, String)>,
         default_namespace: &str,
         labels: &BTreeMap<String, String>,
+        take_over: TakeOver,
     ) -> Prepared {
         let (group, version) = manifest.group_version();
         if new_kinds.contains(&(group.to_owned(), manifest.kind().to_owned())) {
@@ -368,7 +405,7 @@ impl ApplyEngine {
                 .await;
         }
         let item = self.prepare(manifest, default_namespace, labels).await;
-        self.apply_one(item).await
+        self.apply_one(item, take_over).await
     }
 
     pub(crate) async fn prepare(
@@ -564,7 +601,8 @@ impl ApplyEngine {
     /// Takes over objects that other field managers applied (the Go operator applied with `kubectl`):
     /// before our first apply of such an object, their `Apply` entry in `managedFields` is renamed to ours,
     /// so that fields a later release no longer renders are removed instead of staying owned by them.
-    /// Costs one read per object the first time this engine applies it.
+    /// Costs one read per object the first time this engine applies it, unless its owner never had anything
+    /// applied ([`ApplyEngine::apply_first`]).
     pub fn taking_over_from(mut self, managers: impl IntoIterator<Item = String>) -> Self {
         self.take_over_from = managers.into_iter().collect();
         self
@@ -610,7 +648,7 @@ impl ApplyEngine {
         Ok(())
     }
 
-    async fn apply_one(&self, mut item: Prepared) -> Prepared {
+    async fn apply_one(&self, mut item: Prepared, take_over: TakeOver) -> Prepared {
         let Some(kind) = &item.kind else { return item };
         let api = self.api(kind, &item.key.namespace);
         // Once applied by this engine, the object's Apply entry is ours: no further read needed.
@@ -620,6 +658,7 @@ impl ApplyEngine {
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(&item.key);
         if !self.take_over_from.is_empty()
+            && take_over == TakeOver::Check
             && !applied_before
             && let Err(e) = self.take_over(&api, &item.key.name).await
         {

@@ -28,6 +28,8 @@ pub const KUBECONFIG_KEY: &str = "value";
 /// Cluster API's Secrets (kubeconfig, CA, ...) have this type; Secrets support it as a field selector.
 pub const CAPI_SECRET_SELECTOR: &str = "type=cluster.x-k8s.io/secret";
 const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
+/// How long an `ok` from a workload cluster's `/readyz` is taken as current.
+pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
 
 /// The name of the Secret with the kubeconfig of Cluster `cluster`.
 pub fn kubeconfig_secret_name(cluster: &str) -> String {
@@ -71,6 +73,8 @@ pub struct WorkloadCluster {
     pub kubeconfig_path: PathBuf,
     /// The watches of what `engine` applied (when the clients have a notifier).
     pub drift: Option<Arc<DriftWatch>>,
+    /// When `/readyz` last answered `ok` ([`WorkloadClients::ready`]).
+    ready_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl WorkloadCluster {
@@ -204,8 +208,7 @@ impl WorkloadClients {
             .map_err(|e| invalid(e.to_string()))?;
         config.connect_timeout = Some(self.connect_timeout);
         config.write_timeout = Some(self.request_timeout);
-        // Watches stay quiet for minutes: their client has no read timeout (the server ends each watch).
-        let watch_config = config.clone();
+        // Bounds each response's start; the drift watches share the client and its one connection.
         config.read_timeout = Some(self.request_timeout);
         let client = crate::limited_client(config, self.limits).map_err(|e| invalid(e.to_string()))?;
         let kubeconfig_path = self
@@ -220,7 +223,7 @@ impl WorkloadClients {
         let drift = match &self.drift_notifier {
             Some(notifier) => Some(Arc::new(DriftWatch::new(
                 key.clone(),
-                crate::limited_client(watch_config, self.limits).map_err(|e| invalid(e.to_string()))?,
+                discovery.client().clone(),
                 discovery.clone(),
                 engine.clone(),
                 notifier.clone(),
@@ -233,6 +236,7 @@ impl WorkloadClients {
             discovery,
             kubeconfig_path,
             drift,
+            ready_at: Arc::default(),
         };
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
             key,
@@ -257,15 +261,27 @@ impl WorkloadClients {
         );
     }
 
-    /// `GET /readyz` on the workload cluster, within the request timeout.
+    /// `GET /readyz` on the workload cluster, within the request timeout; an `ok` less than
+    /// [`READY_STAYS_FRESH`] old is taken as it is (a ClusterAddon reconciled again at once, for its own status
+    /// write, does not ask again).
     pub async fn ready(&self, cluster: &WorkloadCluster) -> Result<(), WorkloadError> {
         let not_ready = |reason: String| WorkloadError::NotReady {
             cluster: cluster.name.clone(),
             reason,
         };
+        let ready_at = || cluster.ready_at.lock().unwrap_or_else(|p| p.into_inner());
+        if ready_at().is_some_and(|at| at.elapsed() < READY_STAYS_FRESH) {
+            return Ok(());
+        }
+        let answer = self.ask_ready(cluster).await.map_err(not_ready);
+        *ready_at() = answer.is_ok().then(std::time::Instant::now);
+        answer
+    }
+
+    async fn ask_ready(&self, cluster: &WorkloadCluster) -> Result<(), String> {
         let request = http::Request::get("/readyz")
             .body(Vec::new())
-            .map_err(|e| not_ready(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         match tokio::time::timeout(
             self.request_timeout + self.connect_timeout,
             cluster.client().request_text(request),
@@ -273,9 +289,9 @@ impl WorkloadClients {
         .await
         {
             Ok(Ok(body)) if body.trim() == "ok" => Ok(()),
-            Ok(Ok(body)) => Err(not_ready(format!("/readyz answered {body:?}"))),
-            Ok(Err(e)) => Err(not_ready(e.to_string())),
-            Err(_) => Err(not_ready("/readyz did not answer in time".into())),
+            Ok(Ok(body)) => Err(format!("/readyz answered {body:?}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("/readyz did not answer in time".into()),
         }
     }
 }

@@ -630,6 +630,55 @@ async fn objects_the_go_operator_applied_are_taken_over() {
     );
 }
 
+#[tokio::test]
+async fn a_first_apply_reads_nothing_to_take_over() {
+    let (_, ns, _) = setup("first-apply").await;
+    let tally = Arc::new(cso_apply::RequestTally::default());
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(cso_testenv::shared_management().kubeconfig_yaml()).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let client =
+        cso_apply::observed_client(config, cso_apply::ClientLimits::UNLIMITED, Some(tally.observer()))
+            .unwrap();
+    let engine = || {
+        ApplyEngine::new(
+            Arc::new(ClusterDiscovery::new(client.clone())),
+            DEFAULT_FIELD_MANAGER,
+        )
+        .taking_over_from(["kubectl".to_owned()])
+    };
+    let config_maps = |prefix: &str| {
+        let yaml: Vec<String> = (0..3)
+            .map(|i| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {prefix}-{i}\n"))
+            .collect();
+        parse_manifests(&yaml.join("---\n")).unwrap()
+    };
+    let reads = || {
+        tally
+            .counts()
+            .iter()
+            .filter(|(k, _)| k.verb == "get" && k.resource == "configmaps")
+            .map(|(_, n)| *n)
+            .sum::<u64>()
+    };
+
+    // An owner nothing was applied for: no read before the applies.
+    let report = engine()
+        .apply_first(&config_maps("first"), &ns, &BTreeMap::new())
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    assert_eq!(reads(), 0);
+    // Any other apply reads each object once, before this engine's first apply of it.
+    let report = engine()
+        .apply(&config_maps("later"), &ns, &BTreeMap::new(), &[])
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    assert_eq!(reads(), 3);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Taking over from the Go operator, pod templates, shared namespaces, refused prunes.
 

@@ -60,22 +60,30 @@ impl<K: Subject> Work<'_, K> {
         manifests: &[Manifest],
         previous: &[Resource],
     ) -> ApplyReport {
-        self.run(ctx, manifests, previous).await
+        self.run(ctx, manifests, Some(previous)).await
+    }
+
+    /// Applies `manifests` for an owner that nothing was ever applied for, by this operator or the one it
+    /// replaces (`ApplyEngine::apply_first`: no take-over reads).
+    pub(crate) async fn apply_first(&self, ctx: &Context, manifests: &[Manifest]) -> ApplyReport {
+        self.run(ctx, manifests, None).await
     }
 
     /// Deletes `objects` (those that carry the operator's label; others are left alone and dropped).
     pub(crate) async fn delete(&self, ctx: &Context, objects: &[Resource]) -> ApplyReport {
         // An empty render prunes the whole inventory given: the engine's one definition of deletion.
-        self.run(ctx, &[], objects).await
+        self.run(ctx, &[], Some(objects)).await
     }
 
-    async fn run(&self, ctx: &Context, manifests: &[Manifest], previous: &[Resource]) -> ApplyReport {
+    /// `previous`: the inventory to prune from, or `None` for a first apply.
+    async fn run(&self, ctx: &Context, manifests: &[Manifest], previous: Option<&[Resource]>) -> ApplyReport {
         let labels: BTreeMap<String, String> = rendering::release_labels(self.owner.clone());
-        let report = self
-            .target
-            .engine(ctx)
-            .apply(manifests, self.target.default_namespace(), &labels, previous)
-            .await;
+        let engine = self.target.engine(ctx);
+        let namespace = self.target.default_namespace();
+        let report = match previous {
+            Some(previous) => engine.apply(manifests, namespace, &labels, previous).await,
+            None => engine.apply_first(manifests, namespace, &labels).await,
+        };
         let target = self.target.metrics_label();
         ctx.metrics.applied(target, &report);
         ctx.report_drift(self.about, target, &report).await;

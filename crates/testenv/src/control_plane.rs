@@ -17,6 +17,8 @@ use crate::{Error, Tools, pki::Pki, process::Supervised};
 
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Starts of one control plane before a lost race for its ports fails it.
+const PORT_RACE_ATTEMPTS: u32 = 3;
 
 /// A running etcd + kube-apiserver pair. Dropping it stops both.
 #[derive(Debug)]
@@ -35,7 +37,29 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts a control plane whose files (certificates, etcd data, logs, kubeconfig) live in `dir`, or in a
     /// temporary directory removed on drop.
+    ///
+    /// Its ports are picked free, then bound by etcd and kube-apiserver a moment later; another process (a
+    /// test binary running beside this one) may take one in between. That start is tried again on new ports,
+    /// up to [`PORT_RACE_ATTEMPTS`] times.
     pub async fn start(tools: &Tools, name: &str, dir: Option<&Path>) -> Result<Self, Error> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(tools, name, dir).await {
+                Err(Error::Process(message))
+                    if message.contains("address already in use") && attempt < PORT_RACE_ATTEMPTS =>
+                {
+                    eprintln!("control plane {name}: a port was taken meanwhile; starting again on others");
+                    if let Some(dir) = dir {
+                        let _ = std::fs::remove_dir_all(dir.join("etcd"));
+                    }
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(tools: &Tools, name: &str, dir: Option<&Path>) -> Result<Self, Error> {
         let (tempdir, dir) = match dir {
             Some(dir) => (None, dir.to_path_buf()),
             None => {

@@ -180,6 +180,23 @@ fn applied_objects(addon: &ClusterAddon) -> Vec<InventoryEntry> {
         .collect()
 }
 
+/// Whether no operator ever applied anything for `addon`: no object in its inventories, no stage, not
+/// ready, no `HelmChartApplied` condition (the Go operator records each of its applies in one of them, in the
+/// same reconcile). Its objects then cannot carry another operator's fields.
+pub(crate) fn nothing_applied_yet(addon: &ClusterAddon) -> bool {
+    let Some(status) = &addon.status else {
+        return staged::inventory_of(addon).values().all(Vec::is_empty);
+    };
+    status.resources.is_empty()
+        && status.stages.is_empty()
+        && !status.ready
+        && !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == cso_api::names::condition::HELM_CHART_APPLIED)
+        && staged::inventory_of(addon).values().all(Vec::is_empty)
+}
+
 /// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.
 fn cluster_name(addon: &ClusterAddon) -> String {
     addon
@@ -330,7 +347,11 @@ impl Driver<'_> {
                     owner: release.id.tag(),
                     target: Target::Workload(workload),
                 };
-                let report = work.apply(self.ctx, &self.manifests, &previous).await;
+                let report = if nothing_applied_yet(self.addon) {
+                    work.apply_first(self.ctx, &self.manifests).await
+                } else {
+                    work.apply(self.ctx, &self.manifests, &previous).await
+                };
                 if let Some(watch) = &workload.drift {
                     watch.watch(&report.resources).await;
                 }
@@ -468,4 +489,48 @@ async fn write_spec(
         .map_err(|e| Error::kube(format!("update ClusterAddon {}", addon.name_any()), e))?;
     written.record(&updated);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use cso_api::{
+        ClusterAddonStatus,
+        cluster_addon::{STAGE_INVENTORY_ANNOTATION, StageStatus},
+        common::Resource,
+        conditions::ConditionsExt,
+        names::condition,
+    };
+    use rstest::rstest;
+
+    use super::*;
+
+    #[rstest]
+    #[case::new_and_without_status(None, false, true)]
+    #[case::a_status_with_nothing_applied(Some(ClusterAddonStatus::default()), false, true)]
+    #[case::an_inventory(Some(ClusterAddonStatus { resources: vec![Resource::default()], ..Default::default() }), false, false)]
+    #[case::a_stage(Some(ClusterAddonStatus { stages: vec![StageStatus::default()], ..Default::default() }), false, false)]
+    #[case::ready(Some(ClusterAddonStatus { ready: true, ..Default::default() }), false, false)]
+    #[case::a_stage_inventory(None, true, false)]
+    fn nothing_is_applied_yet_until_some_record_says_otherwise(
+        #[case] status: Option<ClusterAddonStatus>,
+        #[case] stage_inventory: bool,
+        #[case] expected: bool,
+    ) {
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        addon.status = status;
+        if stage_inventory {
+            addon.annotations_mut().insert(
+                STAGE_INVENTORY_ANNOTATION.into(),
+                r#"{"cni":[{"group":"","version":"v1","kind":"ConfigMap","namespace":"kube-system","name":"a","status":"synced"}]}"#.into(),
+            );
+        }
+        assert_eq!(nothing_applied_yet(&addon), expected);
+    }
+
+    #[test]
+    fn an_applied_condition_counts_as_applied() {
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        addon.mark_true(condition::HELM_CHART_APPLIED);
+        assert!(!nothing_applied_yet(&addon));
+    }
 }

@@ -346,7 +346,12 @@ impl StagedRun<'_> {
         match stage.action {
             StageAction::Apply => {
                 let previous = inventory.get(&stage.name).cloned().unwrap_or_default();
-                let report = self.target(addon).apply(self.ctx, &manifests, &previous).await;
+                let work = self.target(addon);
+                let report = if super::nothing_applied_yet(addon) {
+                    work.apply_first(self.ctx, &manifests).await
+                } else {
+                    work.apply(self.ctx, &manifests, &previous).await
+                };
                 if let Some(watch) = &self.workload.drift {
                     watch.watch(&report.resources).await;
                 }
