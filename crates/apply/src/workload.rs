@@ -220,16 +220,15 @@ impl WorkloadClients {
         let discovery = Arc::new(ClusterDiscovery::new(client));
         let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
             .taking_over_from(self.take_over_from.clone());
-        let drift = match &self.drift_notifier {
-            Some(notifier) => Some(Arc::new(DriftWatch::new(
+        let drift = self.drift_notifier.as_ref().map(|notifier| {
+            Arc::new(DriftWatch::new(
                 key.clone(),
                 discovery.client().clone(),
                 discovery.clone(),
                 engine.clone(),
                 notifier.clone(),
-            ))),
-            None => None,
-        };
+            ))
+        });
         let built = WorkloadCluster {
             name: cluster.to_owned(),
             engine,
