@@ -35,18 +35,6 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-fn size_of(path: &Path) -> u64 {
-    let meta = std::fs::symlink_metadata(path).unwrap();
-    if meta.is_dir() {
-        std::fs::read_dir(path)
-            .unwrap()
-            .map(|e| size_of(&e.unwrap().path()))
-            .sum()
-    } else {
-        meta.len()
-    }
-}
-
 /// Pushes every fixture chart to `prefix` with the real `helm push`, as a site fills its mirror.
 fn helm_push_all(helm: &Path, prefix: &str) {
     let home = tempfile::tempdir().unwrap();
@@ -93,7 +81,7 @@ async fn cache_once(fake: &FakeGithub, tag: &str, mirror: &str) -> (Duration, us
     let missing_after = cso_release::deps::missing(&release).unwrap();
     assert!(missing_after.is_empty(), "{tag}: still missing {missing_after:?}");
     let added = count_vendored(&release.cluster_addon_archive) + count_vendored(&release.cluster_class_chart);
-    (elapsed, added, size_of(&release.dir))
+    (elapsed, added, cso_testenv::disk_size(&release.dir))
 }
 
 /// How many `charts/<name>-<version>.tgz` entries an archive holds.
@@ -131,7 +119,7 @@ async fn main() {
         "release", "mirror", "median ms", "max ms", "deps", "published KiB", "cached KiB"
     );
     for tag in TAGS {
-        let published = size_of(&fixtures().join("releases-2026").join(tag));
+        let published = cso_testenv::disk_size(&fixtures().join("releases-2026").join(tag));
         for (kind, mirror) in [("http", repo.url()), ("oci", oci.clone())] {
             let mut times = Vec::with_capacity(RUNS);
             let mut last = (0, 0);

@@ -57,18 +57,6 @@ fn id() -> ReleaseId {
     ReleaseId::parse_tag(TAG).unwrap()
 }
 
-fn size_of(path: &Path) -> u64 {
-    let meta = std::fs::symlink_metadata(path).unwrap();
-    if meta.is_dir() {
-        std::fs::read_dir(path)
-            .unwrap()
-            .map(|e| size_of(&e.unwrap().path()))
-            .sum()
-    } else {
-        meta.len()
-    }
-}
-
 /// Nothing of the release in the cache: neither the release nor a staging directory.
 fn nothing_cached(dir: &Path) {
     let entries: Vec<String> = std::fs::read_dir(dir.join("cluster-stacks"))
@@ -118,12 +106,12 @@ async fn dependencies_from_an_http_mirror_then_rendered_offline() {
     let mut repo = ChartRepo::start(&charts()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cache = cache(dir.path(), &fake, ChartMirrors::parse(&[repo.url()]).unwrap());
-    let before = size_of(&repo_root().join("tests/fixtures/releases-2026").join(TAG));
+    let before = cso_testenv::disk_size(&repo_root().join("tests/fixtures/releases-2026").join(TAG));
 
     let started = Instant::now();
     let release = cache.get(&id()).await.unwrap();
     let took = started.elapsed();
-    let size = size_of(&release.dir);
+    let size = cso_testenv::disk_size(&release.dir);
     eprintln!(
         "FIGURES http mirror: {TAG} downloaded and its dependencies resolved in {took:?}; release {before} bytes as published, {size} bytes cached"
     );
@@ -188,7 +176,7 @@ async fn dependencies_from_an_oci_mirror_then_rendered_offline() {
     eprintln!(
         "FIGURES oci mirror: {TAG} downloaded and its dependencies resolved in {:?}; {} bytes cached",
         started.elapsed(),
-        size_of(&release.dir)
+        cso_testenv::disk_size(&release.dir)
     );
     drop(registry);
     renders_offline(&cache).await;

@@ -149,3 +149,16 @@ pub async fn kubeconfig_secret(
         .map(|_| ())
         .map_err(|e| Error::Kube(e.to_string()))
 }
+
+/// The bytes of the files under `path` (or of `path`, a file), symbolic links counted as themselves.
+pub fn disk_size(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    std::fs::read_dir(path)
+        .map(|entries| entries.flatten().map(|e| disk_size(&e.path())).sum())
+        .unwrap_or_default()
+}
