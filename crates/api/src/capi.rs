@@ -60,11 +60,22 @@ pub struct Cluster {
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: ClusterSpec,
-    /// The whole object as read, without `metadata.managedFields` (the API server's record of field owners:
-    /// not the Cluster's state, often larger than the rest, and never read by the operator); `None` for a
+    /// The whole object as read, without `metadata.managedFields` ([`remove_managed_fields`]); `None` for a
     /// Cluster built in code.
     #[serde(skip)]
     pub object: Option<Arc<serde_json::Value>>,
+}
+
+/// Leaves `metadata.managedFields` out of `object`: the API server's record of which manager owns which field,
+/// not the object's state. It holds timestamps that change with every write by any controller and is often
+/// larger than the rest of the object; neither the operator nor a values template reads it.
+pub fn remove_managed_fields(object: &mut serde_json::Value) {
+    if let Some(metadata) = object
+        .get_mut("metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        metadata.remove("managedFields");
+    }
 }
 
 /// The typed parts of a [`Cluster`], read from the same JSON as the whole.
@@ -82,12 +93,7 @@ impl TryFrom<serde_json::Value> for Cluster {
     type Error = serde_json::Error;
 
     fn try_from(mut object: serde_json::Value) -> Result<Self, Self::Error> {
-        if let Some(metadata) = object
-            .get_mut("metadata")
-            .and_then(serde_json::Value::as_object_mut)
-        {
-            metadata.remove("managedFields");
-        }
+        remove_managed_fields(&mut object);
         let parts = ClusterParts::deserialize(&object)?;
         Ok(Cluster {
             types: parts.types,

@@ -35,8 +35,8 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// TLS sessions a client keeps for resuming. rustls keeps up to 256 by default and allocates room for all of
-/// them with each client's TLS config (about 75 KiB); the operator has two clients per workload cluster, each
-/// talking to one server over one long-lived connection. A store shared by all clients would be smaller
+/// them with each client's TLS config (about 75 KiB); the operator has a client per workload cluster, talking
+/// to one server over one long-lived connection. A store shared by all clients would be smaller
 /// still, but a resumed TLS 1.3 session carries the client certificate of the session it resumes: clients of
 /// different identities must not share one.
 const TLS_SESSIONS_KEPT: usize = 4;

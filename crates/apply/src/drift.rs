@@ -23,7 +23,7 @@ use std::{
 use cso_api::{OWNED_LABEL, common::Resource};
 use futures::StreamExt;
 use kube::{
-    Api, Client,
+    Api,
     api::DynamicObject,
     core::{GroupVersionKind, PartialObjectMeta},
     runtime::{WatchStreamExt, watcher},
@@ -69,7 +69,7 @@ struct KindWatch {
 pub struct DriftWatch {
     /// `(namespace, cluster)` of the Cluster, for the notifier.
     owner: (String, String),
-    client: Client,
+    /// The workload cluster's discovery; its client is the one the watches use.
     discovery: Arc<ClusterDiscovery>,
     engine: ApplyEngine,
     notify: DriftNotifier,
@@ -100,14 +100,12 @@ impl DriftWatch {
     /// telling drift of what `engine` applied to `notify`.
     pub fn new(
         owner: (String, String),
-        client: Client,
         discovery: Arc<ClusterDiscovery>,
         engine: ApplyEngine,
         notify: DriftNotifier,
     ) -> Self {
         DriftWatch {
             owner,
-            client,
             discovery,
             engine,
             notify,
@@ -145,7 +143,7 @@ impl DriftWatch {
             }
             let cache = Arc::new(KindCache::default());
             let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::all_with(self.client.clone(), &resolved.resource);
+                Api::all_with(self.discovery.client().clone(), &resolved.resource);
             let task = tokio::spawn(follow(
                 api,
                 id.clone(),

@@ -8,7 +8,7 @@
 //! ([`Cluster::object`]; for the controllers, the watch cache's copy, so no read per render), or, for a
 //! Cluster built in code, a fresh read.
 
-use cso_api::capi::{CAPI_GROUP, CapiReference, Cluster};
+use cso_api::capi::{CAPI_GROUP, CapiReference, Cluster, remove_managed_fields};
 use kube::api::DynamicObject;
 use serde_json::{Map, Value};
 
@@ -45,7 +45,7 @@ pub async fn template_data(
     let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let full = match &cluster.object {
-        Some(object) => without_managed_fields(object.as_ref().clone()),
+        Some(object) => object.as_ref().clone(),
         None => {
             read(
                 discovery,
@@ -129,19 +129,10 @@ async fn read(
 }
 
 /// The object as templates see it: `apiVersion`, `kind`, `metadata`, `spec`, `status`, ... with the keys the
-/// API server uses.
-///
-/// `metadata.managedFields` is left out. The Go operator's unstructured object has it, but it is the API
-/// server's record of which manager owns which field, not the object's state: no stack templates it, it
-/// holds timestamps that change with every write by any controller, and it is often larger than the rest of
-/// the object, which every template run would otherwise carry.
+/// API server uses, without `metadata.managedFields` ([`remove_managed_fields`]; the Go operator's
+/// unstructured object has it, but no stack templates it, and every template run would carry it).
 fn to_template_value(object: DynamicObject) -> Result<Value, serde_json::Error> {
-    Ok(without_managed_fields(serde_json::to_value(object)?))
-}
-
-fn without_managed_fields(mut value: Value) -> Value {
-    if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-        metadata.remove("managedFields");
-    }
-    value
+    let mut value = serde_json::to_value(object)?;
+    remove_managed_fields(&mut value);
+    Ok(value)
 }

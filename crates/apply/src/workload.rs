@@ -223,7 +223,6 @@ impl WorkloadClients {
         let drift = self.drift_notifier.as_ref().map(|notifier| {
             Arc::new(DriftWatch::new(
                 key.clone(),
-                discovery.client().clone(),
                 discovery.clone(),
                 engine.clone(),
                 notifier.clone(),

@@ -9,11 +9,7 @@ use std::{collections::HashSet, time::Duration};
 use cso_apply::{ClientLimits, limited_client};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api, Client,
-    config::{KubeConfigOptions, Kubeconfig},
-    runtime::watcher,
-};
+use kube::{Api, Client, runtime::watcher};
 
 /// Established TCP connections of this process to `port` on 127.0.0.1.
 fn connections_to(port: u16) -> usize {
@@ -84,12 +80,9 @@ async fn one_connection_carries_every_watch_and_request_of_a_client() {
     let setup = control_plane.client().await.unwrap();
     let namespace = cso_testenv::namespace(&setup, "h2").await.unwrap();
     let config = || async {
-        kube::Config::from_custom_kubeconfig(
-            Kubeconfig::from_yaml(control_plane.kubeconfig_yaml()).unwrap(),
-            &KubeConfigOptions::default(),
-        )
-        .await
-        .unwrap()
+        cso_testenv::config_from_yaml(control_plane.kubeconfig_yaml())
+            .await
+            .unwrap()
     };
     let before = connections_to(port);
 

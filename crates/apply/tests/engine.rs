@@ -634,12 +634,9 @@ async fn objects_the_go_operator_applied_are_taken_over() {
 async fn a_first_apply_reads_nothing_to_take_over() {
     let (_, ns, _) = setup("first-apply").await;
     let tally = Arc::new(cso_apply::RequestTally::default());
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::from_yaml(cso_testenv::shared_management().kubeconfig_yaml()).unwrap(),
-        &Default::default(),
-    )
-    .await
-    .unwrap();
+    let config = cso_testenv::config_from_yaml(cso_testenv::shared_management().kubeconfig_yaml())
+        .await
+        .unwrap();
     let client =
         cso_apply::observed_client(config, cso_apply::ClientLimits::UNLIMITED, Some(tally.observer()))
             .unwrap();

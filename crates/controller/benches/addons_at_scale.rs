@@ -238,8 +238,7 @@ async fn main() {
     let client = management.client().await.unwrap();
     // The operator's own client counts its requests.
     let tally = Arc::new(RequestTally::default());
-    let kubeconfig = kube::config::Kubeconfig::read_from(management.kubeconfig_path()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let config = cso_testenv::config_from_yaml(management.kubeconfig_yaml())
         .await
         .unwrap();
     let operator_client =

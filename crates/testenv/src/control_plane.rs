@@ -158,11 +158,15 @@ impl ControlPlane {
 
 /// A client from kubeconfig text.
 pub async fn client_from_yaml(yaml: &str) -> Result<kube::Client, Error> {
+    kube::Client::try_from(config_from_yaml(yaml).await?).map_err(|e| Error::Kube(e.to_string()))
+}
+
+/// A client configuration from kubeconfig text (for a client built some other way than kube's default).
+pub async fn config_from_yaml(yaml: &str) -> Result<kube::Config, Error> {
     let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|e| Error::Kube(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| Error::Kube(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| Error::Kube(e.to_string()))
+        .map_err(|e| Error::Kube(e.to_string()))
 }
 
 /// A port on loopback that nothing listens on now.

@@ -183,18 +183,32 @@ fn applied_objects(addon: &ClusterAddon) -> Vec<InventoryEntry> {
 /// Whether no operator ever applied anything for `addon`: no object in its inventories, no stage, not
 /// ready, no `HelmChartApplied` condition (the Go operator records each of its applies in one of them, in the
 /// same reconcile). Its objects then cannot carry another operator's fields.
-pub(crate) fn nothing_applied_yet(addon: &ClusterAddon) -> bool {
-    let Some(status) = &addon.status else {
-        return staged::inventory_of(addon).values().all(Vec::is_empty);
-    };
-    status.resources.is_empty()
-        && status.stages.is_empty()
-        && !status.ready
-        && !status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == cso_api::names::condition::HELM_CHART_APPLIED)
+fn nothing_applied_yet(addon: &ClusterAddon) -> bool {
+    let recorded = addon
+        .status
+        .as_ref()
+        .is_some_and(|status| !status.resources.is_empty() || !status.stages.is_empty() || status.ready);
+    !recorded
+        && addon
+            .get_condition(cso_api::names::condition::HELM_CHART_APPLIED)
+            .is_none()
         && staged::inventory_of(addon).values().all(Vec::is_empty)
+}
+
+/// Applies `manifests` of `addon` through `work`, pruning what `previous` has and they do not; without the
+/// take-over reads when nothing was ever applied for it ([`nothing_applied_yet`]).
+pub(crate) async fn apply_addon_objects(
+    work: &Work<'_, ClusterAddon>,
+    ctx: &Context,
+    addon: &ClusterAddon,
+    manifests: &[Manifest],
+    previous: &[cso_api::common::Resource],
+) -> cso_apply::ApplyReport {
+    if nothing_applied_yet(addon) {
+        work.apply_first(ctx, manifests).await
+    } else {
+        work.apply(ctx, manifests, previous).await
+    }
 }
 
 /// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.
@@ -347,11 +361,8 @@ impl Driver<'_> {
                     owner: release.id.tag(),
                     target: Target::Workload(workload),
                 };
-                let report = if nothing_applied_yet(self.addon) {
-                    work.apply_first(self.ctx, &self.manifests).await
-                } else {
-                    work.apply(self.ctx, &self.manifests, &previous).await
-                };
+                let report =
+                    apply_addon_objects(&work, self.ctx, self.addon, &self.manifests, &previous).await;
                 if let Some(watch) = &workload.drift {
                     watch.watch(&report.resources).await;
                 }

@@ -346,12 +346,9 @@ impl StagedRun<'_> {
         match stage.action {
             StageAction::Apply => {
                 let previous = inventory.get(&stage.name).cloned().unwrap_or_default();
-                let work = self.target(addon);
-                let report = if super::nothing_applied_yet(addon) {
-                    work.apply_first(self.ctx, &manifests).await
-                } else {
-                    work.apply(self.ctx, &manifests, &previous).await
-                };
+                let report =
+                    super::apply_addon_objects(&self.target(addon), self.ctx, addon, &manifests, &previous)
+                        .await;
                 if let Some(watch) = &self.workload.drift {
                     watch.watch(&report.resources).await;
                 }
