@@ -20,13 +20,14 @@ use std::{
     },
 };
 
+use std::time::Duration;
+
 use cso_api::{OWNED_LABEL, common::Resource};
-use futures::StreamExt;
+use http_body_util::BodyExt;
 use kube::{
-    Api,
-    api::DynamicObject,
+    Client, Resource as _,
+    api::{ApiResource, DynamicObject, ListParams, ObjectList, WatchEvent, WatchParams},
     core::{GroupVersionKind, PartialObjectMeta},
-    runtime::{WatchStreamExt, watcher},
 };
 
 use crate::{ApplyEngine, ClusterDiscovery, engine::LiveMeta, inventory::ObjectKey};
@@ -53,11 +54,49 @@ pub enum Verdict {
     Unknown,
 }
 
+/// The longest watch event accepted: a broken or hostile server cannot grow a watch's buffer without bound
+/// (the watch is then listed again).
+const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// A watch's line buffer is given back when it is empty and has grown past this (one large event must not
+/// keep its memory for the watch's life).
+const KEPT_BUFFER_BYTES: usize = 4 << 10;
+
+/// The longest wait before a failed list or watch is tried again.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+
 /// The objects of one kind, as the watch shows them.
 #[derive(Default)]
 struct KindCache {
     objects: Mutex<HashMap<(String, String), LiveMeta>>,
-    listed: AtomicBool,
+    /// `objects` holds every object of ours of the kind: from a list, or from this engine's applies when the
+    /// watch began at the earliest of them.
+    known: AtomicBool,
+    /// A watch request of the kind is open: the API server answered it and its stream has not ended.
+    streaming: AtomicBool,
+}
+
+/// Marks a kind's watch as streaming for as long as it lives (a watch request that ends, fails or is
+/// aborted clears it).
+struct Streaming<'a>(&'a AtomicBool);
+
+impl<'a> Streaming<'a> {
+    fn begin(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Ordering::Release);
+        Streaming(flag)
+    }
+}
+
+impl Drop for Streaming<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl KindCache {
+    fn objects(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), LiveMeta>> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 struct KindWatch {
@@ -96,8 +135,8 @@ impl Drop for DriftWatch {
 }
 
 impl DriftWatch {
-    /// Watches for the Cluster `owner` (`(namespace, name)`) through `client` (one without a read timeout),
-    /// telling drift of what `engine` applied to `notify`.
+    /// Watches for the Cluster `owner` (`(namespace, name)`) through the client of `discovery`, telling
+    /// drift of what `engine` applied to `notify`.
     pub fn new(
         owner: (String, String),
         discovery: Arc<ClusterDiscovery>,
@@ -114,7 +153,9 @@ impl DriftWatch {
     }
 
     /// Starts watching the kinds of `resources` not watched yet (a kind the cluster does not serve is
-    /// skipped: its objects were not applied either).
+    /// skipped: its objects were not applied either). A kind this engine applied objects of is watched from
+    /// the earliest of those applies, with what they left as its cache: no list. Any other kind is listed
+    /// first.
     pub async fn watch(&self, resources: &[Resource]) {
         let wanted: BTreeSet<(&str, &str, &str)> = resources
             .iter()
@@ -142,16 +183,27 @@ impl DriftWatch {
                 continue;
             }
             let cache = Arc::new(KindCache::default());
-            let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::all_with(self.discovery.client().clone(), &resolved.resource);
-            let task = tokio::spawn(follow(
-                api,
-                id.clone(),
-                cache.clone(),
-                self.engine.clone(),
-                self.owner.clone(),
-                self.notify.clone(),
-            ));
+            let since = self.engine.applied_since(group, kind);
+            let from = since.map(|since| {
+                *cache.objects() = since
+                    .objects
+                    .into_iter()
+                    .map(|(key, live)| ((key.namespace, key.name), live))
+                    .collect();
+                cache.known.store(true, Ordering::Release);
+                since.resource_version
+            });
+            let follower = KindFollower {
+                client: self.discovery.client().clone(),
+                resource: resolved.resource,
+                group: group.to_owned(),
+                kind: kind.to_owned(),
+                cache: cache.clone(),
+                engine: self.engine.clone(),
+                owner: self.owner.clone(),
+                notify: self.notify.clone(),
+            };
+            let task = tokio::spawn(follower.follow(from));
             kinds.insert(
                 id,
                 KindWatch {
@@ -160,6 +212,17 @@ impl DriftWatch {
                 },
             );
         }
+    }
+
+    /// Whether a watch request of every kind watched is open right now: the workload cluster's API server is
+    /// serving this client (its connection is checked by HTTP/2 pings), which tells as much as a `/readyz`.
+    /// `false` before anything is watched.
+    pub fn streaming(&self) -> bool {
+        let kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+        !kinds.is_empty()
+            && kinds
+                .values()
+                .all(|watch| watch.cache.streaming.load(Ordering::Acquire))
     }
 
     /// Whether the objects of `inventory` (synced entries only) are as this process's applies left them.
@@ -171,14 +234,12 @@ impl DriftWatch {
             let Some(watch) = kinds.get(&(key.group.clone(), key.kind.clone())) else {
                 return Verdict::Unknown;
             };
-            if !watch.cache.listed.load(Ordering::Acquire) || !self.engine.has_applied(&key) {
+            if !watch.cache.known.load(Ordering::Acquire) || !self.engine.has_applied(&key) {
                 return Verdict::Unknown;
             }
             let as_applied = watch
                 .cache
-                .objects
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .objects()
                 .get(&(key.namespace.clone(), key.name.clone()))
                 .is_some_and(|live| self.engine.left_as_applied(&key, live));
             if !as_applied {
@@ -193,80 +254,338 @@ impl DriftWatch {
     }
 }
 
-/// Follows one kind until aborted: keeps `cache` as the watch shows it and tells `notify` of drift.
-async fn follow(
-    api: Api<PartialObjectMeta<DynamicObject>>,
-    (group, kind): (String, String),
+/// How one watch request ended.
+#[derive(Debug)]
+enum WatchEnd {
+    /// The server ended it (its timeout) or the stream closed: resume from the last version seen.
+    Closed,
+    /// The version to resume from is no longer served (410): list again.
+    Gone,
+    /// The request failed or an event could not be read: resume after a delay.
+    Failed(String),
+}
+
+/// Follows one kind of one workload cluster until aborted: a metadata-only watch of the objects carrying
+/// the operator's label, kept in the kind's cache, drift told to the notifier. Written here rather than with
+/// kube's watcher so that a watch begins without a list when the engine's applies tell where to begin, asks
+/// for no bookmarks (the API server sends one per watch and minute: 150 a second for an idle operator of a
+/// thousand Clusters), and holds a buffer only as large as the event being read.
+struct KindFollower {
+    client: Client,
+    resource: ApiResource,
+    group: String,
+    kind: String,
     cache: Arc<KindCache>,
     engine: ApplyEngine,
     owner: (String, String),
     notify: DriftNotifier,
-) {
-    let selector = format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1);
-    let config = watcher::Config::default()
-        .labels(&selector)
-        .timeout(WATCH_TIMEOUT_SECONDS);
-    let key_of = |object: &PartialObjectMeta<DynamicObject>| ObjectKey {
-        group: group.clone(),
-        kind: kind.clone(),
-        namespace: object.metadata.namespace.clone().unwrap_or_default(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-    };
-    let tell = |why: &str, key: &ObjectKey| {
-        tracing::info!(cluster = %owner.1, namespace = %owner.0, object = %key, "{why}: drift");
-        notify(&owner.0, &owner.1);
-    };
-    let mut listing: HashMap<(String, String), LiveMeta> = HashMap::new();
-    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Init) => listing.clear(),
-            Ok(watcher::Event::InitApply(object)) => {
-                let key = key_of(&object);
-                listing.insert((key.namespace, key.name), LiveMeta::of(&object.metadata));
-            }
-            Ok(watcher::Event::InitDone) => {
-                let listed = std::mem::take(&mut listing);
-                // What changed while no watch ran (before the first list, or while it was down): each
-                // object this engine applied that the list shows missing or changed.
-                let changed = engine.applied_of_kind(&group, &kind).into_iter().find(|key| {
-                    listed
-                        .get(&(key.namespace.clone(), key.name.clone()))
-                        .is_none_or(|live| !engine.left_as_applied(key, live))
-                });
-                *cache.objects.lock().unwrap_or_else(|p| p.into_inner()) = listed;
-                cache.listed.store(true, Ordering::Release);
-                if let Some(key) = changed {
-                    tell("listed changed or missing", &key);
+}
+
+impl KindFollower {
+    /// Watches from `from` (the cache already holds what was there then), or lists first when `None`; lists
+    /// again whenever the version to resume from is gone.
+    async fn follow(self, mut from: Option<String>) {
+        let mut failures: u32 = 0;
+        loop {
+            let version = match from.take() {
+                Some(version) => version,
+                None => match self.relist().await {
+                    Ok(version) => version,
+                    Err(error) => {
+                        failures += 1;
+                        tracing::debug!(cluster = %self.owner.1, kind = %self.kind, %error, "drift list failed");
+                        tokio::time::sleep(retry_delay(failures)).await;
+                        continue;
+                    }
+                },
+            };
+            let mut last = version;
+            match self.watch_from(&mut last).await {
+                WatchEnd::Closed => {
+                    failures = 0;
+                    from = Some(last);
                 }
-            }
-            Ok(watcher::Event::Apply(object)) => {
-                let key = key_of(&object);
-                let live = LiveMeta::of(&object.metadata);
-                let drifted = engine.has_applied(&key) && !engine.left_as_applied(&key, &live);
-                cache
-                    .objects
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert((key.namespace.clone(), key.name.clone()), live);
-                if drifted {
-                    tell("changed", &key);
+                WatchEnd::Gone => {
+                    failures = 0;
+                    tracing::debug!(cluster = %self.owner.1, kind = %self.kind, "drift watch expired: listing again");
                 }
-            }
-            Ok(watcher::Event::Delete(object)) => {
-                let key = key_of(&object);
-                cache
-                    .objects
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&(key.namespace.clone(), key.name.clone()));
-                if engine.has_applied(&key) {
-                    tell("deleted or unlabelled", &key);
+                WatchEnd::Failed(error) => {
+                    failures += 1;
+                    tracing::debug!(cluster = %self.owner.1, kind = %self.kind, %error, "drift watch interrupted");
+                    tokio::time::sleep(retry_delay(failures)).await;
+                    from = Some(last);
                 }
-            }
-            Err(error) => {
-                tracing::debug!(cluster = %owner.1, %group, %kind, %error, "drift watch interrupted");
             }
         }
+    }
+
+    fn selector() -> String {
+        format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1)
+    }
+
+    fn request(&self) -> kube::core::Request {
+        kube::core::Request::new(DynamicObject::url_path(&self.resource, None))
+    }
+
+    fn key_of(&self, meta: &kube::api::ObjectMeta) -> ObjectKey {
+        ObjectKey {
+            group: self.group.clone(),
+            kind: self.kind.clone(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+
+    fn tell(&self, why: &str, key: &ObjectKey) {
+        tracing::info!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key, "{why}: drift");
+        (self.notify)(&self.owner.0, &self.owner.1);
+    }
+
+    /// Lists the kind's objects of ours (metadata only) into the cache, tells what changed while no watch
+    /// ran (each object this engine applied that the list shows missing or changed), and returns the list's
+    /// version.
+    async fn relist(&self) -> Result<String, String> {
+        let request = self
+            .request()
+            .list_metadata(&ListParams::default().labels(&Self::selector()))
+            .map_err(|e| e.to_string())?;
+        let list: ObjectList<PartialObjectMeta<DynamicObject>> =
+            self.client.request(request).await.map_err(|e| e.to_string())?;
+        let listed: HashMap<(String, String), LiveMeta> = list
+            .items
+            .iter()
+            .map(|object| {
+                let key = self.key_of(&object.metadata);
+                ((key.namespace, key.name), LiveMeta::of(&object.metadata))
+            })
+            .collect();
+        let changed = self
+            .engine
+            .applied_of_kind(&self.group, &self.kind)
+            .into_iter()
+            .find(|key| {
+                listed
+                    .get(&(key.namespace.clone(), key.name.clone()))
+                    .is_none_or(|live| !self.engine.left_as_applied(key, live))
+            });
+        *self.cache.objects() = listed;
+        self.cache.known.store(true, Ordering::Release);
+        if let Some(key) = changed {
+            self.tell("listed changed or missing", &key);
+        }
+        list.metadata
+            .resource_version
+            .ok_or_else(|| "a list without a resourceVersion".to_owned())
+    }
+
+    /// One watch request from `last`, which follows the events.
+    async fn watch_from(&self, last: &mut String) -> WatchEnd {
+        let params = WatchParams::default()
+            .labels(&Self::selector())
+            .timeout(WATCH_TIMEOUT_SECONDS)
+            .disable_bookmarks();
+        let mut request = match self.request().watch_metadata(&params, last) {
+            Ok(request) => request,
+            Err(e) => return WatchEnd::Failed(e.to_string()),
+        };
+        request.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("identity"),
+        );
+        let response = match self.client.send(request.map(kube::client::Body::from)).await {
+            Ok(response) => response,
+            Err(e) => return WatchEnd::Failed(e.to_string()),
+        };
+        match response.status() {
+            status if status == http::StatusCode::GONE => return WatchEnd::Gone,
+            status if !status.is_success() => return WatchEnd::Failed(format!("watch answered {status}")),
+            _ => {}
+        }
+        let _streaming = Streaming::begin(&self.cache.streaming);
+        let mut body = response.into_body();
+        let mut lines = LineBuffer::default();
+        while let Some(frame) = body.frame().await {
+            let data = match frame {
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+                Err(e) => return WatchEnd::Failed(e.to_string()),
+            };
+            let mut end = None;
+            let pushed = lines.push(&data, |line| {
+                if end.is_none() {
+                    end = self.event(line, last);
+                }
+            });
+            if let Err(error) = pushed {
+                return WatchEnd::Failed(error);
+            }
+            if let Some(end) = end {
+                return end;
+            }
+        }
+        WatchEnd::Closed
+    }
+
+    /// Takes in one event line; `Some` ends the watch.
+    fn event(&self, line: &[u8], last: &mut String) -> Option<WatchEnd> {
+        let event = match parse_event(line) {
+            Ok(event) => event,
+            Err(end) => return Some(end),
+        };
+        match event {
+            WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                let key = self.key_of(&object.metadata);
+                let live = LiveMeta::of(&object.metadata);
+                let drifted = self.engine.has_applied(&key) && !self.engine.left_as_applied(&key, &live);
+                self.cache
+                    .objects()
+                    .insert((key.namespace.clone(), key.name.clone()), live);
+                if let Some(version) = object.metadata.resource_version {
+                    *last = version;
+                }
+                if drifted {
+                    self.tell("changed", &key);
+                }
+            }
+            WatchEvent::Deleted(object) => {
+                let key = self.key_of(&object.metadata);
+                self.cache
+                    .objects()
+                    .remove(&(key.namespace.clone(), key.name.clone()));
+                if let Some(version) = object.metadata.resource_version {
+                    *last = version;
+                }
+                if self.engine.has_applied(&key) {
+                    self.tell("deleted or unlabelled", &key);
+                }
+            }
+            WatchEvent::Bookmark(bookmark) => *last = bookmark.metadata.resource_version,
+            WatchEvent::Error(_) => {}
+        }
+        None
+    }
+}
+
+/// One watch event line; an `ERROR` event, or a line that is none, as how it ends the watch: 410 (the
+/// version to resume from was compacted away, or fell out of the API server's watch cache) means list again.
+fn parse_event(line: &[u8]) -> Result<WatchEvent<PartialObjectMeta<DynamicObject>>, WatchEnd> {
+    match serde_json::from_slice(line) {
+        Ok(WatchEvent::Error(error)) if error.code == 410 => Err(WatchEnd::Gone),
+        Ok(WatchEvent::Error(error)) => Err(WatchEnd::Failed(error.message)),
+        Ok(event) => Ok(event),
+        Err(e) => Err(WatchEnd::Failed(format!("unreadable watch event: {e}"))),
+    }
+}
+
+/// The wait before the `failures`-th try in a row: 1 s, doubling to a minute, with a little spread so that
+/// the watches of many clusters that failed together do not come back together.
+fn retry_delay(failures: u32) -> Duration {
+    let base = Duration::from_secs(1u64 << failures.saturating_sub(1).min(6)).min(MAX_RETRY_DELAY);
+    let spread = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_millis() % 250)
+        .unwrap_or_default();
+    base + Duration::from_millis(u64::from(spread))
+}
+
+/// Splits a watch body into its lines (one event each), keeping only the part of a line not yet complete.
+#[derive(Default)]
+struct LineBuffer {
+    partial: Vec<u8>,
+}
+
+impl LineBuffer {
+    /// Hands each complete line of what came so far to `line`; an error when an unfinished line grows past
+    /// [`MAX_EVENT_BYTES`].
+    fn push(&mut self, mut data: &[u8], mut line: impl FnMut(&[u8])) -> Result<(), String> {
+        while let Some(end) = data.iter().position(|b| *b == b'\n') {
+            let (head, rest) = (&data[..end], &data[end + 1..]);
+            data = rest;
+            if self.partial.is_empty() {
+                if !head.is_empty() {
+                    line(head);
+                }
+            } else {
+                self.partial.extend_from_slice(head);
+                line(&self.partial);
+                self.partial.clear();
+            }
+        }
+        if self.partial.len() + data.len() > MAX_EVENT_BYTES {
+            return Err(format!("a watch event longer than {MAX_EVENT_BYTES} bytes"));
+        }
+        self.partial.extend_from_slice(data);
+        if self.partial.is_empty() && self.partial.capacity() > KEPT_BUFFER_BYTES {
+            self.partial = Vec::new();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines_of(chunks: &[&[u8]]) -> (Vec<String>, LineBuffer) {
+        let mut buffer = LineBuffer::default();
+        let mut seen = Vec::new();
+        for chunk in chunks {
+            buffer
+                .push(chunk, |line| {
+                    seen.push(String::from_utf8_lossy(line).into_owned())
+                })
+                .unwrap();
+        }
+        (seen, buffer)
+    }
+
+    #[test]
+    fn events_are_split_at_newlines_wherever_the_chunks_break() {
+        for (chunks, expected, why) in [
+            (vec![&b"{a}\n{b}\n"[..]], vec!["{a}", "{b}"], "two in one chunk"),
+            (
+                vec![&b"{a"[..], &b"}\n{b"[..], &b"}\n"[..]],
+                vec!["{a}", "{b}"],
+                "split inside events",
+            ),
+            (vec![&b"{a}"[..], &b"\n"[..]], vec!["{a}"], "the newline alone"),
+            (vec![&b"{a}\n\n"[..]], vec!["{a}"], "an empty line is no event"),
+            (vec![&b"{a}\n{b"[..]], vec!["{a}"], "an unfinished event waits"),
+        ] {
+            assert_eq!(lines_of(&chunks).0, expected, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_large_event_does_not_keep_its_buffer_and_an_endless_one_is_refused() {
+        let big = vec![b'x'; 64 << 10];
+        let (seen, buffer) = lines_of(&[&big, b"\n"]);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(buffer.partial.capacity(), 0, "given back once the event is read");
+        let mut buffer = LineBuffer::default();
+        let chunk = vec![b'x'; 1 << 20];
+        let refused = (0..8).find_map(|_| buffer.push(&chunk, |_| {}).err());
+        assert!(refused.is_some_and(|e| e.contains("longer than")));
+    }
+
+    #[test]
+    fn an_expired_version_means_list_again_and_other_errors_retry() {
+        let added = br#"{"type":"ADDED","object":{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{"name":"a","namespace":"n","resourceVersion":"7"}}}"#;
+        assert!(
+            matches!(parse_event(added), Ok(WatchEvent::Added(o)) if o.metadata.name.as_deref() == Some("a"))
+        );
+        let gone = br#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 1 (40)","reason":"Expired","code":410}}"#;
+        assert!(matches!(parse_event(gone), Err(WatchEnd::Gone)));
+        let other = br#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","message":"internal error","reason":"InternalError","code":500}}"#;
+        assert!(matches!(parse_event(other), Err(WatchEnd::Failed(m)) if m == "internal error"));
+        assert!(matches!(parse_event(b"<html>"), Err(WatchEnd::Failed(m)) if m.starts_with("unreadable")));
+    }
+
+    #[test]
+    fn retries_wait_longer_each_time_up_to_a_minute() {
+        let delays: Vec<u64> = [1, 2, 3, 7, 30].map(|n| retry_delay(n).as_secs()).into();
+        assert_eq!(delays, [1, 2, 4, 60, 60]);
     }
 }

@@ -132,6 +132,8 @@ struct Observed {
     generation: Option<i64>,
     /// See [`LiveMeta::writes`].
     writes: u64,
+    /// The object's resourceVersion as our apply (or read) left it.
+    resource_version: Option<String>,
 }
 
 /// What a watch (or a read) shows of an object: which object it is, the version of its spec, and who wrote
@@ -195,6 +197,39 @@ fn undid_a_change(before: &Observed, now: &Observed) -> bool {
         (before, now) => before != now,
     };
     before.uid != now.uid || moved
+}
+
+/// See [`ApplyEngine::applied_since`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppliedSince {
+    /// The earliest resourceVersion among `objects`.
+    pub resource_version: String,
+    pub objects: Vec<(ObjectKey, LiveMeta)>,
+}
+
+/// [`ApplyEngine::applied_since`] over the records `observed`.
+fn applied_since<'a>(observed: impl Iterator<Item = (&'a ObjectKey, &'a Observed)>) -> Option<AppliedSince> {
+    let mut earliest: Option<(u64, &str)> = None;
+    let mut objects = Vec::new();
+    for (key, o) in observed {
+        let version = o.resource_version.as_deref()?;
+        let number: u64 = version.parse().ok()?;
+        if earliest.is_none_or(|(e, _)| number < e) {
+            earliest = Some((number, version));
+        }
+        objects.push((
+            key.clone(),
+            LiveMeta {
+                uid: o.uid.clone(),
+                generation: o.generation,
+                writes: o.writes,
+            },
+        ));
+    }
+    earliest.map(|(_, version)| AppliedSince {
+        resource_version: version.to_owned(),
+        objects,
+    })
 }
 
 /// A rendered object made ready to apply.
@@ -674,6 +709,7 @@ impl ApplyEngine {
                 Observed {
                     content: Sha256::digest(item.object.to_string()).into(),
                     writes: LiveMeta::of(&live.metadata).writes,
+                    resource_version: live.metadata.resource_version,
                     uid: live.metadata.uid,
                     generation: live.metadata.generation,
                 },
@@ -691,6 +727,7 @@ impl ApplyEngine {
                 let now = Observed {
                     content: Sha256::digest(item.object.to_string()).into(),
                     writes: LiveMeta::of(&applied.metadata).writes,
+                    resource_version: applied.metadata.resource_version,
                     uid: applied.metadata.uid,
                     generation: applied.metadata.generation,
                 };
@@ -764,6 +801,19 @@ impl ApplyEngine {
             .filter(|k| k.group == group && k.kind == kind)
             .cloned()
             .collect()
+    }
+
+    /// What this engine's applies left of the objects of `group` and `kind`, and the resourceVersion of the
+    /// earliest of them: a watch of the kind started from that version sees every later change of each, so
+    /// it needs no list to begin with. `None` when nothing of the kind was applied, or a version is not the
+    /// decimal number every kube-apiserver gives (its etcd revision), so that they cannot be ordered.
+    pub fn applied_since(&self, group: &str, kind: &str) -> Option<AppliedSince> {
+        let observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        applied_since(
+            observed
+                .iter()
+                .filter(|(k, _)| k.group == group && k.kind == kind),
+        )
     }
 
     pub(crate) fn api(&self, kind: &ResolvedKind, namespace: &str) -> Api<DynamicObject> {
@@ -1158,6 +1208,7 @@ mod tests {
             uid: Some("a".into()),
             generation,
             writes: 10,
+            resource_version: None,
         };
         let live = |uid: &str, generation: Option<i64>, writes: u64| LiveMeta {
             uid: Some(uid.into()),
@@ -1202,12 +1253,53 @@ mod tests {
     }
 
     #[test]
+    fn a_watch_can_start_from_the_earliest_apply_only_when_every_version_is_a_number() {
+        let key = |name: &str| ObjectKey {
+            group: "apps".into(),
+            kind: "Deployment".into(),
+            namespace: "kube-system".into(),
+            name: name.into(),
+        };
+        let at = |version: Option<&str>| Observed {
+            content: [0; 32],
+            uid: Some("u".into()),
+            generation: Some(1),
+            writes: 7,
+            resource_version: version.map(str::to_owned),
+        };
+        let (a, b, c) = (key("a"), key("b"), key("c"));
+        let (ten, nine, hundred) = (at(Some("10")), at(Some("9")), at(Some("100")));
+        let since =
+            applied_since([(&a, &ten), (&b, &hundred), (&c, &nine)].into_iter()).expect("numbers order");
+        assert_eq!(since.resource_version, "9", "numerically, not as text");
+        assert_eq!(since.objects.len(), 3);
+        assert_eq!(
+            since.objects[0].1,
+            LiveMeta {
+                uid: Some("u".into()),
+                generation: Some(1),
+                writes: 7
+            }
+        );
+        let opaque = at(Some("a1b2"));
+        let missing = at(None);
+        for (records, why) in [
+            (vec![], "nothing applied"),
+            (vec![(&a, &ten), (&b, &opaque)], "a version that is no number"),
+            (vec![(&a, &missing)], "no version recorded"),
+        ] {
+            assert_eq!(applied_since(records.into_iter()), None, "{why}");
+        }
+    }
+
+    #[test]
     fn only_a_delete_or_an_edit_between_two_applies_is_drift() {
         let at = |uid: &str, generation: i64| Observed {
             content: [0; 32],
             uid: Some(uid.into()),
             generation: Some(generation),
             writes: 0,
+            resource_version: None,
         };
         for (before, now, drift, why) in [
             (at("a", 3), at("a", 3), false, "nothing changed"),

@@ -261,14 +261,17 @@ impl WorkloadClients {
 
     /// `GET /readyz` on the workload cluster, within the request timeout; an `ok` less than
     /// [`READY_STAYS_FRESH`] old is taken as it is (a ClusterAddon reconciled again at once, for its own status
-    /// write, does not ask again).
+    /// write, does not ask again), and so are the cluster's drift watches while every one of them streams
+    /// ([`DriftWatch::streaming`]): the periodic pass over an idle fleet asks nothing.
     pub async fn ready(&self, cluster: &WorkloadCluster) -> Result<(), WorkloadError> {
         let not_ready = |reason: String| WorkloadError::NotReady {
             cluster: cluster.name.clone(),
             reason,
         };
         let ready_at = || cluster.ready_at.lock().unwrap_or_else(|p| p.into_inner());
-        if ready_at().is_some_and(|at| at.elapsed() < READY_STAYS_FRESH) {
+        if ready_at().is_some_and(|at| at.elapsed() < READY_STAYS_FRESH)
+            || cluster.drift.as_ref().is_some_and(|drift| drift.streaming())
+        {
             return Ok(());
         }
         let answer = self.ask_ready(cluster).await.map_err(not_ready);

@@ -1,0 +1,185 @@
+//! Drift found by watching, against a real kube-apiserver: a kind whose objects this engine applied is
+//! watched from the earliest of those applies, so its verdict is known at once (no list to wait for); a
+//! delete or another manager's edit afterwards is told; a kind watched before anything of it was applied
+//! (a restarted operator) is listed first, and its verdict follows the applies from then on.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, DriftWatch, ObjectKey, Verdict};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api,
+    api::{DeleteParams, Patch, PatchParams},
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, check: impl Fn() -> F) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn config_maps(namespace: &str, names: &[&str]) -> Vec<cso_render::Manifest> {
+    let yaml: String = names
+        .iter()
+        .map(|name| {
+            format!(
+                "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {namespace}\ndata:\n  k: v\n"
+            )
+        })
+        .collect();
+    cso_render::parse_manifests(&yaml).unwrap()
+}
+
+fn engine(client: &kube::Client) -> ApplyEngine {
+    ApplyEngine::new(
+        Arc::new(ClusterDiscovery::new(client.clone())),
+        DEFAULT_FIELD_MANAGER,
+    )
+}
+
+/// A watch over `engine`'s discovery and a count of the drift it told.
+fn drift_watch(engine: &ApplyEngine, discovery: Arc<ClusterDiscovery>) -> (DriftWatch, Arc<AtomicUsize>) {
+    let told = Arc::new(AtomicUsize::new(0));
+    let counter = told.clone();
+    let watch = DriftWatch::new(
+        ("ns".into(), "c1".into()),
+        discovery,
+        engine.clone(),
+        Arc::new(move |_: &str, _: &str| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }),
+    );
+    (watch, told)
+}
+
+fn config_map_key(namespace: &str, name: &str) -> ObjectKey {
+    ObjectKey {
+        group: String::new(),
+        kind: "ConfigMap".into(),
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "drift-seeded").await.unwrap();
+    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
+    let report = engine
+        .apply_first(&config_maps(&ns, &["a", "b"]), &ns, &BTreeMap::new())
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let (watch, told) = drift_watch(&engine, discovery);
+    watch.watch(&report.resources).await;
+    assert_eq!(
+        watch.verdict(&report.resources),
+        Verdict::AsApplied,
+        "known at once from the applies, without waiting for a list"
+    );
+
+    eventually("the watch request is open", || async {
+        watch.streaming().then_some(())
+    })
+    .await;
+
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    eventually("the delete is told", || async {
+        (told.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        watch.verdict(&report.resources),
+        Verdict::Drifted(vec![config_map_key(&ns, "a")])
+    );
+
+    let told_before = told.load(Ordering::SeqCst);
+    let edit = serde_json::json!({"data": {"k": "edited"}});
+    api.patch("b", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    eventually("another manager's edit is told", || async {
+        (told.load(Ordering::SeqCst) > told_before).then_some(())
+    })
+    .await;
+
+    // Applied again: as applied again, and our own apply's events are no drift.
+    let report = engine
+        .apply(
+            &config_maps(&ns, &["a", "b"]),
+            &ns,
+            &BTreeMap::new(),
+            &report.resources,
+        )
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let told_after_apply = eventually("the applies' own events have come", || async {
+        (watch.verdict(&report.resources) == Verdict::AsApplied).then(|| told.load(Ordering::SeqCst))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        told.load(Ordering::SeqCst),
+        told_after_apply,
+        "no drift told for our own applies"
+    );
+}
+
+#[tokio::test]
+async fn a_kind_watched_before_any_apply_is_listed_first() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "drift-listed").await.unwrap();
+    // Applied by an earlier process.
+    let earlier = engine(&client);
+    let report = earlier
+        .apply_first(&config_maps(&ns, &["a"]), &ns, &BTreeMap::new())
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+
+    // This process's engine has applied nothing: the watch lists, and cannot vouch for what it did not apply.
+    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
+    let (watch, told) = drift_watch(&engine, discovery);
+    watch.watch(&report.resources).await;
+    assert_eq!(watch.verdict(&report.resources), Verdict::Unknown);
+    let report = engine
+        .apply(
+            &config_maps(&ns, &["a"]),
+            &ns,
+            &BTreeMap::new(),
+            &report.resources,
+        )
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    eventually("listed, and the apply's event seen", || async {
+        (watch.verdict(&report.resources) == Verdict::AsApplied).then_some(())
+    })
+    .await;
+
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the delete is told", || async {
+        (told.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+}
