@@ -37,7 +37,7 @@
 //! | `CSO_BENCH_IDLE` | length of the idle window (`600s`, `10m`); no idle phase without it | off |
 //! | `CSO_BENCH_RESYNC` | `--resync-interval` when idle is on | 2/5 of the idle window |
 //! | `CSO_BENCH_HOSTS` | `server`: a Cluster's control-plane host is its workload API server's (`w1.example.test`), so the Clusters sharing a server apply identical objects, as if each had a cluster of its own; `cluster`: each Cluster's host is its own (`c7.example.test`), so every Cluster renders its own values (see below) | `server` |
-//! | `CSO_BENCH_ARGS` | more flags for `cso run`, space-separated (e.g. `--clusteraddon-concurrency=10`) | none |
+//! | `CSO_BENCH_ARGS` | more flags for `cso run`, space-separated (e.g. `--clusteraddon-concurrency=1`) | none |
 //! | `CSO_BENCH_HELM_RUNS` | sequential `helm template` runs of the reference | `50` |
 //! | `CSO_BENCH_BINARY` | another `cso` binary to run (e.g. a release build of an older commit, to compare) | this package's |
 //!
@@ -496,7 +496,7 @@ impl Operator {
         println!("  operator: {} {}", binary.display(), args.join(" "));
         println!(
             "            CSO_RENDERER={}, everything else at its default (leader election on, \
-             --clusteraddon-concurrency=1, --qps=50, --burst=100, --resync-interval=5m unless given above)",
+             --clusteraddon-concurrency=10, --qps=200, --burst=400, --resync-interval=5m unless given above)",
             renderer.display()
         );
         let mut command = Command::new(binary);
