@@ -1059,12 +1059,17 @@ fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// The metrics of the API server of `workload`.
+async fn workload_metrics(workload: &Client) -> String {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    workload.request_text(request).await.unwrap()
+}
+
 /// The write requests of the kinds the operator makes (server-side apply, patch, delete) the API server of
 /// `workload` answered, by verb and resource (creates and updates are the API server's own bootstrapping and
 /// bookkeeping: its Leases, its `kubernetes` endpoints).
 async fn workload_writes(workload: &Client) -> BTreeMap<String, f64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = workload.request_text(request).await.unwrap();
+    let text = workload_metrics(workload).await;
     let mut writes = BTreeMap::new();
     for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
         let label = |name: &str| {
@@ -1168,6 +1173,15 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let writes = workload_writes(&workload).await;
+    let readyz = counter(
+        &workload_metrics(&workload).await,
+        "apiserver_request_total",
+        &["subresource=\"/readyz\"", "verb=\"GET\""],
+    );
+    assert!(
+        readyz > 0.0,
+        "the operator asked /readyz before its watches streamed"
+    );
     let passes = counter(
         &metrics.encode(),
         "controller_runtime_reconcile_total",
@@ -1188,6 +1202,15 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
         writes,
         "no write to the workload cluster across {} periodic passes",
         passes_after - passes
+    );
+    assert_eq!(
+        counter(
+            &workload_metrics(&workload).await,
+            "apiserver_request_total",
+            &["subresource=\"/readyz\"", "verb=\"GET\""],
+        ),
+        readyz,
+        "no /readyz asked while the drift watches stream"
     );
     operator.stop().await;
 }
