@@ -41,6 +41,12 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// different identities must not share one.
 const TLS_SESSIONS_KEPT: usize = 4;
 
+/// TCP keep-alive: probes after this much quiet, every [`TCP_KEEPALIVE_INTERVAL`], the connection given up
+/// after [`TCP_KEEPALIVE_RETRIES`] unanswered (a dead peer is found within about a minute).
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
 /// A client builder for `config` whose connections speak HTTP/2 where the server offers it.
 pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, kube::Error> {
     if config.proxy_url.is_some() {
@@ -48,6 +54,11 @@ pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, ku
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
+    // A peer gone silent is found by TCP too, not only by HTTP/2 pings: a server (or a proxy) that offers no
+    // h2 gets no pings, and its open watches would look alive for ever.
+    http.set_keepalive(Some(TCP_KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(TCP_KEEPALIVE_RETRIES));
     let mut tls = config.rustls_client_config()?;
     tls.resumption = rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS_KEPT);
     let mut https = hyper_rustls::HttpsConnectorBuilder::new()

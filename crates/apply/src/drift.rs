@@ -62,6 +62,9 @@ const MAX_EVENT_BYTES: usize = 4 << 20;
 /// keep its memory for the watch's life).
 const KEPT_BUFFER_BYTES: usize = 4 << 10;
 
+/// A watch that ends sooner than this is retried after a delay, growing while they keep ending so.
+const BRIEF_WATCH: Duration = Duration::from_secs(10);
+
 /// The longest wait before a failed list or watch is tried again.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 
@@ -69,8 +72,10 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct KindCache {
     objects: Mutex<HashMap<(String, String), LiveMeta>>,
-    /// `objects` holds every object of ours of the kind: from a list, or from this engine's applies when the
-    /// watch began at the earliest of them.
+    /// `objects` holds every object of ours of the kind, and a watch keeps it so: set by a list, or once a
+    /// watch from the version of the cache (the earliest of this engine's applies, or the last event seen) is
+    /// answered; cleared when a watch fails or its version is gone, until that holds again. A kind whose
+    /// watch cannot be had (forbidden, not served) is never vouched for: the periodic pass re-applies it.
     known: AtomicBool,
     /// A watch request of the kind is open: the API server answered it and its stream has not ended.
     streaming: AtomicBool,
@@ -190,7 +195,6 @@ impl DriftWatch {
                     .into_iter()
                     .map(|(key, live)| ((key.namespace, key.name), live))
                     .collect();
-                cache.known.store(true, Ordering::Release);
                 since.resource_version
             });
             let follower = KindFollower {
@@ -292,7 +296,7 @@ impl KindFollower {
                 None => match self.relist().await {
                     Ok(version) => version,
                     Err(error) => {
-                        failures += 1;
+                        failures = failures.saturating_add(1);
                         tracing::debug!(cluster = %self.owner.1, kind = %self.kind, %error, "drift list failed");
                         tokio::time::sleep(retry_delay(failures)).await;
                         continue;
@@ -300,21 +304,30 @@ impl KindFollower {
                 },
             };
             let mut last = version;
-            match self.watch_from(&mut last).await {
+            let began = tokio::time::Instant::now();
+            let end = self.watch_from(&mut last).await;
+            // A watch that ends at once, however it ends, is retried after a delay: a server or proxy that
+            // closes every watch straight away must not make this a hot loop.
+            let brief = began.elapsed() < BRIEF_WATCH;
+            match end {
                 WatchEnd::Closed => {
-                    failures = 0;
                     from = Some(last);
                 }
                 WatchEnd::Gone => {
-                    failures = 0;
+                    self.cache.known.store(false, Ordering::Release);
                     tracing::debug!(cluster = %self.owner.1, kind = %self.kind, "drift watch expired: listing again");
                 }
                 WatchEnd::Failed(error) => {
-                    failures += 1;
+                    self.cache.known.store(false, Ordering::Release);
                     tracing::debug!(cluster = %self.owner.1, kind = %self.kind, %error, "drift watch interrupted");
-                    tokio::time::sleep(retry_delay(failures)).await;
                     from = Some(last);
                 }
+            }
+            if brief {
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(retry_delay(failures)).await;
+            } else {
+                failures = 0;
             }
         }
     }
@@ -402,6 +415,8 @@ impl KindFollower {
             _ => {}
         }
         let _streaming = Streaming::begin(&self.cache.streaming);
+        // Every change after `last` comes on this stream: the cache, as of `last`, is kept whole from here.
+        self.cache.known.store(true, Ordering::Release);
         let mut body = response.into_body();
         let mut lines = LineBuffer::default();
         while let Some(frame) = body.frame().await {

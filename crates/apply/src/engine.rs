@@ -718,9 +718,8 @@ impl ApplyEngine {
             return item;
         }
         let params = PatchParams::apply(&self.field_manager).force();
-        // Only the metadata of what was applied is kept: the API server need not encode the rest.
         match api
-            .patch_metadata(&item.key.name, &params, &Patch::Apply(&item.object))
+            .patch(&item.key.name, &params, &Patch::Apply(&item.object))
             .await
         {
             Ok(applied) => {

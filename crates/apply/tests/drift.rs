@@ -1,7 +1,7 @@
 //! Drift found by watching, against a real kube-apiserver: a kind whose objects this engine applied is
-//! watched from the earliest of those applies, so its verdict is known at once (no list to wait for); a
-//! delete or another manager's edit afterwards is told; a kind watched before anything of it was applied
-//! (a restarted operator) is listed first, and its verdict follows the applies from then on.
+//! watched from the earliest of those applies, without a list (counted at the client); a delete or another
+//! manager's edit afterwards is told; a kind watched before anything of it was applied (a restarted operator)
+//! is listed first, and its verdict follows the applies from then on.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -14,7 +14,10 @@ use std::{
     time::Duration,
 };
 
-use cso_apply::{ApplyEngine, ClusterDiscovery, DEFAULT_FIELD_MANAGER, DriftWatch, ObjectKey, Verdict};
+use cso_apply::{
+    ApplyEngine, ClientLimits, ClusterDiscovery, DEFAULT_FIELD_MANAGER, DriftWatch, ObjectKey, RequestTally,
+    Verdict, observed_client,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api,
@@ -77,9 +80,24 @@ fn config_map_key(namespace: &str, name: &str) -> ObjectKey {
     }
 }
 
+/// The lists of ConfigMaps `tally` counted.
+fn config_map_lists(tally: &RequestTally) -> u64 {
+    tally
+        .counts()
+        .iter()
+        .filter(|(kind, _)| kind.verb == "list" && kind.resource == "configmaps")
+        .map(|(_, count)| count)
+        .sum()
+}
+
 #[tokio::test]
 async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits() {
-    let client = cso_testenv::shared_management().client().await.unwrap();
+    let plane = cso_testenv::shared_management();
+    let tally = Arc::new(RequestTally::default());
+    let config = cso_testenv::config_from_yaml(plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    let client = observed_client(config, ClientLimits::UNLIMITED, Some(tally.observer())).unwrap();
     let ns = cso_testenv::namespace(&client, "drift-seeded").await.unwrap();
     let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
     let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
@@ -89,16 +107,16 @@ async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits()
     assert!(report.is_complete(), "{}", report.failure_summary());
     let (watch, told) = drift_watch(&engine, discovery);
     watch.watch(&report.resources).await;
-    assert_eq!(
-        watch.verdict(&report.resources),
-        Verdict::AsApplied,
-        "known at once from the applies, without waiting for a list"
-    );
-
     eventually("the watch request is open", || async {
         watch.streaming().then_some(())
     })
     .await;
+    assert_eq!(watch.verdict(&report.resources), Verdict::AsApplied);
+    assert_eq!(
+        config_map_lists(&tally),
+        0,
+        "watched from the applies, without a list"
+    );
 
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     api.delete("a", &DeleteParams::default()).await.unwrap();
@@ -122,6 +140,11 @@ async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits()
     .await;
 
     // Applied again: as applied again, and our own apply's events are no drift.
+    eventually("the edit's event is in", || async {
+        (watch.verdict(&report.resources) != Verdict::AsApplied).then_some(())
+    })
+    .await;
+    let told_before_apply = told.load(Ordering::SeqCst);
     let report = engine
         .apply(
             &config_maps(&ns, &["a", "b"]),
@@ -145,7 +168,12 @@ async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits()
 
 #[tokio::test]
 async fn a_kind_watched_before_any_apply_is_listed_first() {
-    let client = cso_testenv::shared_management().client().await.unwrap();
+    let plane = cso_testenv::shared_management();
+    let tally = Arc::new(RequestTally::default());
+    let config = cso_testenv::config_from_yaml(plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    let client = observed_client(config, ClientLimits::UNLIMITED, Some(tally.observer())).unwrap();
     let ns = cso_testenv::namespace(&client, "drift-listed").await.unwrap();
     // Applied by an earlier process.
     let earlier = engine(&client);
@@ -173,6 +201,11 @@ async fn a_kind_watched_before_any_apply_is_listed_first() {
         (watch.verdict(&report.resources) == Verdict::AsApplied).then_some(())
     })
     .await;
+    assert_eq!(
+        config_map_lists(&tally),
+        1,
+        "listed once, before anything was applied"
+    );
 
     Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .delete("a", &DeleteParams::default())
