@@ -80,6 +80,41 @@ fn config_map_key(namespace: &str, name: &str) -> ObjectKey {
     }
 }
 
+/// A client of the shared control plane whose requests are counted.
+async fn counted_client() -> (kube::Client, Arc<RequestTally>) {
+    let plane = cso_testenv::shared_management();
+    let tally = Arc::new(RequestTally::default());
+    let config = cso_testenv::config_from_yaml(plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    let client = observed_client(config, ClientLimits::UNLIMITED, Some(tally.observer())).unwrap();
+    (client, tally)
+}
+
+/// Applies the ConfigMaps `names` with `engine` (`previous` the inventory before) and waits until `watch`
+/// finds them as applied: its cache is whole and the applies' own events are in.
+async fn apply_until_as_applied(
+    engine: &ApplyEngine,
+    watch: &DriftWatch,
+    namespace: &str,
+    names: &[&str],
+    previous: &[cso_api::common::Resource],
+) {
+    let report = engine
+        .apply(
+            &config_maps(namespace, names),
+            namespace,
+            &BTreeMap::new(),
+            previous,
+        )
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    eventually("as applied", || async {
+        (watch.verdict(&report.resources) == Verdict::AsApplied).then_some(())
+    })
+    .await;
+}
+
 /// The lists of ConfigMaps `tally` counted.
 fn config_map_lists(tally: &RequestTally) -> u64 {
     tally
@@ -92,12 +127,7 @@ fn config_map_lists(tally: &RequestTally) -> u64 {
 
 #[tokio::test]
 async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits() {
-    let plane = cso_testenv::shared_management();
-    let tally = Arc::new(RequestTally::default());
-    let config = cso_testenv::config_from_yaml(plane.kubeconfig_yaml())
-        .await
-        .unwrap();
-    let client = observed_client(config, ClientLimits::UNLIMITED, Some(tally.observer())).unwrap();
+    let (client, tally) = counted_client().await;
     let ns = cso_testenv::namespace(&client, "drift-seeded").await.unwrap();
     let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
     let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
@@ -140,29 +170,12 @@ async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits()
     .await;
 
     // Applied again: as applied again, once the applies' own events are in.
-    let report = engine
-        .apply(
-            &config_maps(&ns, &["a", "b"]),
-            &ns,
-            &BTreeMap::new(),
-            &report.resources,
-        )
-        .await;
-    assert!(report.is_complete(), "{}", report.failure_summary());
-    eventually("as applied again", || async {
-        (watch.verdict(&report.resources) == Verdict::AsApplied).then_some(())
-    })
-    .await;
+    apply_until_as_applied(&engine, &watch, &ns, &["a", "b"], &report.resources).await;
 }
 
 #[tokio::test]
 async fn a_kind_watched_before_any_apply_is_listed_first() {
-    let plane = cso_testenv::shared_management();
-    let tally = Arc::new(RequestTally::default());
-    let config = cso_testenv::config_from_yaml(plane.kubeconfig_yaml())
-        .await
-        .unwrap();
-    let client = observed_client(config, ClientLimits::UNLIMITED, Some(tally.observer())).unwrap();
+    let (client, tally) = counted_client().await;
     let ns = cso_testenv::namespace(&client, "drift-listed").await.unwrap();
     // Applied by an earlier process.
     let earlier = engine(&client);
@@ -177,19 +190,7 @@ async fn a_kind_watched_before_any_apply_is_listed_first() {
     let (watch, told) = drift_watch(&engine, discovery);
     watch.watch(&report.resources).await;
     assert_eq!(watch.verdict(&report.resources), Verdict::Unknown);
-    let report = engine
-        .apply(
-            &config_maps(&ns, &["a"]),
-            &ns,
-            &BTreeMap::new(),
-            &report.resources,
-        )
-        .await;
-    assert!(report.is_complete(), "{}", report.failure_summary());
-    eventually("listed, and the apply's event seen", || async {
-        (watch.verdict(&report.resources) == Verdict::AsApplied).then_some(())
-    })
-    .await;
+    apply_until_as_applied(&engine, &watch, &ns, &["a"], &report.resources).await;
     assert_eq!(
         config_map_lists(&tally),
         1,
