@@ -27,6 +27,11 @@ pub use version::{Channel, KubernetesVersion, Version};
 pub const GROUP: &str = "clusterstack.x-k8s.io";
 /// Label on every object the operator applied.
 pub const OWNED_LABEL: (&str, &str) = ("clusterstack.x-k8s.io/instance", "owned");
+
+/// The label selector of the objects carrying [`OWNED_LABEL`].
+pub fn owned_selector() -> String {
+    format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1)
+}
 /// Annotation on the management cluster's objects the operator applied: a digest of the content applied,
 /// so that an unchanged object is not written again, also after a restart.
 pub const APPLIED_DIGEST_ANNOTATION: &str = "clusterstack.x-k8s.io/applied-digest";

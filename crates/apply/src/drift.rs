@@ -18,11 +18,10 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
-use std::time::Duration;
-
-use cso_api::{OWNED_LABEL, common::Resource};
+use cso_api::common::Resource;
 use http_body_util::BodyExt;
 use kube::{
     Client, Resource as _,
@@ -332,10 +331,6 @@ impl KindFollower {
         }
     }
 
-    fn selector() -> String {
-        format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1)
-    }
-
     fn request(&self) -> kube::core::Request {
         kube::core::Request::new(DynamicObject::url_path(&self.resource, None))
     }
@@ -360,7 +355,7 @@ impl KindFollower {
     async fn relist(&self) -> Result<String, String> {
         let request = self
             .request()
-            .list_metadata(&ListParams::default().labels(&Self::selector()))
+            .list_metadata(&ListParams::default().labels(&cso_api::owned_selector()))
             .map_err(|e| e.to_string())?;
         let list: ObjectList<PartialObjectMeta<DynamicObject>> =
             self.client.request(request).await.map_err(|e| e.to_string())?;
@@ -394,7 +389,7 @@ impl KindFollower {
     /// One watch request from `last`, which follows the events.
     async fn watch_from(&self, last: &mut String) -> WatchEnd {
         let params = WatchParams::default()
-            .labels(&Self::selector())
+            .labels(&cso_api::owned_selector())
             .timeout(WATCH_TIMEOUT_SECONDS)
             .disable_bookmarks();
         let mut request = match self.request().watch_metadata(&params, last) {

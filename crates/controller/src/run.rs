@@ -4,7 +4,7 @@
 use std::{future::Future, sync::Arc};
 
 use cso_api::{
-    ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, OWNED_LABEL, ReleaseId,
+    ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, ReleaseId,
     capi::{CAPI_GROUP, Cluster},
     cluster_addon::cluster_addon_name,
     names::RELEASE_LABEL,
@@ -244,7 +244,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     ));
     let owned_classes = watcher::Config::default()
         .any_semantic()
-        .labels(&format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1));
+        .labels(&cso_api::owned_selector());
     let class_api: Api<DynamicObject> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
         None => Api::all_with(client.clone(), &class_resource),
