@@ -33,6 +33,7 @@ use crate::{
     filter::watcher_config,
     provider_watch::ProviderWatches,
     stores::Stores,
+    watch::changes_of,
     watch::{self, SharedWatch},
 };
 
@@ -70,36 +71,6 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
-}
-
-/// The objects of `events` whose `state` changed since the watch last showed them, and those deleted. The
-/// first sight of an object counts as a change.
-fn changes_of<K, S>(
-    events: impl futures::Stream<Item = watcher::Event<K>> + Send + 'static,
-    state: impl Fn(&K) -> S + Send + 'static,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource + Send + 'static,
-    S: PartialEq + Send + 'static,
-{
-    let mut seen: std::collections::HashMap<(String, String), S> = Default::default();
-    events.filter_map(move |event| {
-        let changed = match event {
-            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
-                let key = (object.namespace().unwrap_or_default(), object.name_any());
-                let now = state(&object);
-                let news = seen.get(&key) != Some(&now);
-                seen.insert(key, now);
-                news.then_some(object)
-            }
-            watcher::Event::Delete(object) => {
-                seen.remove(&(object.namespace().unwrap_or_default(), object.name_any()));
-                Some(object)
-            }
-            watcher::Event::Init | watcher::Event::InitDone => None,
-        };
-        std::future::ready(changed.map(Ok))
-    })
 }
 
 /// The Clusters whose class or life changed: created, moved to another class, being deleted, gone. Status

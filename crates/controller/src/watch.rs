@@ -13,11 +13,11 @@
 //! Each kind is watched once ([`SharedWatch`]): one store that reconcilers read instead of asking the API
 //! server, and every controller that reacts to the kind subscribes to the same events.
 
-use std::{fmt::Debug, time::Duration};
+use std::{collections::HashMap, fmt::Debug, time::Duration};
 
 use futures::{Stream, StreamExt};
 use kube::{
-    Api, Resource,
+    Api, Resource, ResourceExt,
     runtime::{Controller, WatchStreamExt, reflector, utils::Backoff, watcher},
 };
 use serde::de::DeserializeOwned;
@@ -165,17 +165,6 @@ where
         })
     }
 
-    /// The objects created or changed (for a controller of `K`: `Controller::for_stream_with` with
-    /// [`SharedWatch::store`]).
-    pub(crate) fn applied(&mut self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
-        self.subscribe().filter_map(|event| {
-            std::future::ready(match event {
-                watcher::Event::Apply(object) | watcher::Event::InitApply(object) => Some(Ok(object)),
-                watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => None,
-            })
-        })
-    }
-
     /// The objects created, changed or deleted (for `Controller::watches_stream`).
     pub(crate) fn touched(&mut self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
         self.subscribe().filter_map(|event| {
@@ -188,9 +177,17 @@ where
         })
     }
 
-    /// A controller of `K` on this watch and its store.
+    /// A controller of `K` on this watch and its store, woken by the objects created or changed in anything
+    /// but their status ([`beyond_status`]).
+    ///
+    /// The status of each of our kinds is written by its own controller alone (Cluster API writes a Cluster's),
+    /// at the end of a reconcile that has already chosen when to come back. Woken by its own write, a
+    /// controller ran again at once, ahead of its backoff: a failure whose message changes between attempts
+    /// (a connection reset one time, closed the next) made a burst of a dozen attempts in 100 ms, and each
+    /// failure doubled the delay, so the object then waited the longest backoff once fixed.
     pub(crate) fn controller(&mut self, dyntype: K::DynamicType) -> Controller<K> {
-        Controller::for_stream_with(self.applied(), self.store(), dyntype).trigger_backoff(backoff())
+        let changed = applied_changes_of(self.subscribe(), beyond_status);
+        Controller::for_stream_with(changed, self.store(), dyntype).trigger_backoff(backoff())
     }
 
     /// Drives the watch, handing each event to every subscriber, until no subscriber is left.
@@ -216,6 +213,90 @@ where
     }
 }
 
+/// What an object is apart from its status: its identity, spec (its generation) and metadata. Two versions
+/// of an object with the same value differ in their status (or resourceVersion, managedFields) only.
+pub(crate) fn beyond_status<K: Resource>(object: &K) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let meta = object.meta();
+    let mut hasher = std::hash::DefaultHasher::new();
+    meta.uid.hash(&mut hasher);
+    meta.generation.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp.is_some().hash(&mut hasher);
+    for owner in meta.owner_references.iter().flatten() {
+        (&owner.api_version, &owner.kind, &owner.name, &owner.uid).hash(&mut hasher);
+        (owner.controller, owner.block_owner_deletion).hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// How an object of a watch changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// Created, or changed in the state asked about.
+    Changed,
+    Deleted,
+}
+
+/// The objects of `events` whose `state` changed since the watch last showed them (the first sight of an
+/// object counts as a change), and those deleted; other events are left out.
+fn tracked_changes<K, S>(
+    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    state: impl Fn(&K) -> S + Send + 'static,
+) -> impl Stream<Item = (K, Change)> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: PartialEq + Send + 'static,
+{
+    let mut last_seen: HashMap<(String, String), S> = HashMap::new();
+    events.filter_map(move |event| {
+        let change = match event {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+                let key = (object.namespace().unwrap_or_default(), object.name_any());
+                let now = state(&object);
+                let news = last_seen.get(&key) != Some(&now);
+                last_seen.insert(key, now);
+                news.then_some((object, Change::Changed))
+            }
+            watcher::Event::Delete(object) => {
+                last_seen.remove(&(object.namespace().unwrap_or_default(), object.name_any()));
+                Some((object, Change::Deleted))
+            }
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        };
+        std::future::ready(change)
+    })
+}
+
+/// The objects of `events` whose `state` changed since the watch last showed them, and those deleted. The
+/// first sight of an object counts as a change.
+pub(crate) fn changes_of<K, S>(
+    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    state: impl Fn(&K) -> S + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: PartialEq + Send + 'static,
+{
+    tracked_changes(events, state).map(|(object, _)| Ok(object))
+}
+
+/// [`changes_of`] without the deletions (a controller of `K` learns of a deletion of its objects from their
+/// deletionTimestamp, a change).
+fn applied_changes_of<K, S>(
+    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    state: impl Fn(&K) -> S + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: PartialEq + Send + 'static,
+{
+    tracked_changes(events, state)
+        .filter_map(|(object, change)| std::future::ready((change == Change::Changed).then_some(Ok(object))))
+}
+
 #[cfg(test)]
 mod tests {
     use std::{
@@ -227,6 +308,11 @@ mod tests {
         task::{Context, Wake, Waker},
     };
 
+    use cso_api::{
+        ClusterStackRelease,
+        cluster_stack_release::ClusterStackReleaseStatus,
+        conditions::{ConditionsExt, Severity},
+    };
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
 
@@ -342,5 +428,91 @@ mod tests {
         assert!(waits.windows(2).any(|w| w[0] != w[1]), "jittered: {waits:?}");
         backoff.reset();
         assert!(backoff.next().is_some_and(|w| w <= RETRY_FIRST));
+    }
+
+    /// A ClusterStackRelease as a watch shows it, changed by `edit`.
+    fn release(edit: impl FnOnce(&mut ClusterStackRelease)) -> ClusterStackRelease {
+        let mut release = ClusterStackRelease::new("docker-scs-1-34-v1", Default::default());
+        release.metadata.namespace = Some("ns".into());
+        release.metadata.uid = Some("uid-1".into());
+        release.metadata.generation = Some(1);
+        release.metadata.resource_version = Some("10".into());
+        edit(&mut release);
+        release
+    }
+
+    #[rstest::rstest]
+    #[case::a_status_write(false, |r: &mut ClusterStackRelease| {
+        r.status = Some(ClusterStackReleaseStatus { ready: true, ..Default::default() });
+        r.metadata.resource_version = Some("11".into());
+    })]
+    #[case::a_new_message_of_the_same_failure(false, |r: &mut ClusterStackRelease| {
+        r.mark_false("Downloaded", "Failed", Severity::Warning, "connection reset by peer");
+    })]
+    #[case::managed_fields(false, |r: &mut ClusterStackRelease| {
+        r.metadata.managed_fields = Some(vec![Default::default()]);
+    })]
+    #[case::the_spec(true, |r: &mut ClusterStackRelease| r.metadata.generation = Some(2))]
+    #[case::a_label(true, |r: &mut ClusterStackRelease| {
+        r.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+    })]
+    #[case::an_annotation(true, |r: &mut ClusterStackRelease| {
+        r.metadata.annotations = Some([("cluster.x-k8s.io/paused".to_owned(), String::new())].into());
+    })]
+    #[case::a_finalizer(true, |r: &mut ClusterStackRelease| r.metadata.finalizers = Some(vec!["f".into()]))]
+    #[case::an_owner(true, |r: &mut ClusterStackRelease| {
+        r.metadata.owner_references = Some(vec![Default::default()]);
+    })]
+    #[case::deleting(true, |r: &mut ClusterStackRelease| {
+        r.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    })]
+    #[case::made_again(true, |r: &mut ClusterStackRelease| r.metadata.uid = Some("uid-2".into()))]
+    fn what_counts_beyond_the_status(#[case] changed: bool, #[case] edit: fn(&mut ClusterStackRelease)) {
+        let before = release(|_| {});
+        let after = release(edit);
+        assert_eq!(beyond_status(&before) != beyond_status(&after), changed);
+    }
+
+    /// A controller's trigger: created, changed beyond the status, made again after a deletion; not its own
+    /// status writes, not the deletion, not the same object listed again.
+    #[tokio::test]
+    async fn a_controller_is_woken_by_changes_beyond_the_status_only() {
+        use watcher::Event;
+        let first = release(|_| {});
+        let status_written = release(|r| {
+            r.mark_false("Downloaded", "Failed", Severity::Warning, "connection closed");
+        });
+        let labelled = release(|r| r.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into()));
+        let relisted = labelled.clone();
+        let made_again = release(|r| r.metadata.uid = Some("uid-2".into()));
+        let events = vec![
+            Event::Init,
+            Event::InitApply(first),
+            Event::InitDone,
+            Event::Apply(status_written),
+            Event::Apply(labelled),
+            Event::Init,
+            Event::InitApply(relisted),
+            Event::InitDone,
+            Event::Delete(release(|_| {})),
+            Event::Apply(made_again),
+        ];
+        let woken: Vec<(Option<String>, Option<String>)> =
+            applied_changes_of(futures::stream::iter(events), beyond_status)
+                .map(|object| {
+                    let object = object.unwrap();
+                    (object.uid(), object.labels().get("a").cloned())
+                })
+                .collect()
+                .await;
+        assert_eq!(
+            woken,
+            [
+                (Some("uid-1".into()), None),
+                (Some("uid-1".into()), Some("b".into())),
+                (Some("uid-2".into()), None),
+            ]
+        );
     }
 }
