@@ -38,6 +38,8 @@ pub mod reason {
     pub const ISSUE_WITH_RELEASE_ASSETS: &str = "IssueWithReleaseAssets";
     pub const PROCESS_ONGOING: &str = "ProcessOngoing";
     pub const FAILED_CREATE_ASSETS_CLIENT: &str = "FailedCreateAssetsClient";
+    /// *New.* A render with fewer than half the objects of the last apply was held: nothing applied or pruned.
+    pub const PRUNE_HELD: &str = "PruneHeld";
     pub const FAILED_TO_SYNC: &str = "FailedToSync";
     /// *New.* `ClusterStackReleaseAvailable` False: no release of the stack is ready yet.
     pub const NO_READY_RELEASE: &str = "NoReadyRelease";
@@ -109,6 +111,9 @@ pub mod event {
     /// *New.* The API server refused to delete objects a release no longer has (403, 405, 409): left in place
     /// and dropped from the inventory, so the rest of the work goes on.
     pub const PRUNE_REFUSED: &str = "PruneRefused";
+    /// *New.* A render with fewer than half the objects of the last apply (none, say) was not applied: it
+    /// would have pruned most of what runs. A release that removes that much says so in a delete stage.
+    pub const PRUNE_HELD: &str = "PruneHeld";
     /// *New.* On a Cluster: no ClusterAddon can be made for it (its name leaves no room for `cluster-addon-`).
     pub const CLUSTER_ADDON_NOT_CREATED: &str = "ClusterAddonNotCreated";
     /// *New.* On a Cluster: its class names a release of a known stack that the source does not have (a typo).

@@ -10,12 +10,14 @@
 //! when it is as the apply of the same content left it (`ApplyEngine::for_management`). Pod templates of the workload kinds carry the operator's label
 //! too, as the Go operator sets it, so that taking over from it changes no pod template.
 //!
-//! Namespaces are shared, so they follow stricter rules (decisions.md): a Namespace that exists when the
-//! engine applies it and does not carry the operator's label, and the system namespaces, are applied
-//! without the operator's labels and never pruned; a Namespace the engine created is pruned only when no
-//! object of the render lives in it and it holds no object the operator does not own. A prune the API
-//! server refuses (403, 405, 409) is reported in [`ApplyReport::refused`] and dropped from the inventory
-//! instead of failing every later apply.
+//! What a prune may take is bounded (decisions.md, "What a prune may delete"): a render with fewer than half
+//! the objects of the last apply is held, not applied, and a prune never deletes a Namespace or a
+//! CustomResourceDefinition (their deletion takes everything in them); only [`ApplyEngine::delete`], asked
+//! by name, does. Namespaces are shared, so they follow stricter rules still: a Namespace that exists when the
+//! engine applies it and does not carry the operator's label, and the system namespaces, are applied without
+//! the operator's labels and never deleted; a Namespace the engine created is deleted only when it holds no
+//! object the operator does not own. A deletion the API server refuses (403, 405, 409) is reported in
+//! [`ApplyReport::refused`] and dropped from the inventory instead of failing every later apply.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -52,7 +54,7 @@ const CRD_ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(30);
 /// Whether objects are read before their first apply to take them over from another field manager
 /// ([`ApplyEngine::taking_over_from`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TakeOver {
+pub(crate) enum TakeOver {
     Check,
     /// Nobody applied anything for this owner before ([`ApplyEngine::apply_first`]).
     Skip,
@@ -94,18 +96,22 @@ pub struct ApplyReport {
     pub unchanged: usize,
     /// How long the apply (with pruning) took.
     pub duration: Duration,
+    /// Why the render was not applied at all ([`inventory::shrink_held`]); `resources` is then the previous
+    /// inventory.
+    pub held: Option<String>,
 }
 
 impl ApplyReport {
     pub fn is_complete(&self) -> bool {
-        self.failures.is_empty()
+        self.failures.is_empty() && self.held.is_none()
     }
 
-    /// A one-line summary of the failures, for conditions and events.
+    /// A one-line summary of why the apply is not complete (held, failures), for conditions and events.
     pub fn failure_summary(&self) -> String {
-        self.failures
+        self.held
             .iter()
-            .map(|f| format!("{}: {}", f.key, f.error))
+            .cloned()
+            .chain(self.failures.iter().map(|f| format!("{}: {}", f.key, f.error)))
             .collect::<Vec<_>>()
             .join("; ")
     }
@@ -276,6 +282,11 @@ impl ApplyEngine {
 
     /// Applies `manifests`, labelled with the operator's label and `labels`, and prunes what `previous`
     /// has and this render does not. Per-object failures are reported, not returned as an error.
+    ///
+    /// A render that has fewer than half the objects of `previous` (none at all, say) is not applied: the
+    /// report says it is held ([`inventory::shrink_held`]), and `previous` stays the inventory. Namespaces and
+    /// CustomResourceDefinitions are never pruned ([`inventory::is_never_pruned`]): left in place and
+    /// released from the inventory. [`ApplyEngine::delete`] deletes what is asked for by name.
     pub async fn apply(
         &self,
         manifests: &[Manifest],
@@ -283,7 +294,29 @@ impl ApplyEngine {
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
     ) -> ApplyReport {
-        self.apply_as(manifests, default_namespace, labels, previous, TakeOver::Check)
+        if let Some(why) = inventory::shrink_held(previous, manifests.len()) {
+            tracing::warn!(%why, "a render that would prune most of what was applied is held");
+            return ApplyReport {
+                resources: previous.to_vec(),
+                held: Some(why),
+                ..ApplyReport::default()
+            };
+        }
+        self.apply_as(
+            manifests,
+            default_namespace,
+            labels,
+            previous,
+            Removal::Prune(TakeOver::Check),
+        )
+        .await
+    }
+
+    /// Deletes `objects` (an inventory, or the objects of a delete stage), Namespaces after their contents and
+    /// only those that hold nothing the operator does not own; objects without the operator's label are left
+    /// alone and released. What is not deleted yet stays in the report's inventory.
+    pub async fn delete(&self, objects: &[Resource], default_namespace: &str) -> ApplyReport {
+        self.apply_as(&[], default_namespace, &BTreeMap::new(), objects, Removal::Delete)
             .await
     }
 
@@ -296,8 +329,14 @@ impl ApplyEngine {
         default_namespace: &str,
         labels: &BTreeMap<String, String>,
     ) -> ApplyReport {
-        self.apply_as(manifests, default_namespace, labels, &[], TakeOver::Skip)
-            .await
+        self.apply_as(
+            manifests,
+            default_namespace,
+            labels,
+            &[],
+            Removal::Prune(TakeOver::Skip),
+        )
+        .await
     }
 
     async fn apply_as(
@@ -306,8 +345,12 @@ impl ApplyEngine {
         default_namespace: &str,
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
-        take_over: TakeOver,
+        removal: Removal,
     ) -> ApplyReport {
+        let take_over = match removal {
+            Removal::Prune(take_over) => take_over,
+            Removal::Delete => TakeOver::Skip,
+        };
         let started = Instant::now();
         let mut report = ApplyReport::default();
         let (crds, rest): (Vec<&Manifest>, Vec<&Manifest>) = manifests.iter().partition(|m| {
@@ -389,7 +432,7 @@ impl ApplyEngine {
         let previous = self.normalised(previous, default_namespace).await;
         for stale in to_prune(&previous, &current) {
             let key = ObjectKey::of(stale);
-            match self.prune(stale, default_namespace, &current).await {
+            match self.prune(stale, default_namespace, &current, removal).await {
                 Ok(Pruned::Deleted) => {
                     self.observed
                         .lock()
@@ -398,12 +441,6 @@ impl ApplyEngine {
                     report.pruned.push(key)
                 }
                 Ok(Pruned::Released) => report.released.push(key),
-                Ok(Pruned::Kept) => report.resources.push(resource(
-                    &key,
-                    &stale.version,
-                    ResourceStatus::Synced,
-                    String::new(),
-                )),
                 Ok(Pruned::Refused(error)) => {
                     tracing::warn!(object = %key, %error,
                         "the API server refused to delete a stale object; dropped from the inventory, left in place");
@@ -863,8 +900,12 @@ impl ApplyEngine {
         stale: &Resource,
         default_namespace: &str,
         current: &BTreeSet<ObjectKey>,
+        removal: Removal,
     ) -> Result<Pruned, String> {
-        let api = match self.prune_target(stale, default_namespace, current).await? {
+        let api = match self
+            .prune_target(stale, default_namespace, current, removal)
+            .await?
+        {
             PruneTarget::Delete(api) => api,
             PruneTarget::Absent => return Ok(Pruned::Released),
             PruneTarget::NotOurs => {
@@ -876,7 +917,11 @@ impl ApplyEngine {
                     "not pruning a shared namespace; released from the inventory");
                 return Ok(Pruned::Released);
             }
-            PruneTarget::InUse => return Ok(Pruned::Kept),
+            PruneTarget::Spared => {
+                tracing::info!(object = %ObjectKey::of(stale),
+                    "Namespaces and CustomResourceDefinitions are never pruned; left in place, released from the inventory");
+                return Ok(Pruned::Released);
+            }
         };
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
@@ -890,15 +935,19 @@ impl ApplyEngine {
         }
     }
 
-    /// What pruning `stale` comes to: only a live object carrying the operator's label is deleted, and a
-    /// Namespace only when it is not a system one, no object of the render (`current`) lives in it and it
-    /// holds nothing the operator does not own.
+    /// What removing `stale` comes to: only a live object carrying the operator's label is deleted; a prune
+    /// never deletes a Namespace or a CustomResourceDefinition, and a deletion deletes a Namespace only when it
+    /// is not a system one and holds nothing the operator does not own.
     pub(crate) async fn prune_target(
         &self,
         stale: &Resource,
         default_namespace: &str,
         current: &BTreeSet<ObjectKey>,
+        removal: Removal,
     ) -> Result<PruneTarget, String> {
+        if matches!(removal, Removal::Prune(_)) && inventory::is_never_pruned(stale) {
+            return Ok(PruneTarget::Spared);
+        }
         let namespace_kind = is_namespace_kind(&stale.group, &stale.kind);
         if namespace_kind && SYSTEM_NAMESPACES.contains(&stale.name.as_str()) {
             return Ok(PruneTarget::Shared("a system namespace".into()));
@@ -942,15 +991,10 @@ impl ApplyEngine {
         if !is_owned(live.metadata.labels.as_ref()) {
             return Ok(PruneTarget::NotOurs);
         }
-        if namespace_kind {
-            if current.iter().any(|key| key.namespace == stale.name) {
-                return Ok(PruneTarget::InUse);
-            }
-            if let Some(foreign) = self.foreign_object_in(&stale.name).await? {
-                return Ok(PruneTarget::Shared(format!(
-                    "it holds {foreign}, not the operator's"
-                )));
-            }
+        if namespace_kind && let Some(foreign) = self.foreign_object_in(&stale.name).await? {
+            return Ok(PruneTarget::Shared(format!(
+                "it holds {foreign}, not the operator's"
+            )));
         }
         Ok(PruneTarget::Delete(Box::new(api)))
     }
@@ -967,16 +1011,23 @@ pub(crate) enum PruneTarget {
     /// A Namespace that is not the operator's to delete although labelled so (a system namespace, or one
     /// holding objects the operator does not own; the reason): left alone, dropped from the inventory.
     Shared(String),
-    /// A Namespace objects of the render still live in: left alone and kept in the inventory, to be pruned
-    /// once the render has nothing there.
-    InUse,
+    /// A Namespace or CustomResourceDefinition the render no longer has: never pruned
+    /// ([`inventory::is_never_pruned`]); left alone, dropped from the inventory.
+    Spared,
+}
+
+/// How the objects of the inventory that are not in the render are removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// [`ApplyEngine::apply`]: the render replaces the inventory; Namespaces and CRDs stay.
+    Prune(TakeOver),
+    /// [`ApplyEngine::delete`]: every object named goes.
+    Delete,
 }
 
 enum Pruned {
     Deleted,
     Released,
-    /// Stays in the inventory.
-    Kept,
     /// The API server refused the deletion (the error).
     Refused(String),
 }

@@ -44,6 +44,41 @@ pub fn is_namespace(resource: &Resource) -> bool {
     resource.group.is_empty() && resource.kind == "Namespace"
 }
 
+/// Whether an inventory entry names a CustomResourceDefinition.
+pub fn is_crd(resource: &Resource) -> bool {
+    resource.group == "apiextensions.k8s.io" && resource.kind == "CustomResourceDefinition"
+}
+
+/// Whether a prune leaves the object in place whatever the render says: Namespaces and
+/// CustomResourceDefinitions, whose deletion takes everything in them (every custom object of the kind, in
+/// every namespace) with it. Only a deletion asked for by name deletes them (a delete stage, a chart the
+/// release no longer has, the owner being deleted).
+pub fn is_never_pruned(resource: &Resource) -> bool {
+    is_namespace(resource) || is_crd(resource)
+}
+
+/// Why a render may not be applied over the inventory `previous` (normalised) without being asked by name:
+/// it has no objects where the last apply left some, or fewer than half as many. A render that broke (a
+/// values file that switched everything off, a chart that lost its templates) looks like that, and applying
+/// it would prune what runs the workload cluster. A release that really removes that much says so: a delete
+/// stage, or a chart it no longer has.
+pub fn shrink_held(previous: &[Resource], rendered: usize) -> Option<String> {
+    let before: BTreeSet<ObjectKey> = previous.iter().map(ObjectKey::of).collect();
+    let before = before.len();
+    if before == 0 || rendered * 2 >= before {
+        return None;
+    }
+    let what = if rendered == 0 {
+        "no objects".to_owned()
+    } else {
+        format!("{rendered} objects")
+    };
+    Some(format!(
+        "held: the render has {what} where the last apply left {before}; nothing was applied or pruned \
+         (a release that removes more than half of the objects says so in a delete stage)"
+    ))
+}
+
 /// What the previous inventory has and the new one does not: the objects to prune, Namespaces last (their
 /// contents go first). `previous` must be [`normalised`].
 pub fn to_prune<'a>(previous: &'a [Resource], current: &BTreeSet<ObjectKey>) -> Vec<&'a Resource> {
@@ -145,6 +180,51 @@ mod tests {
             .map(|r| r.name.as_str())
             .collect();
         assert_eq!(names, ["a", "b", "made"]);
+    }
+
+    #[rstest::rstest]
+    #[case::first_apply(0, 0, false)]
+    #[case::first_apply_of_a_chart(0, 5, false)]
+    #[case::the_same(15, 15, false)]
+    #[case::one_fewer(15, 14, false)]
+    #[case::half(10, 5, false)]
+    #[case::fewer_than_half(10, 4, true)]
+    #[case::empty(15, 0, true)]
+    #[case::one_gone(1, 0, true)]
+    fn a_render_that_lost_half_of_the_objects_is_held(
+        #[case] before: usize,
+        #[case] rendered: usize,
+        #[case] held: bool,
+    ) {
+        let previous: Vec<Resource> = (0..before)
+            .map(|i| resource("", "ConfigMap", "kube-system", &format!("c{i}")))
+            .collect();
+        let verdict = shrink_held(&previous, rendered);
+        assert_eq!(verdict.is_some(), held, "{verdict:?}");
+        if let Some(message) = verdict {
+            assert!(
+                message.contains(&format!("the last apply left {before}")),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_inventory_that_names_an_object_twice_counts_it_once() {
+        let twice = vec![
+            resource("apps", "Deployment", "kube-system", "x"),
+            resource("apps", "Deployment", "kube-system", "x"),
+        ];
+        assert!(shrink_held(&twice, 1).is_none());
+    }
+
+    #[rstest::rstest]
+    #[case::namespace("", "Namespace", true)]
+    #[case::crd("apiextensions.k8s.io", "CustomResourceDefinition", true)]
+    #[case::a_kind_named_namespace_elsewhere("example.com", "Namespace", false)]
+    #[case::deployment("apps", "Deployment", false)]
+    fn namespaces_and_crds_are_never_pruned(#[case] group: &str, #[case] kind: &str, #[case] spared: bool) {
+        assert_eq!(is_never_pruned(&resource(group, kind, "", "x")), spared);
     }
 
     #[test]

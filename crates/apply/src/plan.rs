@@ -2,8 +2,8 @@
 //! it (namespace, labels), sent to the server as a server-side-apply dry run, and compared with the live
 //! object; plus the objects the previous inventory has and the render does not, each checked as the prune
 //! would check it (one `prune_target` decision serves both: deleted only when it exists and carries the
-//! operator's label; a Namespace only when it is not a system one, nothing of the render lives in it and it
-//! holds nothing of anyone else's, so `kube-system` is never predicted to go).
+//! operator's label, never a Namespace or a CustomResourceDefinition, and nothing when the apply would be
+//! held for pruning most of what was applied).
 //! This is what `cso render --diff` shows.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use crate::{
     ApplyEngine,
-    engine::{PruneTarget, api_error},
-    inventory::{ObjectKey, to_prune},
+    engine::{PruneTarget, Removal, TakeOver, api_error},
+    inventory::{ObjectKey, shrink_held, to_prune},
 };
 
 /// What would happen to one object.
@@ -29,9 +29,9 @@ pub enum Change {
     Unchanged,
     /// In the previous inventory, not in the render, and carrying the operator's label: would be deleted.
     Prune,
-    /// In the previous inventory, not in the render, but not the operator's to delete (no operator's label,
-    /// or a Namespace that is shared or still holds objects of the render): would be left alone, for this
-    /// reason.
+    /// In the previous inventory, not in the render, but not to be deleted (no operator's label, a shared
+    /// Namespace, a Namespace or CRD, which a prune never deletes, or an apply that would be held): would be
+    /// left alone, for this reason.
     Keep(String),
     /// In the previous inventory, not in the render, and already gone: nothing to do.
     Absent,
@@ -98,15 +98,27 @@ impl ApplyEngine {
                 change,
             });
         }
+        let held = shrink_held(previous, manifests.len());
         let previous = self.normalised(previous, default_namespace).await;
         for stale in to_prune(&previous, &current) {
-            let change = match self.prune_target(stale, default_namespace, &current).await {
-                Ok(PruneTarget::Delete(_)) => Change::Prune,
-                Ok(PruneTarget::NotOurs) => Change::Keep("not labelled by the operator".into()),
-                Ok(PruneTarget::Shared(reason)) => Change::Keep(reason),
-                Ok(PruneTarget::InUse) => Change::Keep("objects of the release still live in it".into()),
-                Ok(PruneTarget::Absent) => Change::Absent,
-                Err(error) => Change::Refused(error),
+            let change = match &held {
+                Some(why) => Change::Keep(why.clone()),
+                None => {
+                    let removal = Removal::Prune(TakeOver::Check);
+                    match self
+                        .prune_target(stale, default_namespace, &current, removal)
+                        .await
+                    {
+                        Ok(PruneTarget::Delete(_)) => Change::Prune,
+                        Ok(PruneTarget::NotOurs) => Change::Keep("not labelled by the operator".into()),
+                        Ok(PruneTarget::Shared(reason)) => Change::Keep(reason),
+                        Ok(PruneTarget::Spared) => {
+                            Change::Keep("Namespaces and CustomResourceDefinitions are never pruned".into())
+                        }
+                        Ok(PruneTarget::Absent) => Change::Absent,
+                        Err(error) => Change::Refused(error),
+                    }
+                }
             };
             planned.push(PlannedChange {
                 key: ObjectKey::of(stale),

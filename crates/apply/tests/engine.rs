@@ -383,9 +383,10 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
         name: name.into(),
         ..Default::default()
     }));
-    // The plan checks each entry as the prune will: the operator's objects would go, the foreign one stays,
-    // the missing one needs nothing.
-    let planned = engine.plan(&[], &ns, &BTreeMap::new(), &inventory).await;
+    // The next render has `here` and a new object. The plan checks each entry as the prune will: the
+    // operator's object would go, the foreign one stays, the missing one needs nothing.
+    let next = parse_manifests("---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: here\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: new\n").unwrap();
+    let planned = engine.plan(&next, &ns, &BTreeMap::new(), &inventory).await;
     let planned_as = |change: cso_apply::Change| -> Vec<String> {
         let mut names: Vec<String> = planned
             .iter()
@@ -395,13 +396,13 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
         names.sort();
         names
     };
-    assert_eq!(planned_as(cso_apply::Change::Prune), ["elsewhere", "here"]);
+    assert_eq!(planned_as(cso_apply::Change::Prune), ["elsewhere"]);
     assert_eq!(planned_as(cso_apply::Change::Keep(String::new())), ["foreign"]);
     assert_eq!(planned_as(cso_apply::Change::Absent), ["never-there"]);
-    assert_eq!(planned.len(), 4);
-    let empty = engine.apply(&[], &ns, &BTreeMap::new(), &inventory).await;
-    assert!(empty.is_complete(), "{}", empty.failure_summary());
-    let mut pruned: Vec<String> = empty.pruned.iter().map(|k| k.name.clone()).collect();
+    assert_eq!(planned.len(), 5);
+    let applied = engine.apply(&next, &ns, &BTreeMap::new(), &inventory).await;
+    assert!(applied.is_complete(), "{}", applied.failure_summary());
+    let mut pruned: Vec<String> = applied.pruned.iter().map(|k| k.name.clone()).collect();
     pruned.sort();
     assert_eq!(
         pruned,
@@ -409,17 +410,18 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
         "the plan predicted the prune"
     );
     assert_eq!(
-        empty.pruned.len(),
-        2,
-        "the operator's own objects are pruned: {:?}",
-        empty.pruned
+        applied.pruned.len(),
+        1,
+        "the operator's own object the render no longer has is pruned: {:?}",
+        applied.pruned
     );
-    assert!(empty.released.iter().any(|k| k.name == "foreign"));
+    assert!(applied.released.iter().any(|k| k.name == "foreign"));
     config_maps(&ns)
         .get("foreign")
         .await
         .expect("an object the operator did not apply is never deleted");
-    assert!(config_maps(&ns).get_opt("here").await.unwrap().is_none());
+    assert!(config_maps(&other).get_opt("elsewhere").await.unwrap().is_none());
+    config_maps(&ns).get("here").await.expect("still rendered");
 }
 
 #[tokio::test]
@@ -1003,10 +1005,12 @@ async fn a_namespace_that_existed_before_is_never_claimed_nor_deleted() {
         live.metadata.labels
     );
 
-    // Release 2 renders neither; the inventory also lists `legacy`, as the Go operator recorded it.
+    // Release 2 renders neither (but two objects of its own); the inventory also lists `legacy`, as the Go
+    // operator recorded it.
     let mut previous = first.resources.clone();
     previous.push(go_entry("", "v1", "Namespace", "", &legacy));
-    let planned = engine.plan(&[], &ns, &labels, &previous).await;
+    let v2 = parse_manifests(&(config_map_manifest(&ns, "one") + &config_map_manifest(&ns, "two"))).unwrap();
+    let planned = engine.plan(&v2, &ns, &labels, &previous).await;
     let change_of = |name: &str| {
         planned
             .iter()
@@ -1026,10 +1030,20 @@ async fn a_namespace_that_existed_before_is_never_claimed_nor_deleted() {
         Some(cso_apply::Change::Prune),
         "{planned:?}"
     );
-    let second = engine.apply(&[], &ns, &labels, &previous).await;
+    let second = engine.apply(&v2, &ns, &labels, &previous).await;
     assert!(second.is_complete(), "{}", second.failure_summary());
     let pruned: Vec<&str> = second.pruned.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(pruned, ["dashboards"]);
+    // Deleting them by name (the addon is deleted) does not delete them either: they hold others' objects.
+    let namespaces: Vec<cso_api::common::Resource> = previous
+        .iter()
+        .filter(|r| r.kind == "Namespace")
+        .cloned()
+        .collect();
+    let deleted = engine.delete(&namespaces, &ns).await;
+    assert!(deleted.is_complete(), "{}", deleted.failure_summary());
+    assert!(deleted.pruned.is_empty(), "{:?}", deleted.pruned);
+    assert!(deleted.resources.is_empty(), "{:?}", deleted.resources);
     for (namespace, foreign) in [(&monitoring, "grafana"), (&legacy, "theirs")] {
         let live = live_namespace(&client, namespace).await.unwrap();
         assert!(
@@ -1042,45 +1056,95 @@ async fn a_namespace_that_existed_before_is_never_claimed_nor_deleted() {
             .unwrap();
     }
     assert!(
-        second.resources.is_empty(),
+        !second.resources.iter().any(|r| r.kind == "Namespace"),
         "both released: {:?}",
         second.resources
     );
 }
 
 #[tokio::test]
-async fn a_namespace_the_operator_created_is_pruned_once_nothing_of_the_render_lives_in_it() {
+async fn a_prune_never_deletes_a_namespace_or_a_crd_a_deletion_by_name_does() {
     let (client, ns, engine) = setup("own-ns").await;
     let made = format!("{ns}-made");
-    let used = format!("{ns}-used");
+    let group = format!("{ns}.spared.example.com");
+    let crd = format!("gadgets.{group}");
+    let crd_manifest = format!(
+        "---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: {crd}\nspec:\n  group: {group}\n  scope: Namespaced\n  names: {{kind: Gadget, plural: gadgets, singular: gadget, listKind: GadgetList}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        x-kubernetes-preserve-unknown-fields: true\n"
+    );
     let labels = release_label("docker-ferrol-1-27-v1");
     let v1 = parse_manifests(
         &(namespace_manifest(&made)
             + &config_map_manifest(&made, "a")
-            + &namespace_manifest(&used)
-            + &config_map_manifest(&used, "b")),
+            + &crd_manifest
+            + &config_map_manifest(&ns, "b")),
     )
     .unwrap();
     let first = engine.apply(&v1, &ns, &labels, &[]).await;
     assert!(first.is_complete(), "{}", first.failure_summary());
-    for name in [&made, &used] {
-        let live = live_namespace(&client, name).await.unwrap();
+    let live = live_namespace(&client, &made).await.unwrap();
+    assert!(
+        owned(live.metadata.labels.as_ref()),
+        "{made} was created, so claimed"
+    );
+
+    // Release 2 drops the Namespace with its contents and the CRD: the contents go, the Namespace and the
+    // CRD stay (released from the inventory), and the plan says so.
+    let v2 = parse_manifests(&(config_map_manifest(&ns, "b") + &config_map_manifest(&ns, "c"))).unwrap();
+    let planned = engine.plan(&v2, &ns, &labels, &first.resources).await;
+    for spared in [&made, &crd] {
+        let change = planned
+            .iter()
+            .find(|p| &p.key.name == spared)
+            .map(|p| p.change.clone());
         assert!(
-            owned(live.metadata.labels.as_ref()),
-            "{name} was created, so claimed"
+            matches!(&change, Some(cso_apply::Change::Keep(why)) if why.contains("never pruned")),
+            "{spared}: {change:?}"
         );
     }
-
-    // Release 2 drops `made` with its contents, and keeps an object in `used` without rendering `used`.
-    let v2 = parse_manifests(&config_map_manifest(&used, "b")).unwrap();
     let second = engine.apply(&v2, &ns, &labels, &first.resources).await;
     assert!(second.is_complete(), "{}", second.failure_summary());
-    let mut pruned: Vec<String> = second.pruned.iter().map(ToString::to_string).collect();
-    pruned.sort();
-    assert_eq!(
-        pruned,
-        [format!("ConfigMap {made}/a"), format!("Namespace {made}")]
+    let pruned: Vec<String> = second.pruned.iter().map(ToString::to_string).collect();
+    assert_eq!(pruned, [format!("ConfigMap {made}/a")]);
+    assert!(
+        live_namespace(&client, &made)
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "{made} is never pruned"
     );
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(client.clone());
+    assert!(
+        crds.get(&crd)
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "{crd} is never pruned"
+    );
+    assert!(
+        !second
+            .resources
+            .iter()
+            .any(|r| r.kind == "Namespace" || r.kind == "CustomResourceDefinition"),
+        "released from the inventory: {:?}",
+        second.resources
+    );
+
+    // Asked for by name (a delete stage, the addon deleted), both go: the Namespace holds nothing else now.
+    let by_name: Vec<cso_api::common::Resource> = first
+        .resources
+        .iter()
+        .filter(|r| r.kind == "Namespace" || r.kind == "CustomResourceDefinition")
+        .cloned()
+        .collect();
+    let deleted = engine.delete(&by_name, &ns).await;
+    assert!(deleted.is_complete(), "{}", deleted.failure_summary());
+    assert_eq!(deleted.pruned.len(), 2, "{:?}", deleted.pruned);
     assert!(
         live_namespace(&client, &made)
             .await
@@ -1088,28 +1152,70 @@ async fn a_namespace_the_operator_created_is_pruned_once_nothing_of_the_render_l
         "{made} is deleted"
     );
     assert!(
-        live_namespace(&client, &used)
+        crds.get_opt(&crd)
             .await
             .unwrap()
-            .metadata
-            .deletion_timestamp
-            .is_none(),
-        "{used} still holds an object of the render"
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some()),
+        "{crd} is deleted"
     );
-    assert!(
-        second
-            .resources
-            .iter()
-            .any(|r| r.kind == "Namespace" && r.name == used),
-        "{used} stays in the inventory, to be pruned once empty: {:?}",
-        second.resources
-    );
+}
 
-    // Release 3 renders nothing more there: now it goes.
-    let third = engine.apply(&[], &ns, &labels, &second.resources).await;
-    assert!(third.is_complete(), "{}", third.failure_summary());
-    assert_eq!(third.pruned.len(), 2, "{:?}", third.pruned);
-    assert!(third.resources.is_empty(), "{:?}", third.resources);
+#[tokio::test]
+async fn a_render_that_lost_most_of_the_objects_is_held_not_applied() {
+    let (client, ns, engine) = setup("held").await;
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let names = ["a", "b", "c", "d", "e"];
+    let v1 = parse_manifests(
+        &names
+            .iter()
+            .map(|n| config_map_manifest(&ns, n))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let first = engine.apply(&v1, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+
+    for (render, what) in [
+        (String::new(), "no objects"),
+        (config_map_manifest(&ns, "z"), "1 objects"),
+    ] {
+        let next = parse_manifests(&render).unwrap();
+        let planned = engine.plan(&next, &ns, &labels, &first.resources).await;
+        assert!(
+            planned
+                .iter()
+                .filter(|p| names.contains(&p.key.name.as_str()))
+                .all(|p| matches!(&p.change, cso_apply::Change::Keep(why) if why.starts_with("held"))),
+            "{planned:?}"
+        );
+        let held = engine.apply(&next, &ns, &labels, &first.resources).await;
+        assert!(!held.is_complete());
+        let why = held.held.clone().unwrap_or_default();
+        assert!(
+            why.contains(&format!("the render has {what} where the last apply left 5")),
+            "{why}"
+        );
+        assert_eq!(held.failure_summary(), why);
+        assert!(held.pruned.is_empty() && held.applied == 0, "{held:?}");
+        assert_eq!(held.resources, first.resources, "the inventory is kept");
+        for name in names {
+            config_maps.get(name).await.expect("nothing pruned");
+        }
+        assert!(
+            config_maps.get_opt("z").await.unwrap().is_none(),
+            "nothing applied"
+        );
+    }
+
+    // Half of them is a release that dropped some objects: applied, and the rest pruned.
+    let half = parse_manifests(
+        &(config_map_manifest(&ns, "a") + &config_map_manifest(&ns, "b") + &config_map_manifest(&ns, "c")),
+    )
+    .unwrap();
+    let applied = engine.apply(&half, &ns, &labels, &first.resources).await;
+    assert!(applied.is_complete(), "{}", applied.failure_summary());
+    assert_eq!(applied.pruned.len(), 2, "{:?}", applied.pruned);
 }
 
 #[tokio::test]
@@ -1177,10 +1283,10 @@ async fn a_refused_prune_is_reported_and_blocks_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let second = engine.apply(&[], &ns, &labels, &first.resources).await;
+    let second = engine.delete(&first.resources, &ns).await;
     assert!(
         second.is_complete(),
-        "a refused prune does not fail the apply: {}",
+        "a refused deletion does not fail it: {}",
         second.failure_summary()
     );
     let pruned: Vec<&str> = second.pruned.iter().map(|k| k.name.as_str()).collect();

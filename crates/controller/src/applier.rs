@@ -44,6 +44,19 @@ impl Target<'_> {
     }
 }
 
+/// What one [`Work::run`] does.
+enum Job<'a> {
+    /// Apply a render, pruning what the inventory `previous` has and it does not.
+    Apply {
+        manifests: &'a [Manifest],
+        previous: &'a [Resource],
+    },
+    /// Apply a render for an owner nothing was ever applied for.
+    ApplyFirst { manifests: &'a [Manifest] },
+    /// Delete the objects named.
+    Delete { objects: &'a [Resource] },
+}
+
 /// What a set of objects is applied for: the object events go to, and the owner its objects' release
 /// label names (the ClusterStackRelease for cluster-class objects, the release tag for addons).
 pub(crate) struct Work<'a, K> {
@@ -60,29 +73,29 @@ impl<K: Subject> Work<'_, K> {
         manifests: &[Manifest],
         previous: &[Resource],
     ) -> ApplyReport {
-        self.run(ctx, manifests, Some(previous)).await
+        self.run(ctx, Job::Apply { manifests, previous }).await
     }
 
     /// Applies `manifests` for an owner that nothing was ever applied for, by this operator or the one it
     /// replaces (`ApplyEngine::apply_first`: no take-over reads).
     pub(crate) async fn apply_first(&self, ctx: &Context, manifests: &[Manifest]) -> ApplyReport {
-        self.run(ctx, manifests, None).await
+        self.run(ctx, Job::ApplyFirst { manifests }).await
     }
 
-    /// Deletes `objects` (those that carry the operator's label; others are left alone and dropped).
+    /// Deletes `objects` (those that carry the operator's label; others are left alone and dropped): the
+    /// owner is being deleted, a delete stage names them, or the release no longer has their chart.
     pub(crate) async fn delete(&self, ctx: &Context, objects: &[Resource]) -> ApplyReport {
-        // An empty render prunes the whole inventory given: the engine's one definition of deletion.
-        self.run(ctx, &[], Some(objects)).await
+        self.run(ctx, Job::Delete { objects }).await
     }
 
-    /// `previous`: the inventory to prune from, or `None` for a first apply.
-    async fn run(&self, ctx: &Context, manifests: &[Manifest], previous: Option<&[Resource]>) -> ApplyReport {
+    async fn run(&self, ctx: &Context, job: Job<'_>) -> ApplyReport {
         let labels: BTreeMap<String, String> = rendering::release_labels(self.owner.clone());
         let engine = self.target.engine(ctx);
         let namespace = self.target.default_namespace();
-        let report = match previous {
-            Some(previous) => engine.apply(manifests, namespace, &labels, previous).await,
-            None => engine.apply_first(manifests, namespace, &labels).await,
+        let report = match job {
+            Job::Apply { manifests, previous } => engine.apply(manifests, namespace, &labels, previous).await,
+            Job::ApplyFirst { manifests } => engine.apply_first(manifests, namespace, &labels).await,
+            Job::Delete { objects } => engine.delete(objects, namespace).await,
         };
         let target = self.target.metrics_label();
         ctx.metrics.applied(target, &report);

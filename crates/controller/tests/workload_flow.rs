@@ -840,7 +840,7 @@ async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_stages_and_dropped_charts_remove_their_objects() {
+async fn delete_stages_and_dropped_charts_remove_their_objects_and_an_empty_render_removes_nothing() {
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
     let own = workload_plane("workload-delete-stage").await;
@@ -869,8 +869,17 @@ async fn delete_stages_and_dropped_charts_remove_their_objects() {
             "{header}  AfterControlPlaneInitialized:\n    - {{name: metrics-server, action: apply}}\n  BeforeClusterUpgrade:\n    - {{name: metrics-server, action: apply}}\n"
         ),
     );
+    // v4: as v3, but its metrics-server chart lost its templates (a broken release): it renders nothing.
+    staged_release_with_empty(
+        dir.path(),
+        "v4",
+        &format!(
+            "{header}  AfterControlPlaneInitialized:\n    - {{name: metrics-server, action: apply}}\n  BeforeClusterUpgrade:\n    - {{name: metrics-server, action: apply}}\n"
+        ),
+        Some("metrics-server"),
+    );
     let operator = RunningOperator::local(&client, &ns, dir.path()).await;
-    let mut spec = ferrol_spec(&["v1", "v2", "v3"]);
+    let mut spec = ferrol_spec(&["v1", "v2", "v3", "v4"]);
     spec["name"] = json!("staged");
     create_stack(&client, &ns, "staged", spec).await;
     cso_testenv::kubeconfig_secret(&client, &ns, "del", own.kubeconfig_yaml())
@@ -944,6 +953,33 @@ async fn delete_stages_and_dropped_charts_remove_their_objects() {
         "{:?}",
         inventory(&addon)
     );
+
+    // v4's stage renders no objects: held, not taken as "the release has none". Nothing is pruned, the
+    // addon is not ready and says why.
+    let before = inventory(&addon);
+    move_cluster(&client, &ns, "drop", "docker-staged-1-27-v4").await;
+    let message = wait_condition::<ClusterAddon>(
+        &client,
+        &ns,
+        "cluster-addon-drop",
+        condition::HELM_CHART_APPLIED,
+        reason::PRUNE_HELD,
+    )
+    .await;
+    assert!(
+        message.contains("stage metrics-server") && message.contains("the render has no objects"),
+        "{message}"
+    );
+    assert!(
+        deployments.get_opt("metrics-server").await.unwrap().is_some(),
+        "nothing pruned"
+    );
+    let held = Api::<ClusterAddon>::namespaced(client.clone(), &ns)
+        .get("cluster-addon-drop")
+        .await
+        .unwrap();
+    assert!(!held.status.as_ref().unwrap().ready);
+    assert_eq!(inventory(&held), before, "the inventory is kept");
     operator.stop().await;
     own.stop();
 }

@@ -321,16 +321,16 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     status_of(addon).resources = report.resources.clone();
     if !report.is_complete() {
         let message = report.failure_summary();
+        let (reason, event) = match report.held {
+            Some(_) => (reason::PRUNE_HELD, event::PRUNE_HELD),
+            None => (reason::FAILED_TO_APPLY_OBJECTS, event::FAILED_TO_APPLY_OBJECTS),
+        };
         let mut conclusion = Conclusion::new(Outcome::Retry(message.clone()));
         conclusion.events.report_false(
             addon,
-            (
-                condition::HELM_CHART_APPLIED,
-                reason::FAILED_TO_APPLY_OBJECTS,
-                Severity::Warning,
-            ),
+            (condition::HELM_CHART_APPLIED, reason, Severity::Warning),
             &message,
-            (Kind::Warning, event::FAILED_TO_APPLY_OBJECTS),
+            (Kind::Warning, event),
         );
         return conclusion;
     }
@@ -660,6 +660,34 @@ mod tests {
         assert_eq!(conclusion.events.reasons(), [event::FAILED_TO_APPLY_OBJECTS]);
         assert_eq!(a.status.as_ref().unwrap().resources.len(), 1);
         assert_eq!(conclusion.spec, SpecUpdate::default());
+        assert!(!conclusion.applied_all);
+    }
+
+    #[test]
+    fn a_held_render_is_reported_as_held_and_nothing_is_recorded_as_applied() {
+        let held =
+            "held: the render has no objects where the last apply left 15; nothing was applied or pruned";
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+            p.rendered = Some(Ok(0));
+            p.applied = Some(ApplyReport {
+                resources: vec![Resource::default(); 15],
+                held: Some(held.into()),
+                ..Default::default()
+            });
+        });
+        let mut a = addon("docker-ferrol-1-27-v1", "v1", true);
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(matches!(&conclusion.outcome, Outcome::Retry(m) if m == held));
+        assert_eq!(conclusion.events.reasons(), [event::PRUNE_HELD]);
+        let applied = a.get_condition(condition::HELM_CHART_APPLIED).unwrap();
+        assert_eq!(applied.reason.as_deref(), Some(reason::PRUNE_HELD));
+        assert_eq!(
+            a.status.as_ref().unwrap().resources.len(),
+            15,
+            "the inventory is kept"
+        );
+        assert!(!a.status.as_ref().unwrap().ready);
+        assert_eq!(conclusion.spec, SpecUpdate::default(), "still on v1");
         assert!(!conclusion.applied_all);
     }
 

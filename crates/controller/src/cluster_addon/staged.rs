@@ -352,9 +352,15 @@ impl StagedRun<'_> {
                 if let Some(watch) = &self.workload.drift {
                     watch.watch(&report.resources).await;
                 }
-                StageWork::Applied {
-                    failures: (!report.is_complete()).then(|| report.failure_summary()),
-                    resources: report.resources,
+                match report.held {
+                    Some(why) => StageWork::Held {
+                        resources: report.resources,
+                        why,
+                    },
+                    None => StageWork::Applied {
+                        failures: (!report.is_complete()).then(|| report.failure_summary()),
+                        resources: report.resources,
+                    },
                 }
             }
             StageAction::Delete => {

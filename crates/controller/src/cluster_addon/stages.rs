@@ -277,6 +277,9 @@ pub(crate) enum StageWork {
         resources: Vec<Resource>,
         failures: Option<String>,
     },
+    /// Not applied: the render would have pruned most of the stage's objects (`ApplyReport::held`, why);
+    /// the stage's inventory stays `resources`.
+    Held { resources: Vec<Resource>, why: String },
     /// Deleted: the objects named by the render (as written), and the failures if any.
     Deleted {
         targets: Vec<Resource>,
@@ -364,6 +367,17 @@ fn stage_work_flow(
                 }
                 None => Flow::Continue,
             }
+        }
+        StageWork::Held { resources, why } => {
+            inventory.insert(stage.name.clone(), resources);
+            let message = format!("stage {}: {why}", stage.name);
+            addon.mark_false(
+                condition::HELM_CHART_APPLIED,
+                reason::PRUNE_HELD,
+                Severity::Warning,
+                message.clone(),
+            );
+            return Flow::Fail(message);
         }
         StageWork::Deleted { targets, failures } => match failures {
             Some(summary) => {
@@ -713,6 +727,11 @@ mod tests {
         StageWork::Applied { resources: vec![resource("ConfigMap", "kube-system", "a")], failures: Some("denied".into()) },
         condition::HELM_CHART_APPLIED,
         reason::FAILED_TO_APPLY_OBJECTS
+    )]
+    #[case::held(
+        StageWork::Held { resources: vec![resource("ConfigMap", "kube-system", "a")], why: "held: the render has no objects".into() },
+        condition::HELM_CHART_APPLIED,
+        reason::PRUNE_HELD
     )]
     #[case::delete_failed(
         StageWork::Deleted { targets: vec![], failures: Some("forbidden".into()) },

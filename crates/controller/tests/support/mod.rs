@@ -312,6 +312,11 @@ pub fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
 /// of the hash fixture (metrics-server, ngnix), the given `clusteraddon.yaml`, and a cluster-class chart with
 /// one ConfigMap.
 pub fn staged_release(release_dir: &Path, version: &str, addon_config: &str) {
+    staged_release_with_empty(release_dir, version, addon_config, None);
+}
+
+/// [`staged_release`] whose stage chart `empty` (if any) has no templates: it renders no objects.
+pub fn staged_release_with_empty(release_dir: &Path, version: &str, addon_config: &str, empty: Option<&str>) {
     let tag = format!("docker-staged-1-27-{version}");
     let dir = release_dir.join("cluster-stacks").join(&tag);
     std::fs::create_dir_all(&dir).unwrap();
@@ -348,7 +353,18 @@ pub fn staged_release(release_dir: &Path, version: &str, addon_config: &str) {
         std::fs::File::create(dir.join(format!("docker-staged-1-27-cluster-addon-{version}.tgz"))).unwrap();
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast()));
     for stage in ["metrics-server", "ngnix"] {
-        builder.append_dir_all(stage, unpacked.join(stage)).unwrap();
+        if Some(stage) == empty {
+            let chart = format!("apiVersion: v2\nname: {stage}\nversion: 0.1.0\n");
+            let mut header = tar::Header::new_gnu();
+            header.set_size(chart.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder
+                .append_data(&mut header, format!("{stage}/Chart.yaml"), chart.as_bytes())
+                .unwrap();
+        } else {
+            builder.append_dir_all(stage, unpacked.join(stage)).unwrap();
+        }
     }
     builder.into_inner().unwrap().finish().unwrap();
 }
