@@ -100,25 +100,68 @@ impl ApplyEngine {
         }
         let held = shrink_held(previous, manifests.len());
         let previous = self.normalised(previous, default_namespace).await;
-        for stale in to_prune(&previous, &current) {
-            let change = match &held {
-                Some(why) => Change::Keep(why.clone()),
-                None => {
-                    let removal = Removal::Prune(TakeOver::Check);
-                    match self
-                        .prune_target(stale, default_namespace, &current, removal)
-                        .await
-                    {
-                        Ok(PruneTarget::Delete(_)) => Change::Prune,
-                        Ok(PruneTarget::NotOurs) => Change::Keep("not labelled by the operator".into()),
-                        Ok(PruneTarget::Shared(reason)) => Change::Keep(reason),
-                        Ok(PruneTarget::Spared) => {
-                            Change::Keep("Namespaces and CustomResourceDefinitions are never pruned".into())
-                        }
-                        Ok(PruneTarget::Absent) => Change::Absent,
-                        Err(error) => Change::Refused(error),
+        let stale: Vec<Resource> = to_prune(&previous, &current).into_iter().cloned().collect();
+        let removal = Removal::Prune(TakeOver::Check);
+        planned.extend(
+            self.plan_removal(&stale, default_namespace, &current, held.as_deref(), removal)
+                .await,
+        );
+        planned
+    }
+
+    /// Plans pruning `stale`, objects an inventory has and a render planned apart does not (as
+    /// [`ApplyEngine::apply`] prunes them; whether that render is held is the caller's to check with
+    /// [`shrink_held`]).
+    pub async fn plan_prune(&self, stale: &[Resource], default_namespace: &str) -> Vec<PlannedChange> {
+        let stale = self.normalised(stale, default_namespace).await;
+        let removal = Removal::Prune(TakeOver::Check);
+        self.plan_removal(&stale, default_namespace, &BTreeSet::new(), None, removal)
+            .await
+    }
+
+    /// Plans deleting `objects` (as [`ApplyEngine::delete`] would).
+    pub async fn plan_delete(&self, objects: &[Resource], default_namespace: &str) -> Vec<PlannedChange> {
+        let objects = self.normalised(objects, default_namespace).await;
+        let objects: Vec<Resource> = to_prune(&objects, &BTreeSet::new())
+            .into_iter()
+            .cloned()
+            .collect();
+        self.plan_removal(
+            &objects,
+            default_namespace,
+            &BTreeSet::new(),
+            None,
+            Removal::Delete,
+        )
+        .await
+    }
+
+    /// What removing each of `stale` (normalised) comes to; all kept when the apply is `held` (why).
+    async fn plan_removal(
+        &self,
+        stale: &[Resource],
+        default_namespace: &str,
+        current: &BTreeSet<ObjectKey>,
+        held: Option<&str>,
+        removal: Removal,
+    ) -> Vec<PlannedChange> {
+        let mut planned = Vec::with_capacity(stale.len());
+        for stale in stale {
+            let change = match held {
+                Some(why) => Change::Keep(why.to_owned()),
+                None => match self
+                    .prune_target(stale, default_namespace, current, removal)
+                    .await
+                {
+                    Ok(PruneTarget::Delete(_)) => Change::Prune,
+                    Ok(PruneTarget::NotOurs) => Change::Keep("not labelled by the operator".into()),
+                    Ok(PruneTarget::Shared(reason)) => Change::Keep(reason),
+                    Ok(PruneTarget::Spared) => {
+                        Change::Keep("Namespaces and CustomResourceDefinitions are never pruned".into())
                     }
-                }
+                    Ok(PruneTarget::Absent) => Change::Absent,
+                    Err(error) => Change::Refused(error),
+                },
             };
             planned.push(PlannedChange {
                 key: ObjectKey::of(stale),

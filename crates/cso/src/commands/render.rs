@@ -277,7 +277,7 @@ impl Diff<'_> {
                 let targets: Vec<Resource> = part.manifests.iter().map(resource_of).collect();
                 let planned = workload
                     .engine
-                    .plan(&[], part.target.default_namespace(), &part.labels, &targets)
+                    .plan_delete(&targets, part.target.default_namespace())
                     .await;
                 print_planned(out, &planned, &self.release.id.tag(), Removal::Delete, &mut tally)?;
                 continue;
@@ -314,6 +314,7 @@ impl Diff<'_> {
         }
         if let (Some(workload), Some((namespace, name))) = (self.workload, self.live_cluster) {
             let previous = self.addon_inventory(namespace, name).await?;
+            let held = cso_apply::inventory::shrink_held(&previous, workload_keys.len());
             let stale: Vec<Resource> = previous
                 .into_iter()
                 .filter(|r| !workload_keys.contains(&ObjectKey::of(r)))
@@ -324,10 +325,17 @@ impl Diff<'_> {
                     "== no longer in the release -> workload cluster of {}",
                     self.cluster_name
                 )?;
-                let planned = workload
-                    .engine
-                    .plan(&[], "kube-system", &Default::default(), &stale)
-                    .await;
+                let planned = match held {
+                    // The apply would be held: nothing of the inventory goes.
+                    Some(why) => stale
+                        .iter()
+                        .map(|r| PlannedChange {
+                            key: ObjectKey::of(r),
+                            change: Change::Keep(why.clone()),
+                        })
+                        .collect(),
+                    None => workload.engine.plan_prune(&stale, "kube-system").await,
+                };
                 print_planned(out, &planned, &self.release.id.tag(), Removal::Prune, &mut tally)?;
             }
         }
