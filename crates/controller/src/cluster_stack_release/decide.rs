@@ -245,14 +245,24 @@ fn conclude_sync(
     let Some(report) = &progress.applied else {
         return Outcome::Retry("the cluster-class objects were not applied".into());
     };
-    let failed = (
-        (
-            condition::HELM_CHART_APPLIED,
-            reason::OBJECTS_APPLYING_ONGOING,
-            Severity::Warning,
+    let failed = match report.held {
+        Some(_) => (
+            (
+                condition::HELM_CHART_APPLIED,
+                reason::PRUNE_HELD,
+                Severity::Warning,
+            ),
+            event::PRUNE_HELD,
         ),
-        event::FAILED_TO_APPLY_OBJECTS,
-    );
+        None => (
+            (
+                condition::HELM_CHART_APPLIED,
+                reason::OBJECTS_APPLYING_ONGOING,
+                Severity::Warning,
+            ),
+            event::FAILED_TO_APPLY_OBJECTS,
+        ),
+    };
     if let Some(message) = record(release, report, failed, events) {
         return Outcome::Retry(message);
     }
@@ -899,6 +909,18 @@ mod tests {
         assert_eq!(
             condition_of(&r, condition::HELM_CHART_APPLIED),
             failed(ConditionStatus::False, reason::OBJECTS_APPLYING_ONGOING)
+        );
+
+        let mut held = report(&[]);
+        held.held = Some("held: the render has 1 objects where the last apply left 4".into());
+        p.applied = Some(held);
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(m) if m.starts_with("held")));
+        assert_eq!(events.reasons(), [event::PRUNE_HELD]);
+        assert!(!r.status.as_ref().unwrap().ready);
+        assert_eq!(
+            condition_of(&r, condition::HELM_CHART_APPLIED),
+            failed(ConditionStatus::False, reason::PRUNE_HELD)
         );
 
         p.applied = Some(report(&[]));
