@@ -9,6 +9,7 @@ pub mod cluster_stack_release;
 pub mod common;
 pub mod conditions;
 pub mod crd;
+pub mod fleet;
 pub mod manifest;
 pub mod names;
 pub mod release_id;

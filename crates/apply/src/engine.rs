@@ -294,7 +294,8 @@ impl ApplyEngine {
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
     ) -> ApplyReport {
-        if let Some(why) = inventory::shrink_held(previous, manifests.len()) {
+        let normalised = self.normalised(previous, default_namespace).await;
+        if let Some(why) = inventory::shrink_held(&normalised, manifests.len()) {
             tracing::warn!(%why, "a render that would prune most of what was applied is held");
             return ApplyReport {
                 resources: previous.to_vec(),

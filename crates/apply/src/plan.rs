@@ -65,10 +65,14 @@ impl ApplyEngine {
             .filter(|m| m.kind() == "Namespace" && m.group_version().0.is_empty())
             .map(|m| m.name())
             .collect();
+        let previous = self.normalised(previous, default_namespace).await;
+        let held = shrink_held(&previous, manifests.len());
         for manifest in manifests {
             let item = self.prepare(manifest, default_namespace, labels).await;
             current.insert(item.key.clone());
             let change = match (&item.kind, &item.error) {
+                // The apply would touch nothing.
+                _ if held.is_some() => Change::Keep(held.clone().unwrap_or_default()),
                 (Some(kind), None) => {
                     let api = self.api(kind, &item.key.namespace);
                     let params = PatchParams::apply(&self.field_manager).force().dry_run();
@@ -98,8 +102,6 @@ impl ApplyEngine {
                 change,
             });
         }
-        let held = shrink_held(previous, manifests.len());
-        let previous = self.normalised(previous, default_namespace).await;
         let stale: Vec<Resource> = to_prune(&previous, &current).into_iter().cloned().collect();
         let removal = Removal::Prune(TakeOver::Check);
         planned.extend(

@@ -1,7 +1,8 @@
 //! Prometheus metrics: controller-runtime's reconcile metrics (same names and labels, so dashboards made for
 //! the Go operator work) and the operator's own: objects applied, pruned and put back, render and apply
 //! durations per target cluster; requests to the release source and its rate-limit budget; releases cached;
-//! and leader election (client-go's `leader_election_master_status`, plus failed renewals).
+//! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time); and
+//! leader election (client-go's `leader_election_master_status`, plus failed renewals).
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
 use std::{
@@ -11,11 +12,12 @@ use std::{
     time::Instant,
 };
 
+use cso_api::{ClusterAddon, fleet::AddonState};
 use cso_apply::ApplyReport;
 use cso_release::{ReleaseCache, ReleaseSource, SourceError};
 use cso_render::{ChartRenderer, RenderError, RenderRequest};
 use futures::{FutureExt, future::BoxFuture};
-use kube::runtime::controller::Action;
+use kube::runtime::{controller::Action, reflector};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -121,6 +123,19 @@ pub struct Metrics {
     kube_requests: Family<KubeRequestLabels, Counter>,
     /// The release cache whose size `releases_cached` shows, read at scrape time.
     cache: OnceLock<Arc<ReleaseCache>>,
+    clusters: Family<FleetLabels, Gauge>,
+    /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
+    addons: OnceLock<reflector::Store<ClusterAddon>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FleetLabels {
+    /// `docker-ferrol-1-27`; empty for Clusters on no release yet.
+    stack: String,
+    /// The release tag; empty for Clusters on no release yet.
+    release: String,
+    /// `ready`, `progressing` or `failing`.
+    state: String,
 }
 
 fn reconcile_buckets() -> Histogram {
@@ -154,6 +169,8 @@ impl Default for Metrics {
             hook_durations: Family::new_with_constructor(reconcile_buckets),
             kube_requests: Family::default(),
             cache: OnceLock::new(),
+            clusters: Family::default(),
+            addons: OnceLock::new(),
         };
         registry.register(
             "controller_runtime_reconcile",
@@ -204,6 +221,11 @@ impl Default for Metrics {
             "cso_source_rate_limit_remaining",
             "Requests left in the release source's rate-limit window, as it last said",
             metrics.rate_limit_remaining.clone(),
+        );
+        registry.register(
+            "cso_clusters",
+            "Clusters per release their addons are on, by state (ready, progressing, failing)",
+            metrics.clusters.clone(),
         );
         registry.register(
             "cso_releases_cached",
@@ -259,6 +281,24 @@ impl Metrics {
     pub fn encode(&self) -> String {
         if let Some(cache) = self.cache.get() {
             self.releases_cached.set(cache.cached_tags().len() as i64);
+        }
+        if let Some(addons) = self.addons.get() {
+            let addons = addons.state();
+            // Releases no Cluster is on any more leave the gauge.
+            self.clusters.clear();
+            for counts in cso_api::fleet::fleet(addons.iter().map(AsRef::as_ref)) {
+                for state in AddonState::ALL {
+                    let labels = FleetLabels {
+                        stack: counts.stack.clone(),
+                        release: counts.release.clone(),
+                        state: state.as_str().to_owned(),
+                    };
+                    #[allow(clippy::cast_possible_wrap, reason = "a count of Clusters")]
+                    self.clusters
+                        .get_or_create(&labels)
+                        .set(counts.in_state(state) as i64);
+                }
+            }
         }
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
@@ -348,6 +388,11 @@ impl Metrics {
     /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).
     pub fn watch_cache(&self, cache: Arc<ReleaseCache>) {
         let _ = self.cache.set(cache);
+    }
+
+    /// Shows the counts of the ClusterAddons in `addons` (the watch's store) as `cso_clusters`.
+    pub(crate) fn watch_addons(&self, addons: reflector::Store<ClusterAddon>) {
+        let _ = self.addons.set(addons);
     }
 
     fn source_request(&self, source: &dyn ReleaseSource, operation: &str, result: &Result<(), &SourceError>) {

@@ -144,6 +144,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         (),
     );
     let mut addon_watch = SharedWatch::new(scoped::<ClusterAddon>(&client, namespace), config.clone(), ());
+    ctx.metrics.watch_addons(addon_watch.store());
     let mut cluster_watch = SharedWatch::new(
         ctx.clusters(namespace.as_deref()),
         config.clone(),

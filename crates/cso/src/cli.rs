@@ -1,4 +1,4 @@
-//! The command line: `cso run`, `cso crds`, `cso render`. (The local control planes and the demo are
+//! The command line: `cso run`, `cso crds`, `cso render`, `cso status`. (The local control planes and the demo are
 //! `cso-dev`, a binary of its own, so that the operator does not link the test environment.)
 //!
 //! `cso run` takes the Go operator's flags with Go's spelling rules, so existing manifests work unchanged:
@@ -30,6 +30,19 @@ pub enum Command {
     /// Show what a release would do, touching nothing: the ClusterClass objects and the objects of each
     /// addon chart or stage; with `--diff`, what it would create, change and prune in the live clusters.
     Render(RenderArgs),
+    /// The fleet: per release, how many Clusters have their addons on it and how many of them are ready,
+    /// progressing or failing, naming the first failing ones (from the ClusterAddons).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only the ClusterAddons of this namespace; default: every namespace.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Kubeconfig of the management cluster; default: `KUBECONFIG`, then in-cluster.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -33,7 +33,7 @@ use super::{
     decide::{Conclusion, Outcome, SpecUpdate},
     decision::Decision,
     render_addon,
-    stages::{self, Check, Flow, HookChoice, StageInventory, StageStep, StageWork},
+    stages::{self, Check, Finished, Flow, HookChoice, StageInventory, StageStep, StageWork},
 };
 use crate::{
     Context, Error,
@@ -216,9 +216,27 @@ impl StagedRun<'_> {
         }
 
         addon.annotations_mut().remove(STAGE_CLOCK_ANNOTATION);
-        let stage = stages::finish(addon, hook, &inventory);
+        let finished = stages::finish(addon, hook, &inventory);
         self.persist(addon, &inventory, &mut end).await?;
         let class = self.release.id.cluster_class_name();
+        let stage = match finished {
+            Finished::Applied(stage) => stage,
+            Finished::Held => {
+                // The hook is answered (the Cluster goes on); the addons stay recorded on the release they
+                // were on, so the next reconcile tries this one again.
+                let message = format!(
+                    "the {} stages of {class} ended with a render held: the addons are not on {class}",
+                    hook.as_str()
+                );
+                end.conclusion.events.warning(event::PRUNE_HELD, message.clone());
+                end.conclusion.spec = SpecUpdate {
+                    hook: Some(String::new()),
+                    ..SpecUpdate::default()
+                };
+                end.conclusion.outcome = Outcome::Retry(message);
+                return Ok(end);
+            }
+        };
         end.conclusion.events.normal(
             event::CLUSTER_ADDON_APPLIED,
             format!("ran the {} stages of {class}", hook.as_str()),

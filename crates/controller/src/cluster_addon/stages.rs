@@ -452,25 +452,39 @@ pub(crate) fn after_gone_chart_failed(
     Flow::Fail(message)
 }
 
-/// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied.
-/// Returns the `ClusterAddonStage` annotation to record (`created` after the install, `upgraded` after any
-/// upgrade hook; a deletion changes nothing).
-pub(crate) fn finish(
-    addon: &mut ClusterAddon,
-    hook: Hook,
-    inventory: &StageInventory,
-) -> Option<&'static str> {
+/// What finishing the stages of a hook came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// The addons are applied; the `ClusterAddonStage` annotation to record (`created` after the install,
+    /// `upgraded` after any upgrade hook; a deletion changes nothing).
+    Applied(Option<&'static str>),
+    /// A stage's render was held (`PruneHeld`, see `ApplyEngine::apply`) and given up at its timeout: the
+    /// hook is over, so that the Cluster can go on, but the addons are not on the new release.
+    Held,
+}
+
+/// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied,
+/// unless a stage's render was held.
+pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInventory) -> Finished {
     addon.delete_condition(condition::HELM_CHART_DELETED);
-    addon.mark_true(condition::HELM_CHART_APPLIED);
+    let held = addon
+        .get_condition(condition::HELM_CHART_APPLIED)
+        .is_some_and(|c| !c.is_true() && c.reason.as_deref() == Some(reason::PRUNE_HELD));
+    if !held {
+        addon.mark_true(condition::HELM_CHART_APPLIED);
+    }
     let status = status_of(addon);
     status.resources = inventory.values().flatten().cloned().collect();
     status.stages.clear();
-    status.ready = true;
-    match hook {
+    status.ready = !held;
+    if held {
+        return Finished::Held;
+    }
+    Finished::Applied(match hook {
         Hook::AfterControlPlaneInitialized => Some("created"),
         Hook::BeforeClusterCreate | Hook::BeforeClusterDelete => None,
         _ => Some("upgraded"),
-    }
+    })
 }
 
 fn stage_name(addon: &ClusterAddon, index: usize) -> String {
@@ -901,17 +915,41 @@ mod tests {
     #[case::upgrade_step(Hook::AfterControlPlaneUpgrade, Some("upgraded"))]
     #[case::after_upgrade(Hook::AfterClusterUpgrade, Some("upgraded"))]
     #[case::deletion(Hook::BeforeClusterDelete, None)]
-    fn a_finished_hook_is_ready_and_recorded(#[case] hook: Hook, #[case] stage: Option<&str>) {
+    fn a_finished_hook_is_ready_and_recorded(#[case] hook: Hook, #[case] stage: Option<&'static str>) {
         let mut a = addon(hook.as_str(), "", &[StagePhase::Done, StagePhase::Done]);
         a.mark_false(condition::HELM_CHART_DELETED, "x", Severity::Warning, "old");
         let inventory =
             StageInventory::from([("ngnix".to_owned(), vec![resource("Secret", "kube-system", "s")])]);
-        assert_eq!(finish(&mut a, hook, &inventory), stage);
+        assert_eq!(finish(&mut a, hook, &inventory), Finished::Applied(stage));
         let status = a.status.clone().unwrap();
         assert!(status.ready && status.stages.is_empty());
         assert_eq!(status.resources.len(), 1);
         assert!(a.is_condition_true(condition::HELM_CHART_APPLIED));
         assert!(a.get_condition(condition::HELM_CHART_DELETED).is_none());
+    }
+
+    /// A stage held and given up at its timeout ends the hook, but the addons are not applied.
+    #[test]
+    fn a_hook_whose_stage_was_held_finishes_not_ready() {
+        let hook = Hook::BeforeClusterUpgrade;
+        let mut a = addon(hook.as_str(), "", &[StagePhase::Done, StagePhase::Done]);
+        a.mark_false(
+            condition::HELM_CHART_APPLIED,
+            reason::PRUNE_HELD,
+            Severity::Warning,
+            "held",
+        );
+        let inventory =
+            StageInventory::from([("ngnix".to_owned(), vec![resource("Secret", "kube-system", "s")])]);
+        assert_eq!(finish(&mut a, hook, &inventory), Finished::Held);
+        let status = a.status.clone().unwrap();
+        assert!(!status.ready && status.stages.is_empty());
+        assert_eq!(status.resources.len(), 1, "the inventory is kept");
+        assert_eq!(
+            a.get_condition(condition::HELM_CHART_APPLIED)
+                .and_then(|c| c.reason.clone()),
+            Some(reason::PRUNE_HELD.to_owned())
+        );
     }
 
     #[rstest]

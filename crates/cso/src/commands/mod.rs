@@ -3,6 +3,7 @@
 mod crds;
 mod render;
 mod run;
+mod status;
 
 use crate::cli::Command;
 
@@ -11,6 +12,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Run(args) => run::run(*args).await,
         Command::Crds => crds::print(),
         Command::Render(args) => render::render(args).await,
+        Command::Status(args) => status::print(args).await,
     }
 }
 

@@ -1,0 +1,246 @@
+//! The fleet view: which release the addons of each Cluster are on and how they are doing, counted per
+//! release from the ClusterAddons. One rule for `cso status` and the `cso_clusters` gauge.
+//!
+//! A ClusterAddon is on the release its `spec.clusterStack` names (what was last applied completely; an
+//! upgrade under way still counts for the release it leaves), or on none yet. It is *ready* when its status
+//! says so, *failing* when not ready and one of its conditions is False with severity Warning or Error (a
+//! render or apply that failed, a broken release, a stage that failed or timed out, a held prune), and
+//! *progressing* otherwise (waiting for its control plane, stages running).
+
+use std::collections::BTreeMap;
+
+use crate::{
+    ClusterAddon, ReleaseId,
+    conditions::{ConditionStatus, Severity},
+};
+
+/// How many failing Clusters a release's counts name.
+pub const FAILING_NAMED: usize = 3;
+
+/// How a ClusterAddon is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddonState {
+    Ready,
+    Progressing,
+    Failing,
+}
+
+impl AddonState {
+    /// The state of `addon` (see the module).
+    pub fn of(addon: &ClusterAddon) -> Self {
+        let Some(status) = &addon.status else {
+            return AddonState::Progressing;
+        };
+        if status.ready {
+            return AddonState::Ready;
+        }
+        let failed = status.conditions.iter().any(|c| {
+            c.status == ConditionStatus::False
+                && matches!(c.severity, Some(Severity::Warning | Severity::Error))
+        });
+        if failed {
+            AddonState::Failing
+        } else {
+            AddonState::Progressing
+        }
+    }
+
+    /// `ready`, `progressing` or `failing`: the gauge's `state` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddonState::Ready => "ready",
+            AddonState::Progressing => "progressing",
+            AddonState::Failing => "failing",
+        }
+    }
+
+    pub const ALL: [AddonState; 3] = [AddonState::Ready, AddonState::Progressing, AddonState::Failing];
+}
+
+/// The Clusters on one release.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseCounts {
+    /// `docker-ferrol-1-27`: the stack and Kubernetes minor; empty for Clusters on no release yet.
+    pub stack: String,
+    /// The release tag (`docker-ferrol-1-27-v2`); empty for Clusters on no release yet. A `spec.clusterStack`
+    /// that names no release is kept as it is.
+    pub release: String,
+    pub clusters: usize,
+    pub ready: usize,
+    pub progressing: usize,
+    pub failing: usize,
+    /// The first [`FAILING_NAMED`] failing Clusters (`namespace/name` of their ClusterAddons' Clusters), in
+    /// name order.
+    pub failing_clusters: Vec<String>,
+}
+
+impl ReleaseCounts {
+    /// How many of its Clusters are in `state`.
+    pub fn in_state(&self, state: AddonState) -> usize {
+        match state {
+            AddonState::Ready => self.ready,
+            AddonState::Progressing => self.progressing,
+            AddonState::Failing => self.failing,
+        }
+    }
+}
+
+/// The counts per release of `addons`, in release order (Clusters on no release yet first).
+pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<ReleaseCounts> {
+    let mut by_release: BTreeMap<String, (ReleaseCounts, Vec<String>)> = BTreeMap::new();
+    for addon in addons {
+        let applied = addon.spec.cluster_stack.as_str();
+        let (stack, release) = match ReleaseId::parse_any(applied) {
+            Ok(id) => (id.stack_prefix(), id.tag()),
+            Err(_) => (String::new(), applied.to_owned()),
+        };
+        let (counts, failing) = by_release.entry(release.clone()).or_insert_with(|| {
+            let counts = ReleaseCounts {
+                stack,
+                release,
+                ..ReleaseCounts::default()
+            };
+            (counts, Vec::new())
+        });
+        counts.clusters += 1;
+        match AddonState::of(addon) {
+            AddonState::Ready => counts.ready += 1,
+            AddonState::Progressing => counts.progressing += 1,
+            AddonState::Failing => {
+                counts.failing += 1;
+                failing.push(cluster_of(addon));
+            }
+        }
+    }
+    by_release
+        .into_values()
+        .map(|(mut counts, mut failing)| {
+            failing.sort();
+            failing.truncate(FAILING_NAMED);
+            counts.failing_clusters = failing;
+            counts
+        })
+        .collect()
+}
+
+/// `namespace/name` of the Cluster of `addon`: `spec.clusterRef.name`, else its name after `cluster-addon-`.
+fn cluster_of(addon: &ClusterAddon) -> String {
+    let namespace = addon.metadata.namespace.as_deref().unwrap_or_default();
+    let name = addon
+        .spec
+        .cluster_ref
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            let own = addon.metadata.name.as_deref().unwrap_or_default();
+            own.strip_prefix("cluster-addon-").unwrap_or(own).to_owned()
+        });
+    format!("{namespace}/{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        cluster_addon::{ClusterAddonSpec, ClusterAddonStatus},
+        conditions::ConditionsExt,
+    };
+
+    fn addon(name: &str, class: &str, ready: bool, failed: Option<Severity>) -> ClusterAddon {
+        let mut addon = ClusterAddon::new(
+            &format!("cluster-addon-{name}"),
+            ClusterAddonSpec {
+                cluster_stack: class.into(),
+                ..Default::default()
+            },
+        );
+        addon.metadata.namespace = Some("fleet".into());
+        addon.status = Some(ClusterAddonStatus {
+            ready,
+            ..Default::default()
+        });
+        if let Some(severity) = failed {
+            addon.mark_false("HelmChartApplied", "FailedToApplyObjects", severity, "denied");
+        }
+        addon
+    }
+
+    #[rstest::rstest]
+    #[case::ready(true, None, AddonState::Ready)]
+    #[case::waiting(false, Some(Severity::Info), AddonState::Progressing)]
+    #[case::nothing_said(false, None, AddonState::Progressing)]
+    #[case::warning(false, Some(Severity::Warning), AddonState::Failing)]
+    #[case::error(false, Some(Severity::Error), AddonState::Failing)]
+    fn the_state_of_an_addon(
+        #[case] ready: bool,
+        #[case] failed: Option<Severity>,
+        #[case] state: AddonState,
+    ) {
+        assert_eq!(
+            AddonState::of(&addon("a", "docker-ferrol-1-27-v1", ready, failed)),
+            state
+        );
+    }
+
+    #[test]
+    fn an_addon_without_a_status_is_progressing() {
+        let mut fresh = addon("a", "", false, None);
+        fresh.status = None;
+        assert_eq!(AddonState::of(&fresh), AddonState::Progressing);
+    }
+
+    #[test]
+    fn counts_per_release_name_the_first_failing_clusters() {
+        let mut addons = Vec::new();
+        for i in 0..6 {
+            addons.push(addon(&format!("v1-{i}"), "docker-ferrol-1-27-v1", true, None));
+        }
+        for i in 0..5 {
+            let failed = (i < 4).then_some(Severity::Warning);
+            addons.push(addon(&format!("v2-{i}"), "docker-ferrol-1-27-v2", false, failed));
+        }
+        addons.push(addon(
+            "hash",
+            "docker-ferrol-1-27-v0-sha.hipstsw",
+            false,
+            Some(Severity::Info),
+        ));
+        addons.push(addon("new", "", false, None));
+        let fleet = fleet(&addons);
+        let summary: Vec<(&str, &str, usize, usize, usize, usize)> = fleet
+            .iter()
+            .map(|c| {
+                (
+                    c.stack.as_str(),
+                    c.release.as_str(),
+                    c.clusters,
+                    c.ready,
+                    c.progressing,
+                    c.failing,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("", "", 1, 0, 1, 0),
+                (
+                    "docker-ferrol-1-27",
+                    "docker-ferrol-1-27-v0-sha-hipstsw",
+                    1,
+                    0,
+                    1,
+                    0
+                ),
+                ("docker-ferrol-1-27", "docker-ferrol-1-27-v1", 6, 6, 0, 0),
+                ("docker-ferrol-1-27", "docker-ferrol-1-27-v2", 5, 0, 1, 4),
+            ]
+        );
+        assert_eq!(
+            fleet[3].failing_clusters,
+            ["fleet/v2-0", "fleet/v2-1", "fleet/v2-2"]
+        );
+        assert_eq!(fleet[3].in_state(AddonState::Failing), 4);
+    }
+}
