@@ -504,6 +504,63 @@ impl ChartRenderer for MeteredRenderer {
 mod tests {
     use super::*;
 
+    fn addon(name: &str, class: &str, ready: bool) -> ClusterAddon {
+        let mut addon = ClusterAddon::new(
+            name,
+            cso_api::cluster_addon::ClusterAddonSpec {
+                cluster_stack: class.into(),
+                ..Default::default()
+            },
+        );
+        addon.metadata.namespace = Some("fleet".into());
+        addon.status = Some(cso_api::cluster_addon::ClusterAddonStatus {
+            ready,
+            ..Default::default()
+        });
+        addon
+    }
+
+    /// `cso_clusters` counts the ClusterAddons of the watch's store when scraped: a release no Cluster is on
+    /// any more leaves the gauge.
+    #[test]
+    fn clusters_are_counted_per_release_and_state_at_scrape_time() {
+        use cso_api::conditions::{ConditionsExt, Severity};
+        let mut writer = reflector::store::Writer::<ClusterAddon>::default();
+        let metrics = Metrics::default();
+        metrics.watch_addons(writer.as_reader());
+        let mut failing = addon("c", "docker-ferrol-1-27-v2", false);
+        failing.mark_false(
+            "HelmChartApplied",
+            "FailedToApplyObjects",
+            Severity::Warning,
+            "denied",
+        );
+        for object in [
+            addon("a", "docker-ferrol-1-27-v1", true),
+            addon("b", "docker-ferrol-1-27-v2", true),
+            failing,
+        ] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
+        }
+        let text = metrics.encode();
+        for line in [
+            r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v1",state="ready"} 1"#,
+            r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v1",state="failing"} 0"#,
+            r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v2",state="ready"} 1"#,
+            r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v2",state="failing"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Delete(addon(
+            "a",
+            "docker-ferrol-1-27-v1",
+            true,
+        )));
+        let text = metrics.encode();
+        assert!(!text.contains(r#"release="docker-ferrol-1-27-v1""#), "{text}");
+    }
+
     #[tokio::test]
     async fn reconciles_are_counted_and_timed_by_controller_and_result() {
         let metrics = Metrics::default();
