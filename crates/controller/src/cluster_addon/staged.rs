@@ -190,14 +190,14 @@ impl StagedRun<'_> {
             }
         }
 
-        // Charts the release no longer has at all: their objects go.
+        // Charts the release no longer has at all: their objects go, but for those another chart applies now.
         let remaining = self.config.chart_names();
         let gone: Vec<String> = stages::charts_gone(&inventory, &remaining)
             .into_iter()
             .map(str::to_owned)
             .collect();
         for stage in gone {
-            let records = inventory.get(&stage).cloned().unwrap_or_default();
+            let records = stages::gone_chart_objects(&inventory, &stage, ADDON_NAMESPACE);
             let report = self.target(addon).delete(self.ctx, &records).await;
             if !report.is_complete() {
                 let flow = stages::after_gone_chart_failed(

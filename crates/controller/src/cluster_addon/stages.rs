@@ -431,6 +431,33 @@ pub(crate) fn charts_gone<'a>(
         .collect()
 }
 
+/// The objects of `stage`, a chart the release no longer has, to delete: those of its inventory that no other
+/// stage's inventory holds. A chart that was renamed, or an object that moved to another chart, stays where
+/// the release applies it now.
+pub(crate) fn gone_chart_objects(
+    inventory: &StageInventory,
+    stage: &str,
+    default_namespace: &str,
+) -> Vec<Resource> {
+    let elsewhere: Vec<&Resource> = inventory
+        .iter()
+        .filter(|(name, _)| name.as_str() != stage)
+        .flat_map(|(_, records)| records)
+        .collect();
+    inventory
+        .get(stage)
+        .into_iter()
+        .flatten()
+        .filter(|record| {
+            !elsewhere.iter().any(|other| {
+                names_same_object(record, other, default_namespace)
+                    || names_same_object(other, record, default_namespace)
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 /// The objects of a chart the release no longer has could not all be deleted.
 pub(crate) fn after_gone_chart_failed(
     addon: &mut ClusterAddon,
@@ -827,6 +854,35 @@ mod tests {
         let flow = work_on_first_stage(&mut a, &two_stages()[0], work, &mut inventory, false, &mut events);
         assert!(matches!(flow, Flow::Fail(_)));
         assert!(events.0.is_empty());
+    }
+
+    /// A chart renamed (`csi` to `csi-v2`) or an object moved to another chart: the release still applies
+    /// them, so the gone chart's deletion leaves them.
+    #[test]
+    fn a_gone_chart_deletes_only_what_no_other_chart_applies() {
+        let inventory = StageInventory::from([
+            (
+                "csi".to_owned(),
+                vec![
+                    resource("Deployment", "kube-system", "csi-controller"),
+                    resource("ConfigMap", "", "csi-config"),
+                    resource("Secret", "kube-system", "old-only"),
+                ],
+            ),
+            (
+                "csi-v2".to_owned(),
+                vec![
+                    resource("Deployment", "kube-system", "csi-controller"),
+                    resource("ConfigMap", "kube-system", "csi-config"),
+                ],
+            ),
+        ]);
+        let names: Vec<String> = gone_chart_objects(&inventory, "csi", "kube-system")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["old-only"]);
+        assert!(gone_chart_objects(&inventory, "not-there", "kube-system").is_empty());
     }
 
     #[test]
