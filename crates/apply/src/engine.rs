@@ -294,8 +294,16 @@ impl ApplyEngine {
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
     ) -> ApplyReport {
-        let normalised = self.normalised(previous, default_namespace).await;
-        if let Some(why) = inventory::shrink_held(&normalised, manifests.len()) {
+        // Normalising only merges entries, so only an inventory the raw count would hold is normalised (the
+        // Go operator may name one object twice); the common apply reads no discovery for it here.
+        let held = match inventory::shrink_held(previous, manifests.len()) {
+            Some(_) => {
+                let normalised = self.normalised(previous, default_namespace).await;
+                inventory::shrink_held(&normalised, manifests.len())
+            }
+            None => None,
+        };
+        if let Some(why) = held {
             tracing::warn!(%why, "a render that would prune most of what was applied is held");
             return ApplyReport {
                 resources: previous.to_vec(),
