@@ -1,14 +1,16 @@
 //! Applying rendered objects to a cluster (management or workload): a discovery cache per cluster
 //! ([`discovery`]), an inventory of what was applied keyed by group, kind, namespace and name
-//! ([`inventory`]), the engine that applies in order and prunes ([`engine`]) and its dry run ([`plan`]), CEL wait conditions
-//! ([`cel`]), client-side rate limits ([`rate_limit`]), request counts ([`request_tally`]), clients for workload clusters ([`workload`]) with watches that find drift ([`drift`]) and the data values templates see
-//! ([`template_data`]).
+//! ([`inventory`]), the engine that applies in order and prunes ([`engine`]) and its dry run ([`plan`]),
+//! CEL wait conditions ([`cel`]), health gates over what was applied ([`health`]), client-side rate limits
+//! ([`rate_limit`]), request counts ([`request_tally`]), clients for workload clusters ([`workload`]) with
+//! watches that find drift ([`drift`]) and the data values templates see ([`template_data`]).
 
 pub mod cel;
 mod connection;
 pub mod discovery;
 pub mod drift;
 pub mod engine;
+pub mod health;
 pub mod inventory;
 pub mod plan;
 pub mod rate_limit;
@@ -19,6 +21,7 @@ pub mod workload;
 pub use discovery::{ClusterDiscovery, DiscoveryError, cluster_resource};
 pub use drift::{DriftNotifier, DriftWatch, Verdict};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure, LiveMeta};
+pub use health::{Health, HealthReport};
 pub use inventory::{ObjectKey, resource_of};
 pub use plan::{Change, PlannedChange};
 pub use rate_limit::{ClientLimits, limited_client, observed_client};
