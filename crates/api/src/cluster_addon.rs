@@ -21,6 +21,10 @@ pub const STAGE_ANNOTATION: &str = "ClusterAddonStage";
 /// Annotation with what each stage of a multi-stage release applied (JSON: stage name -> inventory), so
 /// that an upgrade prunes from this record instead of re-rendering the old release.
 pub const STAGE_INVENTORY_ANNOTATION: &str = "clusterstack.x-k8s.io/stage-inventory";
+/// Annotation with a digest of the values the applied addons were rendered from (`sha256:<hex>` of every
+/// templated values file of the release): when the Cluster's data templates into other values, the addons
+/// are rendered and applied again.
+pub const APPLIED_INPUTS_ANNOTATION: &str = "clusterstack.x-k8s.io/applied-inputs";
 
 /// The name of the ClusterAddon of Cluster `cluster` (the Go operator's convention).
 pub fn cluster_addon_name(cluster: &str) -> String {

@@ -115,9 +115,14 @@ pub async fn addon_values(templater: &ValuesTemplater, file: &Path, data: &Value
 /// A stage's chart directory in the unpacked addon archive, and its `overwrite.yaml` if it has one.
 pub fn stage_chart(charts: &Path, stage: &Stage) -> (PathBuf, Option<PathBuf>) {
     let chart = charts.join(&stage.name);
-    let overwrite = chart.join("overwrite.yaml");
-    let values = overwrite.is_file().then_some(overwrite);
+    let values = stage_values_file(charts, &stage.name);
     (chart, values)
+}
+
+/// The values file (`overwrite.yaml`) of the stage chart `name` in the unpacked addon archive, if it has one.
+pub fn stage_values_file(charts: &Path, name: &str) -> Option<PathBuf> {
+    let overwrite = charts.join(name).join("overwrite.yaml");
+    overwrite.is_file().then_some(overwrite)
 }
 
 /// The labels objects are applied with: the operator's release label naming `owner` (the

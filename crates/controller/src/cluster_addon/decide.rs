@@ -14,7 +14,10 @@ use cso_api::{
 use cso_apply::ApplyReport;
 use kube::ResourceExt;
 
-use super::decision::{Decision, decide};
+use super::{
+    decision::{Decision, decide},
+    inputs::Inputs,
+};
 use crate::{
     cluster_stack_release::FetchFailure,
     events::{Events, Kind},
@@ -30,6 +33,8 @@ pub(crate) struct Progress {
     pub(crate) resync_due: bool,
     /// What the workload cluster's drift watches tell about the applied objects.
     pub(crate) drift: Drift,
+    /// What the values templates give now, against what the applied addons were rendered from.
+    pub(crate) inputs: Inputs,
     /// How many objects the addon chart rendered, or the `HelmChartTemplated` reason and message.
     pub(crate) rendered: Option<Result<usize, (&'static str, String)>>,
     pub(crate) applied: Option<ApplyReport>,
@@ -48,9 +53,13 @@ pub(crate) enum Drift {
 }
 
 impl Progress {
-    /// Whether the applied addons are to be applied again: drift was found, or the periodic pass is due and
-    /// the watches cannot vouch for the objects. With the watches vouching, the periodic pass writes nothing.
+    /// Whether the applied addons are to be rendered and applied again: the values templates give other
+    /// values than they were rendered from, drift was found, or the periodic pass is due and the watches
+    /// cannot vouch for the objects. With the watches vouching, the periodic pass writes nothing.
     pub(crate) fn reapply_due(&self) -> bool {
+        if self.inputs.changed() {
+            return true;
+        }
         match self.drift {
             Drift::Found => true,
             Drift::None => false,
@@ -106,6 +115,8 @@ pub(crate) enum Step {
     ReadCluster,
     ConnectWorkload,
     FetchRelease,
+    /// Template the release's values files over the Cluster's data (see [`super::inputs`]).
+    TemplateValues,
     Render,
     Apply,
     /// A multi-stage release: the stage machine takes over with this decision.
@@ -145,6 +156,13 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
             staged,
         } => (addon_version, *staged),
     };
+    // A hook's stages under way render their own values; otherwise the values tell whether the inputs changed.
+    let hook_running = staged && !addon.spec.hook.is_empty();
+    match &progress.inputs {
+        Inputs::Unknown if !hook_running => return Step::TemplateValues,
+        Inputs::Failed { .. } => return Step::Conclude,
+        Inputs::Unknown | Inputs::Templated { .. } | Inputs::Unavailable => {}
+    }
     let decision = decision(addon, target, addon_version, progress.reapply_due());
     if staged {
         return Step::RunStages(decision);
@@ -166,6 +184,8 @@ pub(crate) struct SpecUpdate {
     /// `Some("")` clears `spec.hook`.
     pub(crate) hook: Option<String>,
     pub(crate) stage: Option<&'static str>,
+    /// The digest of the values the addons found applied were rendered from (see [`super::inputs`]).
+    pub(crate) inputs: Option<String>,
 }
 
 /// How the reconcile ends.
@@ -275,10 +295,27 @@ pub(crate) fn conclude_prefix(
     }
 }
 
-/// Single-chart releases: the whole reconcile, into `addon`'s status and conditions.
+/// The addons could not be rendered (`reason`: why, the `HelmChartTemplated` reason): reported, retried
+/// with backoff; what is applied stays as it is.
+fn not_templated(addon: &mut ClusterAddon, reason: &'static str, message: &str) -> Conclusion {
+    let mut conclusion = Conclusion::new(Outcome::Retry(message.to_owned()));
+    conclusion.events.report_false(
+        addon,
+        (condition::HELM_CHART_TEMPLATED, reason, Severity::Error),
+        message,
+        (Kind::Warning, reason),
+    );
+    conclusion
+}
+
+/// Single-chart releases: the whole reconcile, into `addon`'s status and conditions; for multi-stage
+/// releases, a values file that does not template before any stage runs.
 pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals: Intervals) -> Conclusion {
     if let Some(conclusion) = conclude_prefix(progress, addon, intervals) {
         return conclusion;
+    }
+    if let Inputs::Failed { reason, message } = &progress.inputs {
+        return not_templated(addon, reason, message);
     }
     let (ClusterState::Uses(target), ReleaseState::Ready { addon_version, .. }) =
         (&progress.cluster, &progress.release)
@@ -293,6 +330,8 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
             let mut conclusion = Conclusion::new(resynced);
             conclusion.spec.cluster_stack = Some(target.cluster_class_name());
             conclusion.spec.hook = Some(String::new());
+            // Addons applied before digests were recorded adopt the current one (see `super::inputs`).
+            conclusion.spec.inputs = progress.inputs.digest().map(str::to_owned);
             status_of(addon).ready = true;
             return conclusion;
         }
@@ -303,16 +342,7 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     }
     match &progress.rendered {
         None => return Conclusion::new(Outcome::Retry("the addon chart was not rendered".into())),
-        Some(Err((reason, message))) => {
-            let mut conclusion = Conclusion::new(Outcome::Retry(message.clone()));
-            conclusion.events.report_false(
-                addon,
-                (condition::HELM_CHART_TEMPLATED, reason, Severity::Error),
-                message,
-                (Kind::Warning, reason),
-            );
-            return conclusion;
-        }
+        Some(Err((reason, message))) => return not_templated(addon, reason, message),
         Some(Ok(_)) => addon.delete_condition(condition::HELM_CHART_TEMPLATED),
     }
     let Some(report) = &progress.applied else {
@@ -357,6 +387,7 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
         version: Some(addon_version.clone()),
         hook: Some(String::new()),
         stage: stage_after_apply(addon, installed, upgrade),
+        inputs: progress.inputs.digest().map(str::to_owned),
     };
     conclusion
 }
@@ -408,7 +439,10 @@ mod tests {
         addon
     }
 
-    /// Progress up to a release `tag` with addon version `version`.
+    /// The digest of the values the progress of [`ready`] templated.
+    const DIGEST: &str = "sha256:0d";
+
+    /// Progress up to a release `tag` with addon version `version`, its values templated as applied.
     fn ready(tag: &str, version: &str, staged: bool) -> Progress {
         Progress {
             cluster: ClusterState::Uses(id(tag)),
@@ -417,6 +451,7 @@ mod tests {
                 addon_version: version.into(),
                 staged,
             },
+            inputs: Inputs::templated(None, DIGEST.into()),
             ..Progress::default()
         }
     }
@@ -514,6 +549,16 @@ mod tests {
         Step::Conclude
     )]
     #[case::staged_first_install(ready("docker-ferrol-1-27-v1", "v1", true), Step::RunStages(Decision::Apply { upgrade: false }))]
+    #[case::values_first(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.inputs = Inputs::Unknown), Step::TemplateValues)]
+    #[case::staged_values_first(with(ready("docker-ferrol-1-27-v1", "v1", true), |p| p.inputs = Inputs::Unknown), Step::TemplateValues)]
+    #[case::values_failed(
+        with(ready("docker-ferrol-1-27-v1", "v1", true), |p| p.inputs = Inputs::Failed { reason: reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message: "x".into() }),
+        Step::Conclude
+    )]
+    #[case::stage_charts_unavailable(
+        with(ready("docker-ferrol-1-27-v1", "v1", true), |p| p.inputs = Inputs::Unavailable),
+        Step::RunStages(Decision::Apply { upgrade: false })
+    )]
     fn next_step_of_a_first_install(#[case] progress: Progress, #[case] expected: Step) {
         assert_eq!(next_step(&progress, &addon("", "", false)), expected);
     }
@@ -532,6 +577,78 @@ mod tests {
         let installed = addon("docker-ferrol-1-27-v2", "v2", true);
         let progress = with(ready(tag, version, false), |p| p.resync_due = due);
         assert_eq!(next_step(&progress, &installed), expected);
+    }
+
+    #[rstest]
+    #[case::same_values(false, Step::Conclude, Step::RunStages(Decision::RecordOnly))]
+    #[case::other_values(true, Step::Render, Step::RunStages(Decision::Apply { upgrade: false }))]
+    fn changed_values_render_and_apply_the_same_release_again(
+        #[case] changed: bool,
+        #[case] single: Step,
+        #[case] staged: Step,
+    ) {
+        let installed = addon("docker-ferrol-1-27-v2", "v2", true);
+        for (is_staged, expected) in [(false, single), (true, staged)] {
+            let progress = with(ready("docker-ferrol-1-27-v2", "v2", is_staged), |p| {
+                p.drift = Drift::None;
+                p.inputs = Inputs::Templated {
+                    digest: DIGEST.into(),
+                    changed,
+                };
+            });
+            assert_eq!(progress.reapply_due(), changed);
+            assert_eq!(next_step(&progress, &installed), expected);
+        }
+    }
+
+    #[test]
+    fn a_hook_under_way_renders_its_stages_own_values() {
+        let mut running = addon("docker-ferrol-1-27-v2", "v2", true);
+        running.spec.hook = "BeforeClusterUpgrade".into();
+        let progress = with(ready("docker-ferrol-1-27-v3", "v3", true), |p| {
+            p.inputs = Inputs::Unknown
+        });
+        assert_eq!(
+            next_step(&progress, &running),
+            Step::RunStages(Decision::Apply { upgrade: true })
+        );
+    }
+
+    #[test]
+    fn values_that_do_not_template_are_reported_and_nothing_is_recorded() {
+        let mut a = addon("docker-ferrol-1-27-v2", "v2", true);
+        a.status.get_or_insert_with(Default::default).ready = true;
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+            p.inputs = Inputs::Failed {
+                reason: reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED,
+                message: "the Cluster's infrastructure cluster (DockerCluster ns/c1) was not found".into(),
+            };
+        });
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(matches!(conclusion.outcome, Outcome::Retry(_)));
+        assert_eq!(conclusion.spec, SpecUpdate::default());
+        assert_eq!(
+            condition_of(&a, condition::HELM_CHART_TEMPLATED),
+            Some((
+                ConditionStatus::False,
+                Some(reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED.into())
+            ))
+        );
+        assert!(a.status.as_ref().unwrap().ready, "what is applied stays as it is");
+    }
+
+    #[rstest]
+    #[case::adopted_without_a_render(None)]
+    #[case::kept(Some(DIGEST))]
+    fn settled_addons_record_the_digest_of_their_values(#[case] recorded: Option<&str>) {
+        let a = addon("docker-ferrol-1-27-v2", "v2", true);
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+            p.drift = Drift::None;
+            p.inputs = Inputs::templated(recorded, DIGEST.into());
+        });
+        assert_eq!(next_step(&progress, &a), Step::Conclude, "nothing is rendered");
+        let conclusion = conclude(&progress, &mut a.clone(), INTERVALS);
+        assert_eq!(conclusion.spec.inputs.as_deref(), Some(DIGEST));
     }
 
     #[rstest]
@@ -603,6 +720,7 @@ mod tests {
             SpecUpdate {
                 cluster_stack: Some("docker-ferrol-1-27-v3".into()),
                 hook: Some(String::new()),
+                inputs: Some(DIGEST.into()),
                 ..Default::default()
             },
             "the class is recorded and the hook set by the hook server is done"
@@ -728,6 +846,7 @@ mod tests {
                     "created" => "created",
                     _ => "upgraded",
                 }),
+                inputs: Some(DIGEST.into()),
             }
         );
         assert_eq!(

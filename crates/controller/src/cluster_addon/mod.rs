@@ -14,6 +14,7 @@
 
 pub(crate) mod decide;
 pub mod decision;
+mod inputs;
 mod staged;
 pub(crate) mod stages;
 
@@ -26,7 +27,7 @@ use std::{
 use cso_api::{
     ClusterAddon,
     capi::Cluster,
-    cluster_addon::{CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
+    cluster_addon::{APPLIED_INPUTS_ANNOTATION, CLUSTER_ADDON_FINALIZER, STAGE_ANNOTATION},
     common::{Resource as InventoryEntry, ResourceStatus},
     conditions::ConditionsExt,
     names::reason,
@@ -46,6 +47,7 @@ use self::decide::{
     ClusterState, Conclusion, Drift, Intervals, Outcome, Progress, ReleaseState, SpecUpdate, Step,
     WorkloadState, conclude, conclude_prefix, next_step,
 };
+use self::inputs::Inputs;
 use crate::{
     Context, Error,
     applier::{Target, Work},
@@ -120,6 +122,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         cluster: None,
         workload: None,
         release: None,
+        values: None,
         manifests: Vec::new(),
         // While a hook's stages are under way, they decide what is applied: drift waits for them.
         vouch: ctx.own.ever_applied(&key) && addon.spec.hook.is_empty(),
@@ -137,7 +140,9 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
                 if let Some(conclusion) = conclude_prefix(&progress, &mut working, intervals) {
                     break conclusion;
                 }
-                let end = driver.stages(&api, &mut working, decision).await?;
+                let end = driver
+                    .stages(&api, &mut working, decision, progress.inputs.digest())
+                    .await?;
                 if end.persisted.is_some() {
                     before = end.persisted;
                 }
@@ -235,6 +240,8 @@ struct Driver<'a> {
     cluster: Option<Cluster>,
     workload: Option<WorkloadCluster>,
     release: Option<Arc<Release>>,
+    /// The templated values of a single-chart release (rendered with them).
+    values: Option<String>,
     manifests: Vec<Manifest>,
     /// Ask the drift watches: the addon applied everything it has in this process (see
     /// `ResyncClock::ever_applied`) and no hook is under way.
@@ -325,20 +332,37 @@ impl Driver<'_> {
                     },
                 };
             }
-            Step::Render => {
-                let (cluster, workload, release) = self.parts()?;
-                let AddonStyle::Single { values_file } = &release.addons else {
-                    return Err(Error::Internal(
-                        "a single-chart render of a staged release".into(),
-                    ));
+            Step::TemplateValues => {
+                let (cluster, _, release) = self.parts()?;
+                let recorded = self.addon.annotations().get(APPLIED_INPUTS_ANNOTATION);
+                progress.inputs = match &release.addons {
+                    AddonStyle::Single { values_file } => {
+                        match template_values(self.ctx, cluster, values_file).await {
+                            Ok(values) => {
+                                let digest = inputs::digest([("", values.as_str())]);
+                                self.values = Some(values);
+                                Inputs::templated(recorded.map(String::as_str), digest)
+                            }
+                            Err((reason, message)) => Inputs::Failed { reason, message },
+                        }
+                    }
+                    AddonStyle::Staged { config } => {
+                        match staged::values_digest(self.ctx, cluster, release, config).await {
+                            Ok(Some(digest)) => Inputs::templated(recorded.map(String::as_str), digest),
+                            Ok(None) => Inputs::Unavailable,
+                            Err((reason, message)) => Inputs::Failed { reason, message },
+                        }
+                    }
                 };
-                let rendered = render_addon(
+            }
+            Step::Render => {
+                let (_, workload, release) = self.parts()?;
+                let rendered = render_templated(
                     self.ctx,
-                    cluster,
                     workload,
                     release,
                     &release.cluster_addon_archive,
-                    Some(values_file),
+                    self.values.clone(),
                     None,
                 )
                 .await;
@@ -387,6 +411,7 @@ impl Driver<'_> {
         api: &Api<ClusterAddon>,
         addon: &mut ClusterAddon,
         decision: decision::Decision,
+        inputs: Option<&str>,
     ) -> Result<staged::StagedEnd, Error> {
         let (cluster, workload, release) = self.parts()?;
         let AddonStyle::Staged { config } = &release.addons else {
@@ -399,47 +424,64 @@ impl Driver<'_> {
             release,
             workload,
             config,
+            inputs,
         };
         run.sync(addon, decision).await
     }
 }
 
-/// Renders `chart` for the workload cluster: values from `values_file` (templated over the Cluster and
-/// the objects it references) if given, rendered against the workload cluster for `kube_version` (the
-/// release's when `None`). On failure, the `HelmChartTemplated` reason and a message.
-pub(crate) async fn render_addon(
+/// Templates `values_file` over the Cluster and the objects it references. On failure, the
+/// `HelmChartTemplated` reason and a message.
+pub(crate) async fn template_values(
     ctx: &Context,
     cluster: &Cluster,
+    values_file: &std::path::Path,
+) -> Result<String, (&'static str, String)> {
+    let data = cluster_data(ctx, cluster).await?;
+    template_over(ctx, &data, values_file).await
+}
+
+/// The data values templates see (see [`template_data`]), or the `HelmChartTemplated` reason and a message.
+pub(crate) async fn cluster_data(
+    ctx: &Context,
+    cluster: &Cluster,
+) -> Result<serde_json::Value, (&'static str, String)> {
+    template_data(&ctx.discovery, cluster)
+        .await
+        .map_err(|e| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, e.to_string()))
+}
+
+/// Templates `values_file` over `data`, or the `HelmChartTemplated` reason and a message.
+pub(crate) async fn template_over(
+    ctx: &Context,
+    data: &serde_json::Value,
+    values_file: &std::path::Path,
+) -> Result<String, (&'static str, String)> {
+    rendering::addon_values(&ctx.values, values_file, data)
+        .await
+        .map_err(|message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message))
+}
+
+/// Renders `chart` with the templated `values` against the workload cluster, for `kube_version` (the
+/// release's when `None`). On failure, the `HelmChartTemplated` reason and a message.
+pub(crate) async fn render_templated(
+    ctx: &Context,
     workload: &WorkloadCluster,
     release: &Release,
     chart: &std::path::Path,
-    values_file: Option<&std::path::Path>,
+    values: Option<String>,
     kube_version: Option<&str>,
 ) -> Result<Vec<Manifest>, (&'static str, String)> {
-    let overwrite = |message| (reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED, message);
-    let data = match values_file {
-        Some(_) => Some(
-            template_data(&ctx.discovery, cluster)
-                .await
-                .map_err(|e| overwrite(e.to_string()))?,
-        ),
-        None => None,
-    };
-    let values = values_file.zip(data.as_ref());
-    rendering::render_addon_chart(
-        ctx.renderer.as_ref(),
-        &ctx.values,
+    let request = rendering::addon_request(
         release,
         chart,
         values,
         Some(workload.kubeconfig_path.clone()),
         kube_version,
-    )
-    .await
-    .map_err(|e| match e {
-        rendering::AddonRenderError::Values(message) => overwrite(message),
-        rendering::AddonRenderError::Chart(message) => (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message),
-    })
+    );
+    rendering::render(ctx.renderer.as_ref(), request)
+        .await
+        .map_err(|message| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message))
 }
 
 /// Which hooks the release of the Cluster's class has stages for (recorded in the annotation
@@ -480,6 +522,12 @@ async fn write_spec(
         .filter(|s| addon.annotations().get(STAGE_ANNOTATION).map(String::as_str) != Some(*s))
     {
         annotations.insert(STAGE_ANNOTATION.into(), stage.into());
+    }
+    if let Some(digest) = update
+        .inputs
+        .filter(|d| addon.annotations().get(APPLIED_INPUTS_ANNOTATION) != Some(d))
+    {
+        annotations.insert(APPLIED_INPUTS_ANNOTATION.into(), digest.into());
     }
     if let Some(stages) = hook_stages.filter(|stages| HookStages::of(addon).as_ref() != Some(stages)) {
         annotations.insert(HOOK_STAGES_ANNOTATION.into(), stages.encode().into());

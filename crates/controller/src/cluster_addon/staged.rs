@@ -32,7 +32,7 @@ use serde_json::json;
 use super::{
     decide::{Conclusion, Outcome, SpecUpdate},
     decision::Decision,
-    render_addon,
+    inputs, render_templated,
     stages::{self, Check, Finished, Flow, HookChoice, StageInventory, StageStep, StageWork},
 };
 use crate::{
@@ -53,6 +53,8 @@ pub(super) struct StagedRun<'a> {
     pub(super) release: &'a Release,
     pub(super) workload: &'a WorkloadCluster,
     pub(super) config: &'a AddonConfig,
+    /// The digest of the values this reconcile templated before the stages (none while a hook is under way).
+    pub(super) inputs: Option<&'a str>,
 }
 
 /// How a staged reconcile ended, and the status it last wrote (the final write compares with it).
@@ -86,6 +88,8 @@ impl StagedRun<'_> {
         let hook = match stages::choose_hook(addon, decision, last_stage.as_deref()) {
             HookChoice::RecordOnly => {
                 end.conclusion.spec.cluster_stack = Some(self.release.id.cluster_class_name());
+                // Addons applied before digests were recorded adopt the current one (see `super::inputs`).
+                end.conclusion.spec.inputs = self.inputs.map(str::to_owned);
                 addon.status.get_or_insert_with(Default::default).ready = true;
                 return Ok(end);
             }
@@ -247,6 +251,7 @@ impl StagedRun<'_> {
             version: Some(self.release.metadata.cluster_addon.to_dash()),
             hook: Some(String::new()),
             stage,
+            inputs: self.applied_inputs().await,
         };
         Ok(end)
     }
@@ -283,7 +288,21 @@ impl StagedRun<'_> {
         addon.status.get_or_insert_with(Default::default).ready = true;
         self.persist(addon, &inventory, end).await?;
         end.conclusion.applied_all = true;
+        end.conclusion.spec.inputs = self.applied_inputs().await;
         Ok(())
+    }
+
+    /// The digest to record with a hook's stages that ended now: the one templated before they started in
+    /// this reconcile, else (a hook that ran over several reconciles) the values' digest now. A change of the
+    /// inputs while such a hook ran is then taken as applied; the hook's last stages rendered with it.
+    async fn applied_inputs(&self) -> Option<String> {
+        if let Some(digest) = self.inputs {
+            return Some(digest.to_owned());
+        }
+        values_digest(self.ctx, self.cluster, self.release, self.config)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The release's stage charts, unpacked.
@@ -347,13 +366,19 @@ impl StagedRun<'_> {
         if !chart.is_dir() {
             return StageWork::ChartMissing;
         }
-        let manifests = match render_addon(
+        let values = match values {
+            Some(file) => match super::template_values(self.ctx, self.cluster, &file).await {
+                Ok(values) => Some(values),
+                Err((reason, message)) => return StageWork::NotRendered(reason, message),
+            },
+            None => None,
+        };
+        let manifests = match render_templated(
             self.ctx,
-            self.cluster,
             self.workload,
             self.release,
             &chart,
-            values.as_deref(),
+            values,
             kube_version,
         )
         .await
@@ -454,6 +479,37 @@ impl StagedRun<'_> {
             .await;
         Ok(())
     }
+}
+
+/// The digest of every stage chart's templated `overwrite.yaml` (in chart name order; a chart without one
+/// counts with empty values); `None` when the stage charts do not unpack (the stages report that).
+pub(super) async fn values_digest(
+    ctx: &Context,
+    cluster: &Cluster,
+    release: &Release,
+    config: &AddonConfig,
+) -> Result<Option<String>, (&'static str, String)> {
+    let Ok(charts) = release.addon_charts(UnpackLimits::default()) else {
+        return Ok(None);
+    };
+    let mut data = None;
+    let mut values = Vec::new();
+    for chart in config.chart_names() {
+        let text = match rendering::stage_values_file(&charts, chart) {
+            Some(file) => {
+                let data = match &data {
+                    Some(data) => data,
+                    None => data.insert(super::cluster_data(ctx, cluster).await?),
+                };
+                super::template_over(ctx, data, &file).await?
+            }
+            None => String::new(),
+        };
+        values.push((chart, text));
+    }
+    Ok(Some(inputs::digest(
+        values.iter().map(|(chart, text)| (*chart, text.as_str())),
+    )))
 }
 
 /// The recorded stage inventory; an unreadable record counts as empty (nothing is pruned by mistake).

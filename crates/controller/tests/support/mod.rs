@@ -5,6 +5,7 @@
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
 use std::{
+    collections::BTreeMap,
     future::Future,
     path::{Path, PathBuf},
     sync::Arc,
@@ -412,4 +413,46 @@ pub async fn go_operator_apply(client: &Client, namespace: &str, object: Value) 
     cso_testenv::go_operator::apply(client, namespace, object)
         .await
         .unwrap()
+}
+
+/// Sum of the samples of counter `name` in Prometheus text `text` whose labels contain each of `labels`.
+pub fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The metrics of the API server of `workload`.
+pub async fn workload_metrics(workload: &Client) -> String {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    workload.request_text(request).await.unwrap()
+}
+
+/// The write requests of the kinds the operator makes (server-side apply, patch, delete) the API server of
+/// `workload` answered, by verb and resource (creates and updates are the API server's own bootstrapping and
+/// bookkeeping: its Leases, its `kubernetes` endpoints).
+pub async fn workload_writes(workload: &Client) -> BTreeMap<String, f64> {
+    let text = workload_metrics(workload).await;
+    let mut writes = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let label = |name: &str| {
+            let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+            Some(line[start..].split('"').next()?.to_owned())
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
+            continue;
+        };
+        if !["PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+            continue;
+        }
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_default();
+        *writes.entry(format!("{verb} {resource}")).or_default() += count;
+    }
+    writes
 }
