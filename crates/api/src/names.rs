@@ -25,6 +25,9 @@ pub mod condition {
     pub const RELEASES_SYNCED: &str = "ReleasesSynced";
     /// *New.* On a ClusterStackRelease being deleted: False while Clusters still use its ClusterClass.
     pub const CLUSTER_CLASS_UNUSED: &str = "ClusterClassUnused";
+    /// *New.* On a ClusterAddon: True when every applied object with a health rule runs (Deployments
+    /// available, DaemonSets rolled out, Jobs complete, ...; `cso_apply::health`). `status.ready` needs it.
+    pub const ADDONS_HEALTHY: &str = "AddonsHealthy";
 }
 
 /// Condition reasons.
@@ -71,6 +74,13 @@ pub mod reason {
     /// *New.* `ClusterStackReleaseDownloaded` False: a chart dependency of the release (a subchart it does not
     /// vendor) could not be fetched; the message names the chart, the dependency's version and repository.
     pub const CHART_DEPENDENCY_UNAVAILABLE: &str = "ChartDependencyUnavailable";
+    /// *New.* `AddonsHealthy` False (Info): applied, not running yet; waited for up to `--stage-timeout`.
+    pub const WAITING_FOR_HEALTH: &str = "WaitingForHealth";
+    /// *New.* `AddonsHealthy` False (Warning): not running `--stage-timeout` after the apply; the message names
+    /// the objects and why. A hook waiting for these addons goes on.
+    pub const NOT_HEALTHY_IN_TIME: &str = "NotHealthyInTime";
+    /// *New.* `AddonsHealthy` False (Warning): the addons ran, and no longer do (found by a later check).
+    pub const DEGRADED: &str = "Degraded";
 }
 
 /// Event reasons.
@@ -100,6 +110,10 @@ pub mod event {
     /// *New.*
     pub const FAILED_TO_DELETE_OBJECTS: &str = "FailedToDeleteObjects";
     pub const TEMPLATE_NEW_CLUSTER_STACK_FAILED: &str = "TemplateNewClusterStackFailed";
+    /// *New.* Applied addons did not run within `--stage-timeout` (`AddonsHealthy` False, `NotHealthyInTime`).
+    pub const ADDONS_NOT_HEALTHY: &str = "AddonsNotHealthy";
+    /// *New.* Addons that ran no longer do (`AddonsHealthy` False, `Degraded`).
+    pub const ADDONS_DEGRADED: &str = "AddonsDegraded";
     /// *New.* A stage of a lifecycle hook failed (render, apply, CEL).
     pub const STAGE_FAILED: &str = "StageFailed";
     /// *New.* A stage of a lifecycle hook did not finish within `--stage-timeout`: given up, the hook goes on.

@@ -590,15 +590,19 @@ impl HealthReport {
 /// inventory names twice is read once.
 pub async fn check(discovery: &ClusterDiscovery, resources: &[Resource]) -> HealthReport {
     let mut seen = HashSet::new();
-    let wanted: Vec<(usize, &Resource)> = resources
+    // Owned entries: the reads' futures borrow nothing but the discovery (a future that borrows its
+    // argument is not `Send` for every lifetime, which a caller spawned on the runtime needs).
+    let wanted: Vec<(usize, Resource)> = resources
         .iter()
         .enumerate()
         .filter(|(_, resource)| has_rule(&resource.group, &resource.kind))
         .filter(|(_, resource)| seen.insert(ObjectKey::of(resource)))
+        .map(|(position, resource)| (position, resource.clone()))
         .collect();
     let outcomes: Vec<(usize, ObjectKey, Result<Health, String>)> =
-        futures::stream::iter(wanted.iter().map(|&(position, resource)| async move {
-            (position, ObjectKey::of(resource), read(discovery, resource).await)
+        futures::stream::iter(wanted.into_iter().map(|(position, resource)| async move {
+            let outcome = read(discovery, &resource).await;
+            (position, ObjectKey::of(&resource), outcome)
         }))
         .buffered(CONCURRENT_READS)
         .collect()

@@ -132,6 +132,8 @@ async fn run(
         settings: Settings {
             namespace: Some(ns.clone()),
             cluster_addon_concurrency: CONCURRENCY,
+            // The workload clusters are bare API servers: nothing they hold ever runs.
+            addon_health_checks: false,
             ..Settings::default()
         },
         cluster_resource: cso_controller::cluster_resource(client).await,

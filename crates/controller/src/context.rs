@@ -75,6 +75,10 @@ pub struct Settings {
     /// never holds, its objects cannot be applied) is given up with a Warning, so that Cluster API is not held
     /// forever.
     pub stage_timeout: Duration,
+    /// `--addon-health-checks`: applied addons count as ready only once what they applied runs (Deployments
+    /// available, DaemonSets rolled out, Jobs complete, CRDs established, ...), waited for up to
+    /// `stage_timeout`, checked again at every periodic pass. Off: ready when applied, as the Go operator has it.
+    pub addon_health_checks: bool,
 }
 
 impl Default for Settings {
@@ -91,6 +95,7 @@ impl Default for Settings {
             client_limits: cso_apply::ClientLimits::UNLIMITED,
             reconcile_timeout: Duration::from_secs(600),
             stage_timeout: Duration::from_secs(600),
+            addon_health_checks: true,
         }
     }
 }

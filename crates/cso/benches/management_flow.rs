@@ -47,6 +47,7 @@ async fn main() {
         .arg("run")
         .arg(format!("--kubeconfig={}", plane.kubeconfig_path().display()))
         .arg("--leader-elect=false")
+        .arg("--addon-health-checks=false")
         .arg("--local=true")
         .arg(format!("--release-dir={}", release_dir.path().display()))
         .arg("--log-level=error")

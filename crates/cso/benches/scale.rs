@@ -483,6 +483,8 @@ impl Operator {
             format!("--webhook-cert-dir={}", certs.display()),
             format!("--hook-port={}", free_port()),
             format!("--hook-cert-dir={}", certs.display()),
+            // The workload clusters are bare API servers: nothing they hold ever runs.
+            "--addon-health-checks=false".to_owned(),
         ];
         if let Some(resync) = settings.resync {
             args.push(format!("--resync-interval={}s", resync.as_secs()));

@@ -168,6 +168,13 @@ pub struct RunArgs {
     /// `StageTimedOut`), so that Cluster API can go on instead of holding the Cluster forever.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub stage_timeout: Duration,
+    /// Ready means running: applied addons count as ready only once what they applied runs (Deployments
+    /// available, DaemonSets rolled out, StatefulSets ready, Jobs complete, CRDs established, APIServices
+    /// available), waited for up to `--stage-timeout` (condition `AddonsHealthy`) and checked again at every
+    /// resync. The next stage of a hook waits for the objects of the one before to run. `false`: ready once
+    /// applied, as the Go operator has it.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true")]
+    pub addon_health_checks: bool,
     /// Field managers whose applied fields are taken over (comma-separated; `kubectl` is how the Go
     /// operator applies, so swapping operators leaves no fields stranded). Empty to disable.
     #[arg(long, default_value = "kubectl", value_delimiter = ',')]

@@ -126,7 +126,11 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         values: Arc::new(ValuesTemplater::with_engine(engine)),
         metrics: Default::default(),
         take_over_from: Vec::new(),
-        settings: Settings::default(),
+        settings: Settings {
+            // The demo's workload cluster is a bare API server: nothing it holds ever runs.
+            addon_health_checks: false,
+            ..Settings::default()
+        },
         cluster_resource: cso_controller::cluster_resource(&client).await,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

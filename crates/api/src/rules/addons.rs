@@ -3,7 +3,11 @@
 //! `BeforeClusterUpgrade` until they are), and would a class bring the same addons (the controller then
 //! renders nothing).
 
-use crate::{ClusterAddon, ReleaseId, conditions::ConditionsExt, names::condition};
+use crate::{
+    ClusterAddon, ReleaseId,
+    conditions::{ConditionStatus, ConditionsExt},
+    names::{condition, reason},
+};
 
 /// The addons a ClusterAddon last applied, and whether that apply is complete.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -13,7 +17,8 @@ pub struct AppliedAddons {
     pub class: Option<ReleaseId>,
     /// Their addon version (`spec.version`, dash form).
     pub version: String,
-    /// `status.ready` and `HelmChartApplied` True: the last apply succeeded.
+    /// `HelmChartApplied` True and `status.ready` (applied and running), or running given up on: the last
+    /// apply succeeded and its health was waited for (see [`health_settled`]).
     pub complete: bool,
     /// `spec.hook` is set: a hook's stages are running.
     pub hook_running: bool,
@@ -23,8 +28,7 @@ impl AppliedAddons {
     /// What `addon` records.
     pub fn of(addon: &ClusterAddon) -> Self {
         AppliedAddons {
-            complete: addon.status.as_ref().is_some_and(|s| s.ready)
-                && addon.is_condition_true(condition::HELM_CHART_APPLIED),
+            complete: addon.is_condition_true(condition::HELM_CHART_APPLIED) && health_settled(addon),
             hook_running: !addon.spec.hook.is_empty(),
             ..Self::recorded(&addon.spec.cluster_stack, &addon.spec.version)
         }
@@ -56,6 +60,20 @@ impl AppliedAddons {
                 && self.version == target_addon_version
         })
     }
+}
+
+/// Whether what the addons' health has to say is said: they run (`status.ready`), or waiting for them to run
+/// was given up after `--stage-timeout`, or they ran and no longer do. A hook holding a Cluster for its
+/// addons goes on then; `AddonsHealthy` and the events tell that they do not run.
+pub fn health_settled(addon: &ClusterAddon) -> bool {
+    addon.status.as_ref().is_some_and(|s| s.ready)
+        || addon.get_condition(condition::ADDONS_HEALTHY).is_some_and(|c| {
+            c.status == ConditionStatus::False
+                && matches!(
+                    c.reason.as_deref(),
+                    Some(reason::NOT_HEALTHY_IN_TIME | reason::DEGRADED)
+                )
+        })
 }
 
 #[cfg(test)]
@@ -104,6 +122,35 @@ mod tests {
         assert_eq!(fresh, AppliedAddons::default());
         assert_eq!(AppliedAddons::recorded("", ""), AppliedAddons::default());
         assert_eq!(AppliedAddons::recorded("my-own-class", "v1").class, None);
+    }
+
+    #[test]
+    fn health_is_settled_when_running_or_given_up_on_never_while_waiting() {
+        use crate::conditions::Severity;
+        let cases = [
+            (true, None, true),
+            (false, None, false),
+            (false, Some((reason::WAITING_FOR_HEALTH, Severity::Info)), false),
+            (
+                false,
+                Some((reason::NOT_HEALTHY_IN_TIME, Severity::Warning)),
+                true,
+            ),
+            (false, Some((reason::DEGRADED, Severity::Warning)), true),
+        ];
+        for (ready, health, settled) in cases {
+            let mut a = addon("docker-ferrol-1-27-v2", "v2", "", ready, true);
+            if let Some((why, severity)) = health {
+                a.mark_false(
+                    condition::ADDONS_HEALTHY,
+                    why,
+                    severity,
+                    "Deployment kube-system/x: 0 of 1",
+                );
+            }
+            assert_eq!(health_settled(&a), settled, "ready {ready}, {health:?}");
+            assert_eq!(AppliedAddons::of(&a).complete, settled);
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use kube::ResourceExt;
 
 use super::{
     decision::{Decision, decide},
+    health::{self, Found},
     inputs::Inputs,
 };
 use crate::{
@@ -38,6 +39,12 @@ pub(crate) struct Progress {
     /// How many objects the addon chart rendered, or the `HelmChartTemplated` reason and message.
     pub(crate) rendered: Option<Result<usize, (&'static str, String)>>,
     pub(crate) applied: Option<ApplyReport>,
+    /// Health gates are on (`--addon-health-checks`): ready means running, not only applied.
+    pub(crate) health_gates: bool,
+    /// What the health check of the applied objects found, if one ran.
+    pub(crate) health: Option<Found>,
+    /// When the reconcile started.
+    pub(crate) now: chrono::DateTime<chrono::Utc>,
 }
 
 /// What the drift watches of the workload cluster tell about the objects of the inventory.
@@ -119,6 +126,8 @@ pub(crate) enum Step {
     TemplateValues,
     Render,
     Apply,
+    /// Read the applied objects with a health rule (see [`super::health`]).
+    CheckHealth,
     /// A multi-stage release: the stage machine takes over with this decision.
     RunStages(Decision),
     Conclude,
@@ -164,6 +173,13 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
         Inputs::Unknown | Inputs::Templated { .. } | Inputs::Unavailable => {}
     }
     let decision = decision(addon, target, addon_version, progress.reapply_due());
+    let check_settled = decision == Decision::RecordOnly
+        && progress.health.is_none()
+        && !hook_running
+        && health::due_when_settled(addon, progress.health_gates, progress.resync_due);
+    if check_settled {
+        return Step::CheckHealth;
+    }
     if staged {
         return Step::RunStages(decision);
     }
@@ -171,6 +187,11 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
         (Decision::RecordOnly, _, _) => Step::Conclude,
         (Decision::Apply { .. }, None, _) => Step::Render,
         (Decision::Apply { .. }, Some(Ok(_)), None) => Step::Apply,
+        (Decision::Apply { .. }, Some(Ok(_)), Some(report))
+            if report.is_complete() && progress.health_gates && progress.health.is_none() =>
+        {
+            Step::CheckHealth
+        }
         _ => Step::Conclude,
     }
 }
@@ -222,6 +243,8 @@ impl Conclusion {
 pub(crate) struct Intervals {
     pub(crate) workload_retry: Duration,
     pub(crate) resync: Duration,
+    /// How long applied addons are waited for to run (`--stage-timeout`).
+    pub(crate) health_timeout: Duration,
 }
 
 fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
@@ -332,7 +355,8 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
             conclusion.spec.hook = Some(String::new());
             // Addons applied before digests were recorded adopt the current one (see `super::inputs`).
             conclusion.spec.inputs = progress.inputs.digest().map(str::to_owned);
-            status_of(addon).ready = true;
+            let running = running(progress, addon, false, intervals, &mut conclusion);
+            status_of(addon).ready = running;
             return conclusion;
         }
         Decision::Apply { upgrade } => upgrade,
@@ -368,7 +392,8 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     conclusion.applied_all = true;
     let first = !addon.is_condition_true(condition::HELM_CHART_APPLIED);
     addon.mark_true(condition::HELM_CHART_APPLIED);
-    status_of(addon).ready = true;
+    let running = running(progress, addon, first || upgrade, intervals, &mut conclusion);
+    status_of(addon).ready = running;
     if first || upgrade {
         conclusion.events.normal(
             event::CLUSTER_ADDON_APPLIED,
@@ -390,6 +415,37 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
         inputs: progress.inputs.digest().map(str::to_owned),
     };
     conclusion
+}
+
+/// Whether the applied addons run, as far as this reconcile can tell, recorded in `AddonsHealthy`; the
+/// conclusion comes back sooner while they do not. Without health gates, applied is running. Not checked
+/// now (a settled addon between its periodic passes): as the last check found.
+pub(crate) fn running(
+    progress: &Progress,
+    addon: &mut ClusterAddon,
+    applied_anew: bool,
+    intervals: Intervals,
+    conclusion: &mut Conclusion,
+) -> bool {
+    if !progress.health_gates {
+        addon.delete_condition(condition::ADDONS_HEALTHY);
+        return true;
+    }
+    let Some(found) = &progress.health else {
+        return addon.is_condition_true(condition::ADDONS_HEALTHY);
+    };
+    let verdict = health::record(
+        addon,
+        found,
+        applied_anew,
+        progress.now,
+        intervals.health_timeout,
+        &mut conclusion.events,
+    );
+    if let (Some(again), Outcome::Requeue(Some(later))) = (verdict.again, &mut conclusion.outcome) {
+        *later = (*later).min(again);
+    }
+    verdict.running
 }
 
 /// The `ClusterAddonStage` annotation after a complete apply: `created` after the first install, `upgraded`
@@ -422,6 +478,7 @@ mod tests {
     const INTERVALS: Intervals = Intervals {
         workload_retry: Duration::from_secs(10),
         resync: Duration::from_secs(300),
+        health_timeout: Duration::from_secs(600),
     };
 
     fn id(tag: &str) -> ReleaseId {
@@ -635,6 +692,112 @@ mod tests {
             ))
         );
         assert!(a.status.as_ref().unwrap().ready, "what is applied stays as it is");
+    }
+
+    /// [`ready`] with health gates on.
+    fn gated(tag: &str, version: &str, staged: bool) -> Progress {
+        with(ready(tag, version, staged), |p| p.health_gates = true)
+    }
+
+    #[rstest]
+    #[case::after_a_complete_apply(
+        with(gated("docker-ferrol-1-27-v1", "v1", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&[])) }),
+        addon("", "", false),
+        Step::CheckHealth
+    )]
+    #[case::not_after_a_failed_apply(
+        with(gated("docker-ferrol-1-27-v1", "v1", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&["x"])) }),
+        addon("", "", false),
+        Step::Conclude
+    )]
+    #[case::checked(
+        with(gated("docker-ferrol-1-27-v1", "v1", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&[])); p.health = Some(Found::Running) }),
+        addon("", "", false),
+        Step::Conclude
+    )]
+    #[case::settled_never_checked(
+        with(gated("docker-ferrol-1-27-v1", "v1", false), |p| p.drift = Drift::None),
+        addon("docker-ferrol-1-27-v1", "v1", true),
+        Step::CheckHealth
+    )]
+    #[case::settled_staged_never_checked(
+        with(gated("docker-ferrol-1-27-v1", "v1", true), |p| p.drift = Drift::None),
+        addon("docker-ferrol-1-27-v1", "v1", true),
+        Step::CheckHealth
+    )]
+    #[case::settled_without_gates(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.drift = Drift::None),
+        addon("docker-ferrol-1-27-v1", "v1", true),
+        Step::Conclude
+    )]
+    fn health_is_checked_after_a_complete_apply_and_when_settled_addons_are_due(
+        #[case] progress: Progress,
+        #[case] addon: ClusterAddon,
+        #[case] expected: Step,
+    ) {
+        assert_eq!(next_step(&progress, &addon), expected);
+    }
+
+    #[test]
+    fn applied_addons_that_do_not_run_are_not_ready_and_looked_at_again_soon() {
+        let mut a = addon("", "", false);
+        let progress = with(gated("docker-ferrol-1-27-v1", "v1", false), |p| {
+            p.rendered = Some(Ok(2));
+            p.applied = Some(report(&[]));
+            p.health = Some(Found::NotRunning(
+                "Deployment kube-system/metrics-server: 0 of 1 replicas available".into(),
+            ));
+        });
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(!a.status.as_ref().unwrap().ready);
+        assert!(
+            a.is_condition_true(condition::HELM_CHART_APPLIED),
+            "applied all the same"
+        );
+        assert_eq!(
+            condition_of(&a, condition::ADDONS_HEALTHY),
+            Some((ConditionStatus::False, Some(reason::WAITING_FOR_HEALTH.into())))
+        );
+        assert_eq!(conclusion.outcome, Outcome::Requeue(Some(health::WAITING_POLL)));
+        assert_eq!(
+            conclusion.spec.cluster_stack.as_deref(),
+            Some("docker-ferrol-1-27-v1")
+        );
+
+        // Found running at the next look: ready, and back to the periodic pass.
+        let progress = with(gated("docker-ferrol-1-27-v1", "v1", false), |p| {
+            p.drift = Drift::None;
+            p.health = Some(Found::Running);
+        });
+        let mut installed = a.clone();
+        installed.spec.cluster_stack = "docker-ferrol-1-27-v1".into();
+        installed.spec.version = "v1".into();
+        let conclusion = conclude(&progress, &mut installed, INTERVALS);
+        assert!(installed.status.as_ref().unwrap().ready);
+        assert!(installed.is_condition_true(condition::ADDONS_HEALTHY));
+        assert_eq!(conclusion.outcome, Outcome::Requeue(Some(INTERVALS.resync)));
+    }
+
+    #[test]
+    fn without_health_gates_applied_is_ready() {
+        let mut a = addon("", "", false);
+        a.mark_false(
+            condition::ADDONS_HEALTHY,
+            reason::DEGRADED,
+            Severity::Warning,
+            "x",
+        );
+        let progress = with(ready("docker-ferrol-1-27-v1", "v1", false), |p| {
+            p.rendered = Some(Ok(2));
+            p.applied = Some(report(&[]));
+        });
+        conclude(&progress, &mut a, INTERVALS);
+        assert!(a.status.as_ref().unwrap().ready);
+        assert_eq!(
+            a.get_condition(condition::ADDONS_HEALTHY),
+            None,
+            "a left-over condition goes"
+        );
     }
 
     #[rstest]

@@ -14,6 +14,7 @@
 
 pub(crate) mod decide;
 pub mod decision;
+mod health;
 mod inputs;
 mod staged;
 pub(crate) mod stages;
@@ -114,6 +115,8 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     let key = object_key(&addon);
     let mut progress = Progress {
         resync_due: ctx.own.due(&key, ctx.settings.resync_interval),
+        health_gates: ctx.settings.addon_health_checks,
+        now: chrono::Utc::now(),
         ..Progress::default()
     };
     let mut driver = Driver {
@@ -130,6 +133,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     let intervals = Intervals {
         workload_retry: ctx.settings.workload_retry_interval,
         resync: ctx.settings.resync_interval,
+        health_timeout: ctx.settings.stage_timeout,
     };
     let mut working = addon.clone();
     let mut before = addon.status.clone();
@@ -141,7 +145,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
                     break conclusion;
                 }
                 let end = driver
-                    .stages(&api, &mut working, decision, progress.inputs.digest())
+                    .stages(&api, &mut working, decision, &progress, intervals)
                     .await?;
                 if end.persisted.is_some() {
                     before = end.persisted;
@@ -392,6 +396,20 @@ impl Driver<'_> {
                 }
                 progress.applied = Some(report);
             }
+            Step::CheckHealth => {
+                let Some(workload) = &self.workload else {
+                    return Err(Error::Internal(
+                        "a health check before the workload cluster was known".into(),
+                    ));
+                };
+                // What this reconcile applied, else what the last applies left in place.
+                let objects = match &progress.applied {
+                    Some(report) => report.resources.clone(),
+                    None => applied_objects(self.addon),
+                };
+                let report = cso_apply::health::check(&workload.discovery, &objects).await;
+                progress.health = Some(health::Found::of(&report));
+            }
             Step::RunStages(_) | Step::Conclude => {}
         }
         Ok(())
@@ -411,7 +429,8 @@ impl Driver<'_> {
         api: &Api<ClusterAddon>,
         addon: &mut ClusterAddon,
         decision: decision::Decision,
-        inputs: Option<&str>,
+        progress: &Progress,
+        intervals: Intervals,
     ) -> Result<staged::StagedEnd, Error> {
         let (cluster, workload, release) = self.parts()?;
         let AddonStyle::Staged { config } = &release.addons else {
@@ -424,7 +443,8 @@ impl Driver<'_> {
             release,
             workload,
             config,
-            inputs,
+            progress,
+            intervals,
         };
         run.sync(addon, decision).await
     }

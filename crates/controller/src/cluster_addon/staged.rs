@@ -30,7 +30,7 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    decide::{Conclusion, Outcome, SpecUpdate},
+    decide::{Conclusion, Intervals, Outcome, Progress, SpecUpdate, running},
     decision::Decision,
     inputs, render_templated,
     stages::{self, Check, Finished, Flow, HookChoice, StageInventory, StageStep, StageWork},
@@ -53,8 +53,10 @@ pub(super) struct StagedRun<'a> {
     pub(super) release: &'a Release,
     pub(super) workload: &'a WorkloadCluster,
     pub(super) config: &'a AddonConfig,
-    /// The digest of the values this reconcile templated before the stages (none while a hook is under way).
-    pub(super) inputs: Option<&'a str>,
+    /// What the reconcile found before the stages: the digest of the values it templated (none while a hook
+    /// is under way), the health of the applied objects.
+    pub(super) progress: &'a Progress,
+    pub(super) intervals: Intervals,
 }
 
 /// How a staged reconcile ended, and the status it last wrote (the final write compares with it).
@@ -89,8 +91,9 @@ impl StagedRun<'_> {
             HookChoice::RecordOnly => {
                 end.conclusion.spec.cluster_stack = Some(self.release.id.cluster_class_name());
                 // Addons applied before digests were recorded adopt the current one (see `super::inputs`).
-                end.conclusion.spec.inputs = self.inputs.map(str::to_owned);
-                addon.status.get_or_insert_with(Default::default).ready = true;
+                end.conclusion.spec.inputs = self.progress.inputs.digest().map(str::to_owned);
+                let running = running(self.progress, addon, false, self.intervals, &mut end.conclusion);
+                addon.status.get_or_insert_with(Default::default).ready = running;
                 return Ok(end);
             }
             HookChoice::Unknown(name) => {
@@ -161,7 +164,17 @@ impl StagedRun<'_> {
                 }
                 StageStep::CheckPost(i) => {
                     let check = self.check(stages[i].wait_for_post_condition.as_ref()).await;
-                    stages::after_check(addon, i, false, check, &mut end.conclusion.events)
+                    if check == Check::Holds
+                        && self.ctx.settings.addon_health_checks
+                        && stages::applies(&stages[i])
+                    {
+                        let objects = inventory.get(&stages[i].name).cloned().unwrap_or_default();
+                        let report = cso_apply::health::check(&self.workload.discovery, &objects).await;
+                        let found = super::health::Found::of(&report);
+                        stages::after_health(addon, i, &found, &mut end.conclusion.events)
+                    } else {
+                        stages::after_check(addon, i, false, check, &mut end.conclusion.events)
+                    }
                 }
                 StageStep::Work(i) => {
                     let work = self
@@ -285,7 +298,9 @@ impl StagedRun<'_> {
                 return Ok(());
             }
         }
-        addon.status.get_or_insert_with(Default::default).ready = true;
+        // The same objects again: they run as the last check found.
+        let running = running(self.progress, addon, false, self.intervals, &mut end.conclusion);
+        addon.status.get_or_insert_with(Default::default).ready = running;
         self.persist(addon, &inventory, end).await?;
         end.conclusion.applied_all = true;
         end.conclusion.spec.inputs = self.applied_inputs().await;
@@ -296,7 +311,7 @@ impl StagedRun<'_> {
     /// this reconcile, else (a hook that ran over several reconciles) the values' digest now. A change of the
     /// inputs while such a hook ran is then taken as applied; the hook's last stages rendered with it.
     async fn applied_inputs(&self) -> Option<String> {
-        if let Some(digest) = self.inputs {
+        if let Some(digest) = self.progress.inputs.digest() {
             return Some(digest.to_owned());
         }
         values_digest(self.ctx, self.cluster, self.release, self.config)

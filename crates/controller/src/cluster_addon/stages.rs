@@ -118,13 +118,15 @@ fn status_of(addon: &mut ClusterAddon) -> &mut ClusterAddonStatus {
     addon.status.get_or_insert_with(Default::default)
 }
 
-/// Records that `hook` starts: every stage pending, not ready, no stage given up yet.
+/// Records that `hook` starts: every stage pending, not ready, no stage given up yet, nothing known of
+/// what its stages will run.
 pub(crate) fn start(addon: &mut ClusterAddon, hook: Hook, stages: &[Stage]) {
     let status = status_of(addon);
     status.stages = planned(stages);
     status.ready = false;
     addon.delete_condition(condition::HELM_CHART_APPLIED);
     addon.delete_condition(condition::HOOK_STAGES_COMPLETED);
+    addon.delete_condition(condition::ADDONS_HEALTHY);
     addon.spec.hook = hook.as_str().to_owned();
 }
 
@@ -214,6 +216,39 @@ pub(crate) fn stage_of(step: StageStep) -> Option<usize> {
 /// Stage `index` did not finish within `timeout`: it is given up (counted as done, so the hook's other
 /// stages run and Cluster API can go on) and reported: `HookStagesCompleted` False with the stage's last
 /// problem, and a Warning event. The message names no time, so it reads the same at every hook call.
+/// Stage `index`'s post-condition held and the health check of what it applied found `found` (health
+/// gates on): the stage is done when its objects run; until then it waits, and `AddonsHealthy` says for what.
+pub(crate) fn after_health(
+    addon: &mut ClusterAddon,
+    index: usize,
+    found: &super::health::Found,
+    events: &mut Events,
+) -> Flow {
+    match found {
+        super::health::Found::Running => {
+            let waited = addon
+                .get_condition(condition::ADDONS_HEALTHY)
+                .is_some_and(|c| c.reason.as_deref() == Some(reason::WAITING_FOR_HEALTH));
+            if waited {
+                addon.delete_condition(condition::ADDONS_HEALTHY);
+            }
+            after_check(addon, index, false, Check::Holds, events)
+        }
+        super::health::Found::NotRunning(summary) => {
+            let name = stage_name(addon, index);
+            addon.delete_condition(condition::EVALUATED_CEL);
+            addon.mark_false(
+                condition::ADDONS_HEALTHY,
+                reason::WAITING_FOR_HEALTH,
+                Severity::Info,
+                format!("stage {name:?} applied, not running yet: {summary}"),
+            );
+            set_phase(addon, index, StagePhase::WaitingForPostCondition);
+            Flow::Wait
+        }
+    }
+}
+
 pub(crate) fn give_up(
     addon: &mut ClusterAddon,
     hook: Hook,
@@ -228,16 +263,37 @@ pub(crate) fn give_up(
         .and_then(|s| s.stages.get(index))
         .map(|s| s.phase)
         .unwrap_or_default();
-    let waiting_for = match phase {
-        StagePhase::WaitingForPreCondition | StagePhase::Pending | StagePhase::None => "its pre-condition",
-        StagePhase::ApplyingOrDeleting => "its objects to be applied or deleted",
-        StagePhase::WaitingForPostCondition | StagePhase::Done => "its post-condition",
+    let not_running = addon
+        .get_condition(condition::ADDONS_HEALTHY)
+        .filter(|c| c.reason.as_deref() == Some(reason::WAITING_FOR_HEALTH))
+        .and_then(|c| c.message.clone());
+    let waiting_for = match (phase, &not_running) {
+        (StagePhase::WaitingForPostCondition, Some(message)) => {
+            let what = message
+                .split_once(": ")
+                .map_or(message.as_str(), |(_, objects)| objects);
+            format!("its objects to run: {what}")
+        }
+        (StagePhase::WaitingForPreCondition | StagePhase::Pending | StagePhase::None, _) => {
+            "its pre-condition".to_owned()
+        }
+        (StagePhase::ApplyingOrDeleting, _) => "its objects to be applied or deleted".to_owned(),
+        (StagePhase::WaitingForPostCondition | StagePhase::Done, _) => "its post-condition".to_owned(),
     };
     let message = format!(
         "stage {name:?} of {hook} did not finish within {} (waiting for {waiting_for}); given up so that the \
          Cluster can go on",
         go_duration(timeout)
     );
+    if not_running.is_some() && phase == StagePhase::WaitingForPostCondition {
+        addon.mark_false(
+            condition::ADDONS_HEALTHY,
+            reason::NOT_HEALTHY_IN_TIME,
+            Severity::Warning,
+            message.clone(),
+        );
+        events.warning(event::ADDONS_NOT_HEALTHY, message.clone());
+    }
     addon.mark_false(
         condition::HOOK_STAGES_COMPLETED,
         reason::STAGE_TIMED_OUT,
@@ -503,7 +559,11 @@ pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInve
     let status = status_of(addon);
     status.resources = inventory.values().flatten().cloned().collect();
     status.stages.clear();
-    status.ready = !held;
+    // Ready means running: a stage whose objects did not run in time leaves the addons not ready (the
+    // hook still ends, so that the Cluster goes on).
+    let not_running = addon.is_condition_false(condition::ADDONS_HEALTHY);
+    let status = status_of(addon);
+    status.ready = !held && !not_running;
     if held {
         return Finished::Held;
     }
@@ -542,6 +602,92 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
+
+    #[test]
+    fn a_stage_whose_objects_do_not_run_waits_and_is_given_up_naming_them() {
+        use super::super::health::Found;
+        let stages = [Stage {
+            name: "metrics-server".into(),
+            action: StageAction::Apply,
+            wait_for_pre_condition: None,
+            wait_for_post_condition: None,
+        }];
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        start(&mut addon, Hook::AfterControlPlaneInitialized, &stages);
+        let mut events = Events::default();
+        let summary = "Deployment kube-system/metrics-server: 0 of 1 replicas available";
+        let flow = after_health(&mut addon, 0, &Found::NotRunning(summary.into()), &mut events);
+        assert_eq!(flow, Flow::Wait);
+        assert_eq!(
+            next_step(&addon, Hook::AfterControlPlaneInitialized, &stages),
+            StageStep::CheckPost(0),
+            "the next stage does not start"
+        );
+        let healthy = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
+        assert_eq!(healthy.reason.as_deref(), Some(reason::WAITING_FOR_HEALTH));
+        assert!(healthy.message.as_deref().unwrap().contains(summary));
+
+        give_up(
+            &mut addon,
+            Hook::AfterControlPlaneInitialized,
+            0,
+            std::time::Duration::from_secs(600),
+            &mut events,
+        );
+        assert_eq!(
+            events.reasons(),
+            [event::ADDONS_NOT_HEALTHY, event::STAGE_TIMED_OUT]
+        );
+        let healthy = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
+        assert_eq!(healthy.reason.as_deref(), Some(reason::NOT_HEALTHY_IN_TIME));
+        let timed_out = addon.get_condition(condition::HOOK_STAGES_COMPLETED).unwrap();
+        assert!(
+            timed_out.message.as_deref().unwrap().contains(summary),
+            "{timed_out:?}"
+        );
+        finish(
+            &mut addon,
+            Hook::AfterControlPlaneInitialized,
+            &StageInventory::new(),
+        );
+        assert!(!addon.status.as_ref().unwrap().ready, "ready means running");
+        assert!(cso_api::rules::addons::health_settled(&addon), "the hook goes on");
+    }
+
+    #[test]
+    fn a_stage_whose_objects_run_is_done() {
+        use super::super::health::Found;
+        let stages = [Stage {
+            name: "cni".into(),
+            action: StageAction::Apply,
+            wait_for_pre_condition: None,
+            wait_for_post_condition: None,
+        }];
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        start(&mut addon, Hook::AfterControlPlaneInitialized, &stages);
+        let mut events = Events::default();
+        after_health(
+            &mut addon,
+            0,
+            &Found::NotRunning("DaemonSet kube-system/cni: 0 of 3".into()),
+            &mut events,
+        );
+        assert_eq!(
+            after_health(&mut addon, 0, &Found::Running, &mut events),
+            Flow::Continue
+        );
+        assert_eq!(
+            next_step(&addon, Hook::AfterControlPlaneInitialized, &stages),
+            StageStep::Finished
+        );
+        assert_eq!(addon.get_condition(condition::ADDONS_HEALTHY), None);
+        finish(
+            &mut addon,
+            Hook::AfterControlPlaneInitialized,
+            &StageInventory::new(),
+        );
+        assert!(addon.status.as_ref().unwrap().ready);
+    }
 
     fn stage(name: &str, action: StageAction) -> Stage {
         Stage {

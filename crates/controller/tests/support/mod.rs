@@ -67,6 +67,9 @@ pub fn operator(
     let mut settings = Settings {
         namespace: Some(namespace.to_owned()),
         poll_interval: Duration::from_secs(2),
+        // The workload clusters here are bare API servers: no controller ever makes an object run. Tests on
+        // workload clusters that run workloads (`cso_testenv::workloads`) turn the health gates on.
+        addon_health_checks: false,
         ..Settings::default()
     };
     adjust(&mut settings);

@@ -137,6 +137,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             client_limits: limits,
             reconcile_timeout: args.reconcile_timeout,
             stage_timeout: args.stage_timeout,
+            addon_health_checks: args.addon_health_checks,
             ..Settings::default()
         },
     };

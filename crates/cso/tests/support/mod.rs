@@ -108,6 +108,8 @@ pub fn start_operator_with(
         .arg("run")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--leader-elect={}", instance.leader_elect))
+        // The workload clusters here are bare API servers: nothing they hold ever runs.
+        .arg("--addon-health-checks=false")
         .arg(format!(
             "--leader-elect-lease-duration={}s",
             instance.lease_seconds

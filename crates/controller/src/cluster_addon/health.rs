@@ -1,0 +1,300 @@
+//! Whether the applied addons run (pure): what a health check of the applied objects
+//! ([`cso_apply::health`]) means for the `AddonsHealthy` condition, `status.ready`, the events and when to
+//! look again.
+//!
+//! Applied addons are waited for up to `--stage-timeout` (reason `WaitingForHealth`, Info). Not running
+//! by then is reported (`NotHealthyInTime`, Warning, event `AddonsNotHealthy`), and so is addons that ran and
+//! no longer do (`Degraded`, Warning, event `AddonsDegraded`); either way a hook waiting for them goes on
+//! ([`cso_api::rules::addons::health_settled`]). `status.ready` is True only while they run. The wait is
+//! timed from the moment they were first found not running after an apply: the condition keeps that time
+//! while its message follows what the objects' status says.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use cso_api::{
+    ClusterAddon,
+    conditions::{ConditionStatus, ConditionsExt, Severity},
+    names::{condition, event, reason},
+};
+
+use crate::events::Events;
+
+/// How soon addons that do not run yet are looked at again.
+pub(crate) const WAITING_POLL: Duration = Duration::from_secs(5);
+/// How soon addons given up on (or degraded) are looked at again, to see them recover.
+pub(crate) const GIVEN_UP_POLL: Duration = Duration::from_secs(30);
+
+/// What a health check of the applied objects found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    Running,
+    /// Not running: the objects and why, from their status (`Deployment kube-system/x: 0 of 1 ...; ...`).
+    NotRunning(String),
+}
+
+impl Found {
+    /// The finding of `report`: running when every object with a health rule is healthy and could be read.
+    pub(crate) fn of(report: &cso_apply::HealthReport) -> Self {
+        if report.is_healthy() {
+            Found::Running
+        } else {
+            Found::NotRunning(report.summary(3))
+        }
+    }
+}
+
+/// What the finding means for the addon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// They run: `status.ready` may be True.
+    pub(crate) running: bool,
+    /// When to look again (none: at the periodic pass).
+    pub(crate) again: Option<Duration>,
+}
+
+/// Records `found` in `addon`'s `AddonsHealthy` at `now`. `applied_anew`: this reconcile applied other
+/// addons (an install or an upgrade), so a wait starts now whatever was found before.
+pub(crate) fn record(
+    addon: &mut ClusterAddon,
+    found: &Found,
+    applied_anew: bool,
+    now: DateTime<Utc>,
+    timeout: Duration,
+    events: &mut Events,
+) -> Verdict {
+    let summary = match found {
+        Found::Running => {
+            addon.mark_true(condition::ADDONS_HEALTHY);
+            return Verdict {
+                running: true,
+                again: None,
+            };
+        }
+        Found::NotRunning(summary) => summary,
+    };
+    if applied_anew {
+        addon.delete_condition(condition::ADDONS_HEALTHY);
+    }
+    let before = addon
+        .get_condition(condition::ADDONS_HEALTHY)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.last_transition_time));
+    let given_up = |addon: &mut ClusterAddon, why: &'static str, message: String| {
+        addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Warning, message);
+        Verdict {
+            running: false,
+            again: Some(GIVEN_UP_POLL),
+        }
+    };
+    match before {
+        Some((ConditionStatus::True, _, _)) => {
+            let message = format!("the addons no longer run: {summary}");
+            events.warning(event::ADDONS_DEGRADED, message.clone());
+            given_up(addon, reason::DEGRADED, message)
+        }
+        Some((ConditionStatus::False, Some(why), _)) if why == reason::DEGRADED => given_up(
+            addon,
+            reason::DEGRADED,
+            format!("the addons no longer run: {summary}"),
+        ),
+        Some((ConditionStatus::False, Some(why), _)) if why == reason::NOT_HEALTHY_IN_TIME => {
+            given_up(addon, reason::NOT_HEALTHY_IN_TIME, not_in_time(timeout, summary))
+        }
+        Some((ConditionStatus::False, Some(why), since)) if why == reason::WAITING_FOR_HEALTH => {
+            let waited = (now - since).to_std().unwrap_or_default();
+            if waited >= timeout {
+                let message = not_in_time(timeout, summary);
+                events.warning(event::ADDONS_NOT_HEALTHY, message.clone());
+                given_up(addon, reason::NOT_HEALTHY_IN_TIME, message)
+            } else {
+                waiting(addon, summary, Some(since))
+            }
+        }
+        _ => waiting(addon, summary, None),
+    }
+}
+
+/// Marks the addons as waited for, the wait started at `since` (now when `None`).
+fn waiting(addon: &mut ClusterAddon, summary: &str, since: Option<DateTime<Utc>>) -> Verdict {
+    addon.mark_false(
+        condition::ADDONS_HEALTHY,
+        reason::WAITING_FOR_HEALTH,
+        Severity::Info,
+        format!("applied, not running yet: {summary}"),
+    );
+    if let Some(since) = since
+        && let Some(found) = addon.status.as_mut().and_then(|s| {
+            s.conditions
+                .iter_mut()
+                .find(|c| c.type_ == condition::ADDONS_HEALTHY)
+        })
+    {
+        found.last_transition_time = since;
+    }
+    Verdict {
+        running: false,
+        again: Some(WAITING_POLL),
+    }
+}
+
+fn not_in_time(timeout: Duration, summary: &str) -> String {
+    format!(
+        "the addons do not run {}s after they were applied: {summary}",
+        timeout.as_secs()
+    )
+}
+
+/// Whether a settled addon (nothing to apply) is to be checked: health gates are on, and the periodic pass is
+/// due or it was not found running last time.
+pub(crate) fn due_when_settled(addon: &ClusterAddon, gates: bool, resync_due: bool) -> bool {
+    gates
+        && (resync_due
+            || !addon.is_condition_true(condition::ADDONS_HEALTHY)
+            || !addon.status.as_ref().is_some_and(|s| s.ready))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeDelta;
+    use rstest::rstest;
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(600);
+    const SUMMARY: &str = "Deployment kube-system/metrics-server: 0 of 1 replicas available";
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::UNIX_EPOCH + TimeDelta::seconds(1_800_000_000 + seconds)
+    }
+
+    fn with_health(status: Option<(bool, &'static str)>, since: i64) -> ClusterAddon {
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        match status {
+            None => {}
+            Some((true, _)) => addon.mark_true(condition::ADDONS_HEALTHY),
+            Some((false, why)) => addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Info, "x"),
+        }
+        if let Some(c) = addon.status.as_mut().and_then(|s| s.conditions.first_mut()) {
+            c.last_transition_time = at(since);
+        }
+        addon
+    }
+
+    fn reason_of(addon: &ClusterAddon) -> Option<String> {
+        addon
+            .get_condition(condition::ADDONS_HEALTHY)
+            .and_then(|c| c.reason.clone())
+    }
+
+    #[rstest]
+    #[case::first_look(None, false, 0, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
+    #[case::still_waiting(Some((false, reason::WAITING_FOR_HEALTH)), false, 599, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
+    #[case::timed_out(Some((false, reason::WAITING_FOR_HEALTH)), false, 600, reason::NOT_HEALTHY_IN_TIME, Some(GIVEN_UP_POLL), &[event::ADDONS_NOT_HEALTHY])]
+    #[case::still_given_up(Some((false, reason::NOT_HEALTHY_IN_TIME)), false, 5000, reason::NOT_HEALTHY_IN_TIME, Some(GIVEN_UP_POLL), &[])]
+    #[case::degraded(Some((true, "")), false, 5000, reason::DEGRADED, Some(GIVEN_UP_POLL), &[event::ADDONS_DEGRADED])]
+    #[case::still_degraded(Some((false, reason::DEGRADED)), false, 5000, reason::DEGRADED, Some(GIVEN_UP_POLL), &[])]
+    #[case::an_upgrade_waits_again(Some((true, "")), true, 5000, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
+    #[case::an_upgrade_after_a_timeout_waits_again(Some((false, reason::NOT_HEALTHY_IN_TIME)), true, 5000, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
+    fn addons_not_running(
+        #[case] before: Option<(bool, &'static str)>,
+        #[case] applied_anew: bool,
+        #[case] elapsed: i64,
+        #[case] expected: &str,
+        #[case] again: Option<Duration>,
+        #[case] raised: &[&str],
+    ) {
+        let mut addon = with_health(before, 0);
+        let mut events = Events::default();
+        let found = Found::NotRunning(SUMMARY.into());
+        let verdict = record(
+            &mut addon,
+            &found,
+            applied_anew,
+            at(elapsed),
+            TIMEOUT,
+            &mut events,
+        );
+        assert_eq!(
+            verdict,
+            Verdict {
+                running: false,
+                again
+            }
+        );
+        assert_eq!(reason_of(&addon).as_deref(), Some(expected));
+        assert_eq!(events.reasons(), raised);
+        let condition = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
+        assert!(
+            condition.message.as_deref().unwrap().contains(SUMMARY),
+            "{condition:?}"
+        );
+        let severity = if expected == reason::WAITING_FOR_HEALTH {
+            Severity::Info
+        } else {
+            Severity::Warning
+        };
+        assert_eq!(condition.severity, Some(severity));
+    }
+
+    #[test]
+    fn the_wait_is_timed_from_the_first_finding_whatever_the_messages_say() {
+        let mut addon = with_health(Some((false, reason::WAITING_FOR_HEALTH)), 0);
+        let mut events = Events::default();
+        for (second, replicas) in [(100, "0 of 2"), (200, "1 of 2"), (300, "0 of 2")] {
+            let found = Found::NotRunning(format!("Deployment kube-system/x: {replicas} replicas available"));
+            record(&mut addon, &found, false, at(second), TIMEOUT, &mut events);
+            let condition = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
+            assert_eq!(condition.last_transition_time, at(0));
+            assert!(condition.message.as_deref().unwrap().contains(replicas));
+        }
+        let verdict = record(
+            &mut addon,
+            &Found::NotRunning(SUMMARY.into()),
+            false,
+            at(600),
+            TIMEOUT,
+            &mut events,
+        );
+        assert!(!verdict.running);
+        assert_eq!(reason_of(&addon).as_deref(), Some(reason::NOT_HEALTHY_IN_TIME));
+    }
+
+    #[rstest]
+    #[case::never_looked(None)]
+    #[case::waiting(Some((false, reason::WAITING_FOR_HEALTH)))]
+    #[case::given_up(Some((false, reason::NOT_HEALTHY_IN_TIME)))]
+    #[case::degraded(Some((false, reason::DEGRADED)))]
+    fn running_addons_are_healthy_whatever_came_before(#[case] before: Option<(bool, &'static str)>) {
+        let mut addon = with_health(before, 0);
+        let mut events = Events::default();
+        let verdict = record(&mut addon, &Found::Running, false, at(10), TIMEOUT, &mut events);
+        assert_eq!(
+            verdict,
+            Verdict {
+                running: true,
+                again: None
+            }
+        );
+        assert!(addon.is_condition_true(condition::ADDONS_HEALTHY));
+        assert!(events.reasons().is_empty());
+    }
+
+    #[rstest]
+    #[case::gates_off(false, true, Some((true, "")), true, false)]
+    #[case::resync_due(true, true, Some((true, "")), true, true)]
+    #[case::running_and_not_due(true, false, Some((true, "")), true, false)]
+    #[case::waiting(true, false, Some((false, reason::WAITING_FOR_HEALTH)), false, true)]
+    #[case::never_checked(true, false, None, true, true)]
+    #[case::not_ready(true, false, Some((true, "")), false, true)]
+    fn settled_addons_are_checked_at_the_periodic_pass_and_until_they_run(
+        #[case] gates: bool,
+        #[case] resync_due: bool,
+        #[case] health: Option<(bool, &'static str)>,
+        #[case] ready: bool,
+        #[case] due: bool,
+    ) {
+        let mut addon = with_health(health, 0);
+        addon.status.get_or_insert_with(Default::default).ready = ready;
+        assert_eq!(due_when_settled(&addon, gates, resync_due), due);
+    }
+}
