@@ -221,6 +221,15 @@ pub fn decide(addon: &ClusterAddon, call: &Call) -> Step {
                 // for it; the ClusterAddon's conditions say what is wrong.
                 return Step::Answer(Outcome::Done);
             }
+            if hook == Hook::AfterClusterUpgrade
+                && let Some(why) = cso_api::rules::addons::health_waiting(addon)
+            {
+                // The upgraded Cluster's addons were applied and do not run yet: held until they do, or until
+                // waiting for them is given up (`--stage-timeout`).
+                return Step::Answer(Outcome::Retry(format!(
+                    "waiting for the addons in ClusterAddon {name} to run: {why}"
+                )));
+            }
             if HookStages::of(addon).is_some_and(|s| s.nothing_to_run(&this_run.class, hook)) {
                 // The release of this class has no stages for this hook: nothing to wait for.
                 return Step::Answer(Outcome::Done);
@@ -569,6 +578,56 @@ mod tests {
             decide(&without_stages, &call(hook, "docker-ferrol-1-27-v3", "v1.28.0")),
             Step::Start(Outcome::Retry(_))
         ));
+    }
+
+    #[test]
+    fn the_upgraded_clusters_hooks_follow_the_health_of_its_addons() {
+        use cso_api::{conditions::Severity, names::reason};
+        let waiting = |why: &str, severity| {
+            let mut a = addon(V2, "", false);
+            a.mark_true(condition::HELM_CHART_APPLIED);
+            a.mark_false(
+                condition::ADDONS_HEALTHY,
+                why,
+                severity,
+                "applied, not running yet: Deployment kube-system/metrics-server: 0 of 1 replicas available",
+            );
+            a
+        };
+        // BeforeClusterUpgrade: applied but not running holds; running, or given up on, goes on.
+        let before = call(Hook::BeforeClusterUpgrade, V2, "v1.28.0");
+        let not_running = waiting(reason::WAITING_FOR_HEALTH, Severity::Info);
+        assert!(matches!(
+            decide(&not_running, &before),
+            Step::Start(Outcome::Retry(_))
+        ));
+        assert_eq!(decide(&addon(V2, "", true), &before), Step::Answer(Outcome::Done));
+        let given_up = waiting(reason::NOT_HEALTHY_IN_TIME, Severity::Warning);
+        assert_eq!(decide(&given_up, &before), Step::Answer(Outcome::Done));
+        // AfterClusterUpgrade of a release without stages for it: held while the addons are waited for.
+        let after = call(Hook::AfterClusterUpgrade, V2, "v1.28.0");
+        let without_stages = |mut a: ClusterAddon| {
+            a.annotations_mut().insert(
+                cso_api::rules::hook_runs::HOOK_STAGES_ANNOTATION.into(),
+                HookStages::new(V2, []).encode(),
+            );
+            a
+        };
+        let Step::Answer(Outcome::Retry(message)) = decide(&without_stages(not_running), &after) else {
+            panic!("AfterClusterUpgrade holds while the addons do not run");
+        };
+        assert!(
+            message.contains("Deployment kube-system/metrics-server"),
+            "{message}"
+        );
+        assert_eq!(
+            decide(&without_stages(given_up), &after),
+            Step::Answer(Outcome::Done)
+        );
+        assert_eq!(
+            decide(&without_stages(addon(V2, "", true)), &after),
+            Step::Answer(Outcome::Done)
+        );
     }
 
     #[test]

@@ -76,6 +76,16 @@ pub fn health_settled(addon: &ClusterAddon) -> bool {
         })
 }
 
+/// The `AddonsHealthy` message while applied addons are waited for to run (within `--stage-timeout`).
+pub fn health_waiting(addon: &ClusterAddon) -> Option<&str> {
+    addon
+        .get_condition(condition::ADDONS_HEALTHY)
+        .filter(|c| {
+            c.status == ConditionStatus::False && c.reason.as_deref() == Some(reason::WAITING_FOR_HEALTH)
+        })
+        .map(|c| c.message.as_deref().unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
