@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    cluster_stack_release::ClusterCounts,
     common::ObjectReference,
     conditions::{Condition, HasConditions},
     version::Channel,
@@ -46,6 +47,19 @@ use crate::{
         name = "Message",
         type_ = "string",
         json_path = ".status.conditions[?(@.type=='Ready')].message"
+    ),
+    // New columns go after the Go operator's, which stay as they are (`crates/api/tests/crd_compat.rs`).
+    printcolumn(
+        name = "Clusters",
+        type_ = "integer",
+        json_path = ".status.clusters.clusters",
+        description = "Clusters whose addons are on a release of this ClusterStack"
+    ),
+    printcolumn(
+        name = "Failing",
+        type_ = "integer",
+        json_path = ".status.clusters.failing",
+        description = "Clusters on a release of this ClusterStack whose addons are failing"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -98,6 +112,33 @@ pub struct ClusterStackStatus {
     pub usable_versions: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The Clusters on the stack's releases, in all and per release. Written by the fleet status writer
+    /// (field manager `cso-fleet`), never by the ClusterStack's controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<StackClusters>,
+}
+
+/// The Clusters on the releases of a ClusterStack: the totals over its releases (the first failing
+/// Clusters of all of them named), then one entry per release.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StackClusters {
+    #[serde(flatten)]
+    pub total: ClusterCounts,
+    /// Every ClusterStackRelease of the stack (zero counts when no Cluster is on it), and every other release
+    /// of the stack a Cluster is on, sorted by version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub releases: Vec<ReleaseClusters>,
+}
+
+/// The Clusters on one release of a ClusterStack.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseClusters {
+    /// The release tag, e.g. `docker-ferrol-1-27-v2` (the name of its ClusterStackRelease).
+    pub release: String,
+    #[serde(flatten)]
+    pub counts: ClusterCounts,
 }
 
 /// The state of one ClusterStackRelease, as shown on its ClusterStack.

@@ -47,6 +47,19 @@ pub const CLUSTER_STACK_RELEASE_FINALIZER: &str = "clusterstackrelease.clusterst
         name = "Message",
         type_ = "string",
         json_path = ".status.conditions[?(@.type=='Ready')].message"
+    ),
+    // New columns go after the Go operator's, which stay as they are (`crates/api/tests/crd_compat.rs`).
+    printcolumn(
+        name = "Clusters",
+        type_ = "integer",
+        json_path = ".status.clusters.clusters",
+        description = "Clusters whose addons are on this release"
+    ),
+    printcolumn(
+        name = "Failing",
+        type_ = "integer",
+        json_path = ".status.clusters.failing",
+        description = "Clusters on this release whose addons are failing"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -71,6 +84,32 @@ pub struct ClusterStackReleaseStatus {
     pub ready: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The Clusters whose addons are on this release, and how they are doing. Written by the fleet status
+    /// writer (field manager `cso-fleet`), never by the release's controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<ClusterCounts>,
+}
+
+/// How many Clusters are on a release (their ClusterAddons' `spec.clusterStack` names it) and how they are
+/// doing, counted by [`crate::fleet`]: the rule of `cso status` and the `cso_clusters` gauge.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCounts {
+    /// How many Clusters.
+    #[serde(default)]
+    pub clusters: i32,
+    /// How many of them have their addons ready.
+    #[serde(default)]
+    pub ready: i32,
+    /// How many are neither ready nor failing (waiting for their control plane, stages running).
+    #[serde(default)]
+    pub progressing: i32,
+    /// How many are not ready with a condition False of severity Warning or Error.
+    #[serde(default)]
+    pub failing: i32,
+    /// The first failing Clusters (`namespace/name`, at most three), in name order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing_clusters: Vec<String>,
 }
 
 impl HasConditions for ClusterStackRelease {

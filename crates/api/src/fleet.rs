@@ -6,11 +6,15 @@
 //! says so, *failing* when not ready and one of its conditions is False with severity Warning or Error (a
 //! render or apply that failed, a broken release, a stage that failed or timed out, a held prune), and
 //! *progressing* otherwise (waiting for its control plane, stages running).
+//!
+//! The operator writes the same counts into the status of each ClusterStackRelease and ClusterStack
+//! ([`ClusterCounts`], from [`ReleaseCounts`]; `cso_controller`'s fleet status writer).
 
 use std::collections::BTreeMap;
 
 use crate::{
     ClusterAddon, ReleaseId,
+    cluster_stack_release::ClusterCounts,
     conditions::{ConditionStatus, Severity},
 };
 
@@ -85,6 +89,40 @@ impl ReleaseCounts {
     }
 }
 
+impl From<&ReleaseCounts> for ClusterCounts {
+    fn from(counts: &ReleaseCounts) -> Self {
+        ClusterCounts {
+            clusters: saturating_i32(counts.clusters),
+            ready: saturating_i32(counts.ready),
+            progressing: saturating_i32(counts.progressing),
+            failing: saturating_i32(counts.failing),
+            failing_clusters: counts.failing_clusters.clone(),
+        }
+    }
+}
+
+/// The sum of `counts` (several releases), naming the first [`FAILING_NAMED`] failing Clusters of them all.
+/// Each release names its first failing Clusters, so the first of them all are among those.
+pub fn total<'a>(counts: impl IntoIterator<Item = &'a ClusterCounts>) -> ClusterCounts {
+    let mut total = ClusterCounts::default();
+    for counts in counts {
+        total.clusters = total.clusters.saturating_add(counts.clusters);
+        total.ready = total.ready.saturating_add(counts.ready);
+        total.progressing = total.progressing.saturating_add(counts.progressing);
+        total.failing = total.failing.saturating_add(counts.failing);
+        total
+            .failing_clusters
+            .extend(counts.failing_clusters.iter().cloned());
+    }
+    total.failing_clusters.sort();
+    total.failing_clusters.truncate(FAILING_NAMED);
+    total
+}
+
+fn saturating_i32(count: usize) -> i32 {
+    i32::try_from(count).unwrap_or(i32::MAX)
+}
+
 /// The counts per release of `addons`, in release order (Clusters on no release yet first).
 pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<ReleaseCounts> {
     let mut by_release: BTreeMap<String, (ReleaseCounts, Vec<String>)> = BTreeMap::new();
@@ -123,10 +161,16 @@ pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<Rele
         .collect()
 }
 
-/// `namespace/name` of the Cluster of `addon`: `spec.clusterRef.name`, else its name after `cluster-addon-`.
+/// `namespace/name` of the Cluster of `addon`.
 fn cluster_of(addon: &ClusterAddon) -> String {
     let namespace = addon.metadata.namespace.as_deref().unwrap_or_default();
-    let name = addon
+    format!("{namespace}/{}", cluster_name(addon))
+}
+
+/// The name of the Cluster of `addon` (in its namespace): `spec.clusterRef.name`, else its name after
+/// `cluster-addon-`.
+pub fn cluster_name(addon: &ClusterAddon) -> String {
+    addon
         .spec
         .cluster_ref
         .name
@@ -135,8 +179,7 @@ fn cluster_of(addon: &ClusterAddon) -> String {
         .unwrap_or_else(|| {
             let own = addon.metadata.name.as_deref().unwrap_or_default();
             own.strip_prefix("cluster-addon-").unwrap_or(own).to_owned()
-        });
-    format!("{namespace}/{name}")
+        })
 }
 
 #[cfg(test)]
@@ -242,5 +285,28 @@ mod tests {
             ["fleet/v2-0", "fleet/v2-1", "fleet/v2-2"]
         );
         assert_eq!(fleet[3].in_state(AddonState::Failing), 4);
+    }
+
+    #[test]
+    fn totals_add_up_and_name_the_first_failing_clusters_of_all() {
+        let counts = |clusters, ready, failing, names: &[&str]| ClusterCounts {
+            clusters,
+            ready,
+            progressing: clusters - ready - failing,
+            failing,
+            failing_clusters: names.iter().map(|n| (*n).to_owned()).collect(),
+        };
+        let v1 = counts(5, 1, 4, &["ns/b", "ns/d", "ns/f"]);
+        let v2 = counts(3, 1, 2, &["ns/a", "ns/c"]);
+        assert_eq!(total([&v1, &v2]), counts(8, 2, 6, &["ns/a", "ns/b", "ns/c"]));
+        assert_eq!(total([]), ClusterCounts::default());
+        let release = ReleaseCounts {
+            clusters: 2,
+            ready: 1,
+            failing: 1,
+            failing_clusters: vec!["ns/x".into()],
+            ..Default::default()
+        };
+        assert_eq!(ClusterCounts::from(&release), counts(2, 1, 1, &["ns/x"]));
     }
 }

@@ -1,8 +1,10 @@
 //! The generated CRDs must match the Go operator's CRDs field for field: names, scope, short names, printer
 //! columns, and every field path with its type, enum, default, pattern and required list. The reference is
 //! `tests/fixtures/upstream-crds/signature.json`, taken from the Go operator's CRDs. The only differences
-//! allowed are the deliberate widenings in [`WIDENINGS`], each with its reason (and a record in
-//! `docs/decisions.md`); every one must still be needed, so a stale exception fails too.
+//! allowed are the deliberate widenings in [`WIDENINGS`] (a field that accepts more), the new optional
+//! fields in [`ADDITIONS`] and the new printer columns in [`ADDED_COLUMNS`] (after the Go operator's, which
+//! stay as they are), each with its reason (and a record in `docs/decisions.md`); every one must still be
+//! needed, so a stale exception fails too.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::collections::BTreeMap;
@@ -87,6 +89,81 @@ const WIDENINGS: &[Widening] = &[
     },
 ];
 
+/// A field the Go CRD does not have: `subtree` and everything under it. Only optional fields may be added
+/// (nothing in a `!required` list of the Go CRD changes), so every object the Go CRD accepts is still
+/// accepted, and the Go operator, which does not know the field, never writes it.
+struct Addition {
+    kind: &'static str,
+    version: &'static str,
+    subtree: &'static str,
+    why: &'static str,
+}
+
+const ADDITIONS: &[Addition] = &[
+    Addition {
+        kind: "ClusterStack",
+        version: "v1alpha1",
+        subtree: "status.clusters",
+        why: "the Clusters on the stack's releases, in all and per release (the fleet status writer)",
+    },
+    Addition {
+        kind: "ClusterStackRelease",
+        version: "v1alpha1",
+        subtree: "status.clusters",
+        why: "the Clusters on the release (the fleet status writer)",
+    },
+];
+
+impl Addition {
+    fn covers(&self, kind: &str, version: &str, path: &str) -> bool {
+        (self.kind, self.version) == (kind, version)
+            && path
+                .strip_prefix(self.subtree)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[', '!']))
+    }
+}
+
+/// A printer column the Go CRD does not have. New columns come after the Go operator's, in this order:
+/// scripts that read `kubectl get` by position still find the Go operator's columns where they were.
+struct AddedColumn {
+    kind: &'static str,
+    version: &'static str,
+    name: &'static str,
+    json_path: &'static str,
+    why: &'static str,
+}
+
+const ADDED_COLUMNS: &[AddedColumn] = &[
+    AddedColumn {
+        kind: "ClusterStack",
+        version: "v1alpha1",
+        name: "Clusters",
+        json_path: ".status.clusters.clusters",
+        why: "how many Clusters are on the stack's releases",
+    },
+    AddedColumn {
+        kind: "ClusterStack",
+        version: "v1alpha1",
+        name: "Failing",
+        json_path: ".status.clusters.failing",
+        why: "how many of them are failing",
+    },
+    AddedColumn {
+        kind: "ClusterStackRelease",
+        version: "v1alpha1",
+        name: "Clusters",
+        json_path: ".status.clusters.clusters",
+        why: "how many Clusters are on the release",
+    },
+    AddedColumn {
+        kind: "ClusterStackRelease",
+        version: "v1alpha1",
+        name: "Failing",
+        json_path: ".status.clusters.failing",
+        why: "how many of them are failing",
+    },
+];
+
 fn widening(kind: &str, version: &str, path: &str, ours: &str, go: &str) -> Option<&'static Widening> {
     WIDENINGS
         .iter()
@@ -132,6 +209,8 @@ fn generated_crds_match_the_go_operator() {
     ))
     .expect("signature.json parses");
     let mut widened = Vec::new();
+    let mut added = Vec::new();
+    let mut added_columns = Vec::new();
     let ours: serde_json::Map<String, Value> = cso_api::crd::all()
         .iter()
         .map(|crd| signature(&serde_json::to_value(crd).unwrap()))
@@ -143,9 +222,22 @@ fn generated_crds_match_the_go_operator() {
         }
         for (version, exp) in expected["versions"].as_object().unwrap() {
             let act = &actual["versions"][version];
-            for key in ["served", "storage", "subresources", "printerColumns"] {
+            for key in ["served", "storage", "subresources"] {
                 assert_eq!(act[key], exp[key], "{kind} {version} {key}");
             }
+            let mut columns = exp["printerColumns"].as_array().unwrap().clone();
+            for column in ADDED_COLUMNS
+                .iter()
+                .filter(|c| (c.kind, c.version) == (kind.as_str(), version.as_str()))
+            {
+                columns.push(json!([column.name, column.json_path]));
+                added_columns.push((column.kind, column.name));
+            }
+            assert_eq!(
+                act["printerColumns"],
+                Value::Array(columns),
+                "{kind} {version} printerColumns: the Go operator's, then ADDED_COLUMNS"
+            );
             let (act_fields, exp_fields) = (
                 act["fields"].as_object().unwrap(),
                 exp["fields"].as_object().unwrap(),
@@ -164,7 +256,10 @@ fn generated_crds_match_the_go_operator() {
                 }
             }
             for path in act_fields.keys().filter(|p| !exp_fields.contains_key(*p)) {
-                problems.push(format!("{path}: not in the Go CRD"));
+                match ADDITIONS.iter().find(|a| a.covers(kind, version, path)) {
+                    Some(addition) => added.push((addition.kind, addition.subtree)),
+                    None => problems.push(format!("{path}: not in the Go CRD")),
+                }
             }
             assert!(
                 problems.is_empty(),
@@ -186,6 +281,21 @@ fn generated_crds_match_the_go_operator() {
     assert!(
         unused.is_empty(),
         "widenings no longer needed, remove them: {unused:?}"
+    );
+    let unused: Vec<String> = ADDITIONS
+        .iter()
+        .filter(|a| !added.contains(&(a.kind, a.subtree)))
+        .map(|a| format!("{} {} ({})", a.kind, a.subtree, a.why))
+        .chain(
+            ADDED_COLUMNS
+                .iter()
+                .filter(|c| !added_columns.contains(&(c.kind, c.name)))
+                .map(|c| format!("{} column {} ({})", c.kind, c.name, c.why)),
+        )
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "additions no longer in the CRDs, remove them: {unused:?}"
     );
 }
 

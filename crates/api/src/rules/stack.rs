@@ -101,7 +101,7 @@ impl StackKey {
     /// Hash builds (`v0-sha.hipstsw`) are on the `custom` channel, so a `custom` ClusterStack owns them;
     /// ttl builds (`v0-ttl.1744718400`) are owned by a `ttl` ClusterStack and by a `custom` one, where the
     /// stacks' generator puts them ([`Channel::admits`]).
-    pub(crate) fn owns(&self, channel: Channel, id: &ReleaseId) -> bool {
+    pub fn owns(&self, channel: Channel, id: &ReleaseId) -> bool {
         self.contains(id) && channel.admits(id.channel())
     }
 }
