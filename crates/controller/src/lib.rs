@@ -4,7 +4,8 @@
 //! `docs/architecture.md` shows the data flow module by module.
 //!
 //! [`run`] starts the controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) on
-//! one shared [`Context`] and runs them until shutdown.
+//! one shared [`Context`], with the fleet status writer (`fleet_status`: the Cluster counts in the
+//! statuses), and runs them until shutdown.
 
 mod applier;
 pub mod cluster_addon;
@@ -14,6 +15,7 @@ pub mod cluster_stack_release;
 mod context;
 mod events;
 mod filter;
+mod fleet_status;
 mod in_use;
 pub mod metrics;
 mod patch;

@@ -1,7 +1,8 @@
 //! Prometheus metrics: controller-runtime's reconcile metrics (same names and labels, so dashboards made for
 //! the Go operator work) and the operator's own: objects applied, pruned and put back, render and apply
 //! durations per target cluster; requests to the release source and its rate-limit budget; releases cached;
-//! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time); and
+//! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time) and the
+//! writes of those counts into the statuses (`cso_fleet_status_writes`); and
 //! leader election (client-go's `leader_election_master_status`, plus failed renewals).
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
@@ -126,6 +127,13 @@ pub struct Metrics {
     clusters: Family<FleetLabels, Gauge>,
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
+    fleet_status_writes: Family<KindLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    /// `ClusterStack` or `ClusterStackRelease`.
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -171,6 +179,7 @@ impl Default for Metrics {
             cache: OnceLock::new(),
             clusters: Family::default(),
             addons: OnceLock::new(),
+            fleet_status_writes: Family::default(),
         };
         registry.register(
             "controller_runtime_reconcile",
@@ -226,6 +235,11 @@ impl Default for Metrics {
             "cso_clusters",
             "Clusters per release their addons are on, by state (ready, progressing, failing)",
             metrics.clusters.clone(),
+        );
+        registry.register(
+            "cso_fleet_status_writes",
+            "Writes of the Cluster counts into the status of ClusterStacks and ClusterStackReleases, per kind",
+            metrics.fleet_status_writes.clone(),
         );
         registry.register(
             "cso_releases_cached",
@@ -349,6 +363,15 @@ impl Metrics {
         self.apply_durations
             .get_or_create(&labels)
             .observe(report.duration.as_secs_f64());
+    }
+
+    /// Counts one write of the Cluster counts into the status of an object of `kind`.
+    pub(crate) fn fleet_status_written(&self, kind: &str) {
+        self.fleet_status_writes
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
     }
 
     /// Records whether this replica holds the lease `lease`.

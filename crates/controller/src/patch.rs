@@ -37,7 +37,49 @@ where
     Ok(fresh)
 }
 
-/// Writes `status` of `object` when it differs from `before` (recorded in `written`).
+/// A status a controller writes, of which some fields may be another writer's.
+///
+/// The fleet status writer (`crate::fleet_status`, field manager `cso-fleet`) owns `status.clusters` of
+/// ClusterStacks and ClusterStackReleases. A controller applies its whole status with force: had it sent
+/// `status.clusters` as read, it would have become a co-owner of the counts (and, forced, taken them over),
+/// and a later write without them would have removed them. So a controller's write leaves those fields out
+/// entirely (they are `None`, which is not serialised), neither dropping nor taking them, and whether it
+/// writes at all does not depend on them: a count that changed is no reason for a controller to write.
+pub(crate) trait ControllerStatus: Serialize + PartialEq + Clone {
+    /// The status without the fields another writer owns.
+    fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
+        std::borrow::Cow::Borrowed(self)
+    }
+}
+
+impl ControllerStatus for cso_api::ClusterAddonStatus {}
+
+impl ControllerStatus for cso_api::ClusterStackStatus {
+    fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
+        if self.clusters.is_none() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(Self {
+            clusters: None,
+            ..self.clone()
+        })
+    }
+}
+
+impl ControllerStatus for cso_api::ClusterStackReleaseStatus {
+    fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
+        if self.clusters.is_none() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(Self {
+            clusters: None,
+            ..self.clone()
+        })
+    }
+}
+
+/// Writes `status` of `object` when it differs from `before` (recorded in `written`); the fields of other
+/// writers are neither compared nor written ([`ControllerStatus`]).
 pub(crate) async fn status<K, S>(
     written: &Written,
     api: &Api<K>,
@@ -47,9 +89,10 @@ pub(crate) async fn status<K, S>(
 ) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-    S: Serialize + PartialEq,
+    S: ControllerStatus,
 {
-    if before == Some(status) {
+    let status = status.controllers_part();
+    if before.map(ControllerStatus::controllers_part).as_deref() == Some(status.as_ref()) {
         return Ok(());
     }
     let patch = json!({
@@ -143,5 +186,48 @@ where
         // Gone already: nothing to guard any more.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(Error::kube(format!("{what} {}", object.name_any()), source)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cso_api::{
+        ClusterStackReleaseStatus, ClusterStackStatus, cluster_stack::StackClusters,
+        cluster_stack_release::ClusterCounts,
+    };
+
+    use super::*;
+
+    /// A controller's status write has no `clusters` (not even empty), and a change of the counts alone is
+    /// no reason for it to write.
+    #[test]
+    fn a_controllers_status_leaves_out_the_counts() {
+        let counts = ClusterCounts {
+            clusters: 2,
+            ready: 2,
+            ..Default::default()
+        };
+        let release = ClusterStackReleaseStatus {
+            ready: true,
+            clusters: Some(counts.clone()),
+            ..Default::default()
+        };
+        let written = serde_json::to_value(release.controllers_part()).unwrap();
+        assert_eq!(written, json!({"ready": true}));
+        let stack = ClusterStackStatus {
+            usable_versions: "v1".into(),
+            clusters: Some(StackClusters {
+                total: counts,
+                releases: Vec::new(),
+            }),
+            ..Default::default()
+        };
+        let written = serde_json::to_value(stack.controllers_part()).unwrap();
+        assert_eq!(written, json!({"usableVersions": "v1"}));
+        let recounted = ClusterStackStatus {
+            clusters: None,
+            ..stack.clone()
+        };
+        assert_eq!(stack.controllers_part(), recounted.controllers_part());
     }
 }

@@ -31,6 +31,7 @@ use crate::{
     cluster_addon_create, cluster_stack,
     cluster_stack_release::{self, ReleaseContext},
     filter::watcher_config,
+    fleet_status,
     provider_watch::ProviderWatches,
     stores::Stores,
     watch::changes_of,
@@ -116,8 +117,8 @@ impl Operator {
     }
 }
 
-/// Runs the four controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) until
-/// `shutdown` completes; reconciles in flight are given [`STOP_GRACE`] to finish.
+/// Runs the four controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) and the
+/// fleet status writer until `shutdown` completes; reconciles in flight are given [`STOP_GRACE`] to finish.
 pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
     let ctx = match Context::assemble(operator) {
         Ok(ctx) => Arc::new(ctx),
@@ -168,16 +169,20 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let stack_store = stack_watch.store();
     let stacks = stack_watch
         .controller(())
-        // A release changed or went away: its ClusterStack decides again.
-        .watches_stream(release_watch.touched(), |release| {
-            let namespace = release.namespace().unwrap_or_default();
-            release
-                .owner_references()
-                .iter()
-                .filter(|o| o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP))
-                .map(|o| ObjectRef::new(&o.name).within(&namespace))
-                .collect::<Vec<_>>()
-        })
+        // A release changed or went away: its ClusterStack decides again. Not for its Cluster counts alone
+        // (the fleet status writer's): the ClusterStack's reconcile asks the release source.
+        .watches_stream(
+            changes_of(release_watch.subscribe(), fleet_status::apart_from_counts),
+            |release| {
+                let namespace = release.namespace().unwrap_or_default();
+                release
+                    .owner_references()
+                    .iter()
+                    .filter(|o| o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP))
+                    .map(|o| ObjectRef::new(&o.name).within(&namespace))
+                    .collect::<Vec<_>>()
+            },
+        )
         // A Cluster moved to another class or went away: what is in use changed.
         .watches_stream_with(
             class_or_life_changes(cluster_watch.subscribe()),
@@ -369,6 +374,19 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
+    // The Cluster counts in the statuses of ClusterStacks and ClusterStackReleases, from the same watches.
+    // Boxed: as a fifth unboxed future of the join below, rustc could not prove the join `Send` (a
+    // "not general enough" error about the ClusterAddon controller's futures).
+    let fleet = fleet_status::writer(
+        ctx.clone(),
+        &mut stack_watch,
+        &mut release_watch,
+        &mut addon_watch,
+        &mut cluster_watch,
+        shutdown.clone(),
+    )
+    .boxed();
+
     // The watches run as long as the controllers do.
     let watches = async {
         futures::join!(
@@ -382,7 +400,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     tracing::info!(namespace = ?settings.namespace, "controllers started");
     let controllers = async {
         tokio::select! {
-            _ = async { futures::join!(stacks, releases, addon_create, addons) } => {}
+            _ = async { futures::join!(stacks, releases, addon_create, addons, fleet) } => {}
             () = watches => {}
         }
     };

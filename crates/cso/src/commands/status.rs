@@ -1,6 +1,7 @@
 //! `cso status`: the fleet view over a kubeconfig. Per release, the Clusters whose addons are on it and how
 //! many are ready, progressing or failing, with the first failing ones named; counted by
-//! [`cso_api::fleet`], the rule the `cso_clusters` gauge follows too.
+//! [`cso_api::fleet`], the rule the `cso_clusters` gauge and the `status.clusters` of ClusterStacks and
+//! ClusterStackReleases follow too.
 
 use std::fmt::Write as _;
 
