@@ -7,7 +7,7 @@ DEMO_DIR ?= $(CURDIR)/target/demo
 
 .PHONY: tools build test fmt-check clippy crds crds-check unit demo
 
-## tools: build or fetch kube-apiserver, helm, etcd, the Cluster API CRDs and the registry (cached; cold: minutes)
+## tools: build or fetch kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, etcd, Cluster API and the registry (cached; cold: minutes)
 tools:
 	@bash hack/tools.sh install
 
