@@ -1,6 +1,8 @@
 //! One local Kubernetes control plane: etcd and kube-apiserver on loopback ports, with generated
-//! certificates and an admin kubeconfig. There is no controller-manager: no garbage collection through
-//! owner references, and namespaces never finish terminating.
+//! certificates and an admin kubeconfig. On its own it runs no controllers and has no nodes: no garbage
+//! collection through owner references, namespaces never finish terminating, and Deployments, DaemonSets and
+//! Jobs never get a status. [`crate::workloads`] adds kube-controller-manager, kube-scheduler and simulated
+//! nodes (kwok) to one, so that workloads run ([`ControlPlane::start_with_workloads`]).
 
 use std::{
     net::TcpListener,
@@ -28,6 +30,8 @@ pub struct ControlPlane {
     server_url: String,
     kubeconfig_path: PathBuf,
     kubeconfig_yaml: String,
+    ca_cert: PathBuf,
+    sa_private_key: PathBuf,
     // Field order is drop order: the API server stops before its etcd.
     apiserver: Supervised,
     etcd: Supervised,
@@ -101,6 +105,8 @@ impl ControlPlane {
             server_url,
             kubeconfig_path,
             kubeconfig_yaml,
+            ca_cert: pki.ca_cert.clone(),
+            sa_private_key: pki.sa_private_key.clone(),
             apiserver,
             etcd,
             _tempdir: tempdir,
@@ -128,6 +134,16 @@ impl ControlPlane {
     /// The admin kubeconfig (what goes into a `<cluster>-kubeconfig` Secret).
     pub fn kubeconfig_yaml(&self) -> &str {
         &self.kubeconfig_yaml
+    }
+
+    /// The CA (PEM file) that signed the API server's serving certificate and the admin client certificate.
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.ca_cert
+    }
+
+    /// The private key (PEM file) the API server signs service-account tokens with.
+    pub fn service_account_key_path(&self) -> &Path {
+        &self.sa_private_key
     }
 
     /// A new client for the admin user. Build one per async runtime: a client is tied to the runtime it

@@ -4,7 +4,8 @@
 //! namespace ([`namespace`]); `cso-dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
 //! [`registry::Registry`] is a real OCI registry. [`capi`] runs Cluster API itself (v1.14's managers, CRDs and
 //! webhooks) on a control plane of its own; [`stand_in::StandIn`] plays the providers' part where machines
-//! would be needed.
+//! would be needed. [`workloads`] makes a control plane run workloads (kube-controller-manager, kube-scheduler
+//! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]).
 
 pub mod archive;
 pub mod capi;
@@ -19,6 +20,7 @@ pub mod registry;
 pub mod stand_in;
 pub mod tools;
 pub mod usage;
+pub mod workloads;
 
 use std::{path::Path, sync::OnceLock};
 
@@ -26,6 +28,7 @@ pub use control_plane::{ControlPlane, client_from_yaml, config_from_yaml};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, api::PostParams};
 pub use tools::Tools;
+pub use workloads::{NodeSpec, WorkloadCluster, WorkloadRuntime};
 
 /// Everything that can go wrong while starting or using a local control plane.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,6 @@
 //! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API and cert-manager CRDs, the
-//! OCI registry, the go-yaml reference converter and the renderer on Helm's engine.
+//! OCI registry, the go-yaml reference converter, the renderer on Helm's engine, and what makes a control plane
+//! run workloads (kube-controller-manager, kube-scheduler, kwok: [`crate::workloads`]).
 //!
 //! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
 //! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
@@ -28,6 +29,12 @@ pub struct Tools {
     /// hack/tools.sh's `cso-renderer` (hack/renderer): the long-lived renderer on Helm's own engine that
     /// `cso_render::engine` drives.
     pub renderer: Option<PathBuf>,
+    /// kube-controller-manager, of the same Kubernetes version as `kube_apiserver` (`CSO_KUBE_CONTROLLER_MANAGER`).
+    pub kube_controller_manager: Option<PathBuf>,
+    /// kube-scheduler, of the same Kubernetes version as `kube_apiserver` (`CSO_KUBE_SCHEDULER`).
+    pub kube_scheduler: Option<PathBuf>,
+    /// kwok (`sigs.k8s.io/kwok/cmd/kwok`, `CSO_KWOK`): simulated nodes and the pods bound to them.
+    pub kwok: Option<PathBuf>,
 }
 
 impl Tools {
@@ -77,6 +84,9 @@ impl Tools {
             cert_manager_crd_dir: lookup("CSO_CERT_MANAGER_CRD_DIR").map(PathBuf::from),
             yaml2json: lookup("CSO_YAML2JSON").map(PathBuf::from),
             renderer: lookup("CSO_RENDERER").map(PathBuf::from),
+            kube_controller_manager: lookup("CSO_KUBE_CONTROLLER_MANAGER").map(PathBuf::from),
+            kube_scheduler: lookup("CSO_KUBE_SCHEDULER").map(PathBuf::from),
+            kwok: lookup("CSO_KWOK").map(PathBuf::from),
         })
     }
 }
