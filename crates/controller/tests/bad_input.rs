@@ -302,19 +302,6 @@ async fn a_reconcile_that_hangs_is_stopped_reported_and_retried() {
     silent.abort();
 }
 
-/// The events with `reason` in `namespace`.
-async fn events_with(client: &Client, namespace: &str, reason: &str) -> Vec<Event> {
-    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
-    events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
-}
-
 /// Labels Cluster `name`, so every controller watching Clusters looks at it again.
 async fn touch_cluster(client: &Client, namespace: &str, name: &str, value: &str) {
     dynamic(client, namespace, &capi("Cluster"))

@@ -78,7 +78,7 @@ pub(crate) fn record(
     }
     let before = addon
         .get_condition(condition::ADDONS_HEALTHY)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.last_transition_time));
+        .map(|c| (c.status, c.reason.clone(), c.last_transition_time));
     let given_up = |addon: &mut ClusterAddon, why: &'static str, message: String| {
         addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Warning, message);
         Verdict {

@@ -319,31 +319,20 @@ pub fn staged_release(release_dir: &Path, version: &str, addon_config: &str) {
     staged_release_with_empty(release_dir, version, addon_config, None);
 }
 
+/// A multi-stage release `docker-staged-1-27-<version>` as [`staged_release`] makes it, its stage charts made
+/// of `files` (`(path in the addon archive, content)`, e.g. `("web/Chart.yaml", ...)`).
+pub fn staged_release_of(release_dir: &Path, version: &str, addon_config: &str, files: &[(&str, &str)]) {
+    let dir = staged_release_base(release_dir, version, addon_config);
+    std::fs::write(
+        dir.join(format!("docker-staged-1-27-cluster-addon-{version}.tgz")),
+        tgz(files),
+    )
+    .unwrap();
+}
+
 /// [`staged_release`] whose stage chart `empty` (if any) has no templates: it renders no objects.
 pub fn staged_release_with_empty(release_dir: &Path, version: &str, addon_config: &str, empty: Option<&str>) {
-    let tag = format!("docker-staged-1-27-{version}");
-    let dir = release_dir.join("cluster-stacks").join(&tag);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("metadata.yaml"),
-        format!(
-            "apiVersion: metadata.clusterstack.x-k8s.io/v1alpha1\nversions:\n  clusterStack: {version}\n  kubernetes: v1.27.7\n  components:\n    clusterAddon: {version}\n"
-        ),
-    )
-    .unwrap();
-    std::fs::write(dir.join("clusteraddon.yaml"), addon_config).unwrap();
-    let class = tgz(&[
-        ("class/Chart.yaml", "apiVersion: v2\nname: class\nversion: v1\n"),
-        (
-            "class/templates/cm.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-class\ndata: {}\n",
-        ),
-    ]);
-    std::fs::write(
-        dir.join(format!("docker-staged-1-27-cluster-class-{version}.tgz")),
-        class,
-    )
-    .unwrap();
+    let dir = staged_release_base(release_dir, version, addon_config);
     let charts = tempfile::tempdir().unwrap();
     let unpacked = charts.path().join("charts");
     cso_release::archive::unpack(
@@ -373,10 +362,49 @@ pub fn staged_release_with_empty(release_dir: &Path, version: &str, addon_config
     builder.into_inner().unwrap().finish().unwrap();
 }
 
+/// What every `docker-staged-1-27-<version>` release has but its addon archive: its metadata, `addon_config`
+/// as `clusteraddon.yaml` and a cluster-class chart with one ConfigMap. Returns its directory.
+fn staged_release_base(release_dir: &Path, version: &str, addon_config: &str) -> PathBuf {
+    let tag = format!("docker-staged-1-27-{version}");
+    let dir = release_dir.join("cluster-stacks").join(&tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("metadata.yaml"),
+        format!(
+            "apiVersion: metadata.clusterstack.x-k8s.io/v1alpha1\nversions:\n  clusterStack: {version}\n  kubernetes: v1.27.7\n  components:\n    clusterAddon: {version}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("clusteraddon.yaml"), addon_config).unwrap();
+    let class = tgz(&[
+        ("class/Chart.yaml", "apiVersion: v2\nname: class\nversion: v1\n"),
+        (
+            "class/templates/cm.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-class\ndata: {}\n",
+        ),
+    ]);
+    std::fs::write(
+        dir.join(format!("docker-staged-1-27-cluster-class-{version}.tgz")),
+        class,
+    )
+    .unwrap();
+    dir
+}
+
 /// A workload cluster of the test's own (addons of different tests must not meet in one cluster).
 pub async fn workload_plane(name: &str) -> cso_testenv::ControlPlane {
     let tools = cso_testenv::Tools::discover().unwrap();
     cso_testenv::ControlPlane::start(&tools, name, None)
+        .await
+        .unwrap()
+}
+
+/// A workload cluster of the test's own that runs workloads (kube-controller-manager, kube-scheduler, kwok)
+/// on `nodes` simulated nodes (`<name>-node-0`, ...).
+pub async fn running_workload_plane(name: &str, nodes: usize) -> cso_testenv::WorkloadCluster {
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let nodes = cso_testenv::NodeSpec::numbered(&format!("{name}-node"), nodes);
+    cso_testenv::ControlPlane::start_with_workloads(&tools, name, None, &nodes)
         .await
         .unwrap()
 }
@@ -458,4 +486,21 @@ pub async fn workload_writes(workload: &Client) -> BTreeMap<String, f64> {
         *writes.entry(format!("{verb} {resource}")).or_default() += count;
     }
     writes
+}
+
+/// The events with `reason` in `namespace`.
+pub async fn events_with(
+    client: &Client,
+    namespace: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
 }

@@ -1,0 +1,354 @@
+//! Health gates on workload clusters that run workloads (kube-apiserver, kube-controller-manager,
+//! kube-scheduler and kwok's simulated nodes and pods): a ClusterAddon is ready once what it applied runs, not
+//! once it was applied; a stage whose Deployment can never be scheduled holds the next stage and the upgrade
+//! until the per-stage timeout and says which object does not run and why; addons that stop running are
+//! reported at the next periodic pass.
+//!
+//! The simulated pods have no network: an APIService served by one of them can never become Available (the
+//! API server cannot reach it), so the ferrol release here leaves out metrics-server's APIService with the
+//! chart's own value (`apiService.create: false`); the APIService rule is tested in `cso_apply::health`.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+mod support;
+
+use std::time::Duration;
+
+use cso_api::{
+    ClusterAddon,
+    conditions::{ConditionStatus, ConditionsExt},
+    names::{condition, reason},
+};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    core::v1::{ConfigMap, Pod},
+};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use support::*;
+
+/// The ClusterAddon of Cluster `cluster` once `check` holds for it.
+async fn addon_where(
+    addons: &Api<ClusterAddon>,
+    cluster: &str,
+    what: &str,
+    limit: Duration,
+    check: impl Fn(&ClusterAddon) -> bool,
+) -> ClusterAddon {
+    let name = format!("cluster-addon-{cluster}");
+    eventually(what, limit, || async {
+        addons.get_opt(&name).await.unwrap().filter(|a| check(a))
+    })
+    .await
+}
+
+fn ready(addon: &ClusterAddon) -> bool {
+    addon.status.as_ref().is_some_and(|s| s.ready)
+}
+
+fn health_of(addon: &ClusterAddon) -> Option<(ConditionStatus, String, String)> {
+    addon.get_condition(condition::ADDONS_HEALTHY).map(|c| {
+        (
+            c.status,
+            c.reason.clone().unwrap_or_default(),
+            c.message.clone().unwrap_or_default(),
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "health-ferrol").await.unwrap();
+    let own = running_workload_plane("health-ferrol", 2).await;
+    let workload = own.control_plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    std::fs::write(
+        dir.path()
+            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+        r#"values: |
+  metrics-server:
+    apiService:
+      create: false
+    commonLabels:
+      domain: "{{ .Cluster.spec.controlPlaneEndpoint.host }}"
+      clusterAddonVersion: "v1"
+"#,
+    )
+    .unwrap();
+    let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
+        s.addon_health_checks = true;
+        s.resync_interval = Duration::from_secs(5);
+    })
+    .await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", own.control_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    let installed = addon_where(&addons, "c1", "cluster-addon-c1 ready", CONVERGE, ready).await;
+
+    // Ready means running: what the addons applied runs as their ready status is seen.
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    let metrics_server = deployments.get("metrics-server").await.unwrap();
+    let status = metrics_server.status.clone().unwrap_or_default();
+    let available = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Available" && c.status == "True");
+    assert!(
+        available,
+        "metrics-server is Available when its ClusterAddon is ready: {status:?}"
+    );
+    assert_eq!(status.updated_replicas, metrics_server.spec.unwrap().replicas);
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(workload.clone(), "kube-system");
+    let kindnet = daemon_sets.get("kindnet").await.unwrap().status.unwrap();
+    assert_eq!(
+        (kindnet.desired_number_scheduled, kindnet.number_ready),
+        (2, 2),
+        "{kindnet:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "kube-system");
+    let running: Vec<(String, String)> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| (p.name_any(), p.spec.and_then(|s| s.node_name).unwrap_or_default()))
+        .collect();
+    assert!(
+        running
+            .iter()
+            .any(|(pod, node)| pod.starts_with("metrics-server-") && node.starts_with("health-ferrol-node-")),
+        "metrics-server runs on a simulated node: {running:?}"
+    );
+    assert_eq!(
+        health_of(&installed).map(|(status, ..)| status),
+        Some(ConditionStatus::True)
+    );
+
+    // The simulated kubelets stop (kwok is paused: no node Lease is renewed, and after the node monitor's
+    // grace period kube-controller-manager marks the nodes and their pods not ready): the next periodic pass
+    // finds the addons degraded.
+    let (_, kwok) = own
+        .runtime
+        .pids()
+        .into_iter()
+        .find(|(component, _)| *component == cso_testenv::workloads::Component::Kwok)
+        .unwrap();
+    let paused = std::process::Command::new("kill")
+        .args(["-STOP", &kwok.to_string()])
+        .status()
+        .unwrap();
+    assert!(paused.success());
+    eventually(
+        "kindnet's pods on the stopped nodes are no longer ready",
+        Duration::from_secs(120),
+        || async {
+            let status = daemon_sets.get("kindnet").await.unwrap().status.unwrap();
+            (status.number_ready < 2).then_some(status)
+        },
+    )
+    .await;
+    let degraded = addon_where(
+        &addons,
+        "c1",
+        "cluster-addon-c1 degraded",
+        Duration::from_secs(120),
+        |a| health_of(a).is_some_and(|(_, why, _)| why == reason::DEGRADED),
+    )
+    .await;
+    assert!(!ready(&degraded), "degraded addons are not ready");
+    let (_, _, message) = health_of(&degraded).unwrap();
+    assert!(
+        message.contains("DaemonSet kube-system/kindnet") || message.contains("Deployment kube-system/"),
+        "the message names what no longer runs: {message}"
+    );
+    assert!(
+        !events_with(&client, &ns, "AddonsDegraded").await.is_empty(),
+        "an AddonsDegraded event"
+    );
+    operator.stop().await;
+    own.stop();
+}
+
+/// A stage chart `name` with the given templates.
+fn chart(name: &str) -> (String, String) {
+    (
+        format!("{name}/Chart.yaml"),
+        format!("apiVersion: v2\nname: {name}\nversion: 0.1.0\n"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_that_cannot_be_scheduled_holds_the_next_stage_and_the_upgrade_until_the_timeout() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "health-stages").await.unwrap();
+    let own = running_workload_plane("health-stages", 1).await;
+    let workload = own.control_plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base = chart("base");
+    let web = chart("web");
+    let after = chart("after");
+    let config_map =
+        |name: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata: {{}}\n");
+    let base_cm = config_map("base");
+    let after_cm = config_map("after-web");
+    let unschedulable = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 1\n  \
+        selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      \
+        nodeSelector: {cso.test/pool: nowhere}\n      containers:\n      - {name: web, image: nginx}\n";
+    let files = [
+        (base.0.as_str(), base.1.as_str()),
+        ("base/templates/cm.yaml", base_cm.as_str()),
+        (web.0.as_str(), web.1.as_str()),
+        ("web/templates/deployment.yaml", unschedulable),
+        (after.0.as_str(), after.1.as_str()),
+        ("after/templates/cm.yaml", after_cm.as_str()),
+    ];
+    let acpi = "  AfterControlPlaneInitialized:\n    - {name: base, action: apply}\n";
+    staged_release_of(
+        dir.path(),
+        "v1",
+        &format!("apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n{acpi}"),
+        &files,
+    );
+    staged_release_of(
+        dir.path(),
+        "v2",
+        &format!(
+            "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\naddonStages:\n{acpi}  BeforeClusterUpgrade:\n    - {{name: web, action: apply}}\n    - {{name: after, action: apply}}\n"
+        ),
+        &files,
+    );
+    let stage_timeout = Duration::from_secs(40);
+    let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
+        s.addon_health_checks = true;
+        s.stage_timeout = stage_timeout;
+    })
+    .await;
+    let mut spec = ferrol_spec(&["v1", "v2"]);
+    spec["name"] = json!("staged");
+    create_stack(&client, &ns, "staged", spec).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c2", own.control_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c2", "docker-staged-1-27-v1").await;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    addon_where(&addons, "c2", "v1 installed and ready", CONVERGE, |a| {
+        ready(a) && a.spec.cluster_stack == "docker-staged-1-27-v1"
+    })
+    .await;
+
+    // The upgrade: its first stage applies a Deployment no node can take.
+    dynamic(&client, &ns, &capi("Cluster"))
+        .patch(
+            "c2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"class": "docker-staged-1-27-v2"}}})),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let waiting = addon_where(
+        &addons,
+        "c2",
+        "the web stage waits for its Deployment",
+        CONVERGE,
+        |a| health_of(a).is_some_and(|(_, why, _)| why == reason::WAITING_FOR_HEALTH),
+    )
+    .await;
+    let (_, _, message) = health_of(&waiting).unwrap();
+    assert!(message.contains("Deployment kube-system/web"), "{message}");
+    assert!(
+        message.contains("0 of 1"),
+        "the reason, from the Deployment's status: {message}"
+    );
+    assert!(!ready(&waiting));
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "kube-system");
+    let web_pod = eventually("the web pod is found unschedulable", CONVERGE, || async {
+        pods.list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                        })
+                    })
+            })
+    })
+    .await;
+    assert_eq!(web_pod.status.unwrap().phase.as_deref(), Some("Pending"));
+
+    // Until the stage timeout: the next stage never starts and the upgrade is held.
+    let config_maps: Api<ConfigMap> = Api::namespaced(workload.clone(), "kube-system");
+    let hold = cso_webhook::hooks::Call {
+        hook: cso_api::rules::Hook::BeforeClusterUpgrade,
+        class: cso_api::ReleaseId::parse_cluster_class("docker-staged-1-27-v2").unwrap(),
+        kubernetes_version: "v1.27.7".into(),
+    };
+    while started.elapsed() < stage_timeout - Duration::from_secs(10) {
+        assert!(
+            config_maps.get_opt("after-web").await.unwrap().is_none(),
+            "the stage after web started while web does not run"
+        );
+        let addon = addons.get("cluster-addon-c2").await.unwrap();
+        let answer = cso_webhook::hooks::decide(&addon, &hold);
+        assert!(
+            !matches!(
+                answer,
+                cso_webhook::hooks::Step::Answer(cso_webhook::hooks::Outcome::Done)
+            ),
+            "BeforeClusterUpgrade is held while web does not run: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    // Given up at the timeout: reported with the objects, the next stage runs and the upgrade goes on; the
+    // addons are not ready, for they do not run.
+    let given_up = addon_where(
+        &addons,
+        "c2",
+        "the upgrade given up on web",
+        Duration::from_secs(90),
+        |a| a.spec.cluster_stack == "docker-staged-1-27-v2" && a.spec.hook.is_empty(),
+    )
+    .await;
+    assert!(
+        config_maps.get_opt("after-web").await.unwrap().is_some(),
+        "the next stage ran"
+    );
+    let (status, why, message) = health_of(&given_up).unwrap();
+    assert_eq!(
+        (status, why.as_str()),
+        (ConditionStatus::False, reason::NOT_HEALTHY_IN_TIME)
+    );
+    assert!(message.contains("Deployment kube-system/web"), "{message}");
+    assert!(!ready(&given_up), "ready means running");
+    assert_eq!(
+        cso_webhook::hooks::decide(&given_up, &hold),
+        cso_webhook::hooks::Step::Answer(cso_webhook::hooks::Outcome::Done),
+        "the upgrade goes on once web was given up"
+    );
+    for expected in ["AddonsNotHealthy", "StageTimedOut"] {
+        assert!(
+            !events_with(&client, &ns, expected).await.is_empty(),
+            "a {expected} event"
+        );
+    }
+    operator.stop().await;
+    own.stop();
+}
