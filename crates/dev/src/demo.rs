@@ -1,11 +1,12 @@
 //! `cso-dev demo`: the operator's main job on an embedded default, through Cluster API. Starts a local
 //! management control plane with Cluster API v1.14 (its managers, and the provider stand-in for machines) and
-//! a workload control plane, runs the controllers and the hook server (registered with Cluster API by an
+//! a workload control plane that runs workloads (kube-controller-manager, kube-scheduler, kwok's simulated
+//! nodes), runs the controllers and the hook server (registered with Cluster API by an
 //! `ExtensionConfig`) with the bundled example stack (ferrol v1 and v2, local source), creates a ClusterStack
 //! and waits until both ClusterClasses and their templates are applied, creates a Cluster with a topology
 //! (Cluster API builds it from our ClusterClass and calls our hooks; its addons land in the workload cluster),
 //! upgrades it to v2 (held by `BeforeClusterUpgrade` until v2's addons are applied), prints what was created
-//! where, the hooks Cluster API called in order with their times, how long each step took, and stops
+//! where, the pods running on the simulated nodes once the addons were ready, the hooks Cluster API called in order with their times, how long each step took, and stops
 //! everything.
 
 use std::{
@@ -95,26 +96,39 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     )?;
     steps.end("management control plane + Cluster API");
 
-    steps.begin("starting a workload control plane (the Cluster's API server)");
-    let workload =
-        match cso_testenv::ControlPlane::start(&tools, "workload", Some(&dir.join("workload"))).await {
-            Ok(workload) => workload,
-            Err(e) => {
-                management.cluster_api.stop();
-                management.control_plane.stop();
-                return Err(e).context("failed to start the workload control plane");
-            }
-        };
-    std::fs::write(dir.join("workload.kubeconfig"), workload.kubeconfig_yaml())?;
-    steps.end("workload control plane");
+    steps.begin(&format!(
+        "starting a workload control plane that runs workloads (the Cluster's API server, \
+         kube-controller-manager, kube-scheduler, kwok with {WORKLOAD_NODES} simulated nodes)"
+    ));
+    let nodes = cso_testenv::NodeSpec::numbered("node", WORKLOAD_NODES);
+    let workload = match cso_testenv::ControlPlane::start_with_workloads(
+        &tools,
+        "workload",
+        Some(&dir.join("workload")),
+        &nodes,
+    )
+    .await
+    {
+        Ok(workload) => workload,
+        Err(e) => {
+            management.cluster_api.stop();
+            management.control_plane.stop();
+            return Err(e).context("failed to start the workload control plane");
+        }
+    };
+    let workload_client = workload.control_plane.client().await?;
+    std::fs::write(
+        dir.join("workload.kubeconfig"),
+        workload.control_plane.kubeconfig_yaml(),
+    )?;
+    steps.end("workload control plane with simulated nodes");
 
     steps.begin("starting the operator and its hook server with the bundled ferrol stack (local source)");
     let release_dir = dir.join("releases");
     for tag in STACK_RELEASES {
-        cso_release::release::copy_release_dir(
-            &releases.join(tag),
-            &release_dir.join("cluster-stacks").join(tag),
-        )?;
+        let copy = release_dir.join("cluster-stacks").join(tag);
+        cso_release::release::copy_release_dir(&releases.join(tag), &copy)?;
+        without_metrics_api_service(&copy)?;
     }
     let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
     // What `cso run` renders with by default: one long-lived renderer on Helm's engine.
@@ -126,11 +140,8 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         values: Arc::new(ValuesTemplater::with_engine(engine)),
         metrics: Default::default(),
         take_over_from: Vec::new(),
-        settings: Settings {
-            // The demo's workload cluster is a bare API server: nothing it holds ever runs.
-            addon_health_checks: false,
-            ..Settings::default()
-        },
+        // Health gates on, as `cso run` has them: the addons are ready once they run on the simulated nodes.
+        settings: Settings::default(),
         cluster_resource: cso_controller::cluster_resource(&client).await,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -142,8 +153,8 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let _stand_in = StandIn::start(
         client.clone(),
         Workload {
-            kubeconfig: workload.kubeconfig_yaml().to_owned(),
-            server_url: workload.server_url().to_owned(),
+            kubeconfig: workload.control_plane.kubeconfig_yaml().to_owned(),
+            server_url: workload.control_plane.server_url().to_owned(),
         },
     );
     steps.end("operator, hook server discovered by Cluster API");
@@ -153,7 +164,9 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     steps.end("ClusterStack to ready ClusterClasses");
 
     let mut addons = None;
+    let mut running = None;
     let mut upgraded = None;
+    let mut running_after = None;
     if classes.is_ok() {
         steps.begin(&format!(
             "creating Cluster {NAMESPACE}/{CLUSTER} with a topology of class {CLUSTER_CLASS}: Cluster API builds \
@@ -162,12 +175,18 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         addons = Some(install_addons(&client).await);
         steps.end("Cluster to addons running");
         if matches!(addons, Some(Ok(_))) {
+            running = Some(running_pods(&workload_client).await);
+        }
+        if matches!(addons, Some(Ok(_))) {
             steps.begin(&format!(
                 "upgrading the Cluster to {UPGRADE_CLASS} at {UPGRADE_VERSION}: Cluster API holds it at \
                  BeforeClusterUpgrade until the new addons are applied"
             ));
             upgraded = Some(upgrade(&client).await);
             steps.end("upgrade through Cluster API");
+            if matches!(upgraded, Some(Ok(_))) {
+                running_after = Some(running_pods(&workload_client).await);
+            }
         }
     }
 
@@ -182,6 +201,8 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let (releases_ready, inventory) = classes?;
     let addon_objects = addons.context("the addons were not installed")??;
     let upgraded_objects = upgraded.context("the Cluster was not upgraded")??;
+    let running = running.context("the pods were not listed")??;
+    let running_after = running_after.context("the pods were not listed after the upgrade")??;
 
     println!();
     println!(
@@ -207,9 +228,20 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     for object in addon_objects {
         println!("  {object}");
     }
+    println!(
+        "running in the workload cluster when cluster-addon-{CLUSTER} was ready (pods on the simulated nodes; \
+         ready means running):"
+    );
+    for pod in running {
+        println!("  {pod}");
+    }
     println!("after the upgrade to {UPGRADE_CLASS}:");
     for object in upgraded_objects {
         println!("  {object}");
+    }
+    println!("running after the upgrade:");
+    for pod in running_after {
+        println!("  {pod}");
     }
     println!("lifecycle hooks Cluster API called (time since the demo started; repeated answers folded):");
     for line in hook_summary(&calls.lock().unwrap_or_else(|p| p.into_inner())) {
@@ -217,6 +249,54 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     }
     println!("state and kubeconfigs were in {}", dir.display());
     Ok(())
+}
+
+/// Simulated nodes of the demo's workload cluster.
+const WORKLOAD_NODES: usize = 2;
+
+/// Leaves metrics-server's APIService out of the release copy at `release`: the simulated pods have no
+/// network, so the API server could never reach metrics-server and the APIService would never become
+/// Available (a real cluster serves it). Everything else of the release is as bundled.
+fn without_metrics_api_service(release: &Path) -> anyhow::Result<()> {
+    let file = release.join("cluster-addon-values.yaml");
+    let values =
+        std::fs::read_to_string(&file).with_context(|| format!("failed to read {}", file.display()))?;
+    let key = "  metrics-server:\n";
+    if !values.contains(key) {
+        bail!("{} has no metrics-server values", file.display());
+    }
+    let values = values.replacen(key, &format!("{key}    apiService:\n      create: false\n"), 1);
+    std::fs::write(&file, values).with_context(|| format!("failed to write {}", file.display()))
+}
+
+/// The pods of the workload cluster: `namespace/name: phase on node`, sorted.
+async fn running_pods(workload: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(workload.clone());
+    let mut lines: Vec<String> = pods
+        .list(&Default::default())
+        .await
+        .context("failed to list the workload cluster's pods")?
+        .items
+        .into_iter()
+        .map(|pod| {
+            let name = format!(
+                "{}/{}",
+                pod.metadata.namespace.clone().unwrap_or_default(),
+                pod.metadata.name.clone().unwrap_or_default()
+            );
+            let phase = pod
+                .status
+                .and_then(|s| s.phase)
+                .unwrap_or_else(|| "Unknown".into());
+            let node = pod
+                .spec
+                .and_then(|s| s.node_name)
+                .unwrap_or_else(|| "no node".into());
+            format!("{name}: {phase} on {node}")
+        })
+        .collect();
+    lines.sort();
+    Ok(lines)
 }
 
 /// One lifecycle hook call Cluster API made: when (since the demo started), which hook, how it was answered.

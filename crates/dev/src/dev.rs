@@ -1,4 +1,6 @@
-//! `cso-dev up`: a management and a workload control plane on loopback, for development and the quick start,
+//! `cso-dev up`: a management and a workload control plane on loopback, for development and the quick start
+//! (the workload one runs workloads: kube-controller-manager, kube-scheduler and kwok with simulated nodes, see
+//! [`cso_testenv::workloads`]),
 //! with Cluster API (v1.14, built by `make tools`) on the management one by default: its managers, the
 //! provider stand-in for machines ([`cso_testenv::stand_in`]) pointing every Cluster at the workload control
 //! plane, hook-server certificates in `DIR/hook-certs` and an `ExtensionConfig` for
@@ -12,7 +14,7 @@ use std::{
 
 use anyhow::Context;
 use cso_testenv::{
-    ControlPlane, Tools,
+    ControlPlane, NodeSpec, Tools,
     capi::{ClusterApiTools, Options, start_management_with_cluster_api},
     stand_in::{StandIn, Workload},
 };
@@ -22,6 +24,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// The name of the `ExtensionConfig` `cso-dev up` registers.
 pub const EXTENSION_NAME: &str = "cso";
+/// Simulated nodes of the workload cluster.
+const WORKLOAD_NODES: usize = 2;
 
 /// How `cso-dev up` runs.
 #[derive(Clone, Debug)]
@@ -47,6 +51,8 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         }
     }
     let (management_dir, workload_dir) = (dir.join("management"), dir.join("workload"));
+    // The workload cluster runs workloads: kube-controller-manager, kube-scheduler and kwok's simulated nodes.
+    let nodes = NodeSpec::numbered("node", WORKLOAD_NODES);
     let (mut management, mut cluster_api, mut workload) = if options.without_cluster_api {
         eprintln!(
             "starting the management and workload control planes in {} (without Cluster API)",
@@ -54,7 +60,7 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         );
         let (management, workload) = tokio::try_join!(
             cso_testenv::start_management(&tools, Some(&management_dir)),
-            ControlPlane::start(&tools, "workload", Some(&workload_dir)),
+            ControlPlane::start_with_workloads(&tools, "workload", Some(&workload_dir), &nodes),
         )?;
         (management, None, workload)
     } else {
@@ -67,14 +73,14 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         let options = Options::default();
         let (with_capi, workload) = tokio::try_join!(
             start_management_with_cluster_api(&tools, &capi, Some(&management_dir), &options),
-            ControlPlane::start(&tools, "workload", Some(&workload_dir)),
+            ControlPlane::start_with_workloads(&tools, "workload", Some(&workload_dir), &nodes),
         )?;
         (with_capi.control_plane, Some(with_capi.cluster_api), workload)
     };
     let management_kubeconfig = dir.join("management.kubeconfig");
     let workload_kubeconfig = dir.join("workload.kubeconfig");
     std::fs::write(&management_kubeconfig, management.kubeconfig_yaml())?;
-    std::fs::write(&workload_kubeconfig, workload.kubeconfig_yaml())?;
+    std::fs::write(&workload_kubeconfig, workload.control_plane.kubeconfig_yaml())?;
 
     let mut stand_in = None;
     if let Some(cluster_api) = &cluster_api {
@@ -87,8 +93,8 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         stand_in = Some(StandIn::start(
             client,
             Workload {
-                kubeconfig: workload.kubeconfig_yaml().to_owned(),
-                server_url: workload.server_url().to_owned(),
+                kubeconfig: workload.control_plane.kubeconfig_yaml().to_owned(),
+                server_url: workload.control_plane.server_url().to_owned(),
             },
         ));
         let capi_mib: u64 = cluster_api
@@ -114,7 +120,7 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         "control planes up in {:.1}s; resident memory: management {} MiB, workload {} MiB",
         started.elapsed().as_secs_f64(),
         resident_mib(&management),
-        resident_mib(&workload)
+        resident_mib(&workload.control_plane)
     );
     println!(
         "ready management={} workload={}",
@@ -131,7 +137,12 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
             _ = interrupt.recv() => break Ok(()),
             _ = health.tick() => {
                 let capi_running = cluster_api.as_mut().map_or(Ok(()), |c| c.check_running());
-                if let Err(e) = management.check_running().and_then(|()| workload.check_running()).and(capi_running) {
+                if let Err(e) = management
+                    .check_running()
+                    .and_then(|()| workload.control_plane.check_running())
+                    .and_then(|()| workload.runtime.check_running())
+                    .and(capi_running)
+                {
                     // Not restarted: see `cso-dev up --help`.
                     break Err(anyhow::Error::new(e).context(
                         "a control plane stopped on its own; both are stopped (a killed process is not restarted: run `cso-dev up` again)",
