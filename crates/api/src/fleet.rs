@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use crate::{
     ClusterAddon, ReleaseId,
     cluster_stack_release::ClusterCounts,
-    conditions::{ConditionStatus, Severity},
+    conditions::{ConditionStatus, ConditionsExt, Severity},
 };
 
 /// How many failing Clusters a release's counts name.
@@ -123,15 +123,41 @@ fn saturating_i32(count: usize) -> i32 {
     i32::try_from(count).unwrap_or(i32::MAX)
 }
 
+/// The stack (`docker-ferrol-1-27`) and release tag the addons of `addon` are on (see the module); a
+/// `spec.clusterStack` that names no release is kept as it is, with no stack.
+pub fn release_of(addon: &ClusterAddon) -> (String, String) {
+    let applied = addon.spec.cluster_stack.as_str();
+    match ReleaseId::parse_any(applied) {
+        Ok(id) => (id.stack_prefix(), id.tag()),
+        Err(_) => (String::new(), applied.to_owned()),
+    }
+}
+
+/// The ClusterAddons whose addons do not run, per release (see [`release_of`]) and `AddonsHealthy` reason
+/// (`WaitingForHealth`, `NotHealthyInTime`, `Degraded`): `(stack, release, reason) -> count`.
+pub fn not_running<'a>(
+    addons: impl IntoIterator<Item = &'a ClusterAddon>,
+) -> BTreeMap<(String, String, String), usize> {
+    let mut counts = BTreeMap::new();
+    for addon in addons {
+        let Some(condition) = addon
+            .get_condition(crate::names::condition::ADDONS_HEALTHY)
+            .filter(|c| c.status == ConditionStatus::False)
+        else {
+            continue;
+        };
+        let (stack, release) = release_of(addon);
+        let reason = condition.reason.clone().unwrap_or_default();
+        *counts.entry((stack, release, reason)).or_default() += 1;
+    }
+    counts
+}
+
 /// The counts per release of `addons`, in release order (Clusters on no release yet first).
 pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<ReleaseCounts> {
     let mut by_release: BTreeMap<String, (ReleaseCounts, Vec<String>)> = BTreeMap::new();
     for addon in addons {
-        let applied = addon.spec.cluster_stack.as_str();
-        let (stack, release) = match ReleaseId::parse_any(applied) {
-            Ok(id) => (id.stack_prefix(), id.tag()),
-            Err(_) => (String::new(), applied.to_owned()),
-        };
+        let (stack, release) = release_of(addon);
         let (counts, failing) = by_release.entry(release.clone()).or_insert_with(|| {
             let counts = ReleaseCounts {
                 stack,

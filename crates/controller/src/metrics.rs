@@ -1,7 +1,8 @@
 //! Prometheus metrics: controller-runtime's reconcile metrics (same names and labels, so dashboards made for
 //! the Go operator work) and the operator's own: objects applied, pruned and put back, render and apply
 //! durations per target cluster; requests to the release source and its rate-limit budget; releases cached;
-//! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time) and the
+//! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time), those
+//! whose addons do not run (`cso_addons_not_running`, the same way) and the
 //! writes of those counts into the statuses (`cso_fleet_status_writes`); and
 //! leader election (client-go's `leader_election_master_status`, plus failed renewals).
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
@@ -125,6 +126,7 @@ pub struct Metrics {
     /// The release cache whose size `releases_cached` shows, read at scrape time.
     cache: OnceLock<Arc<ReleaseCache>>,
     clusters: Family<FleetLabels, Gauge>,
+    not_running: Family<NotRunningLabels, Gauge>,
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
     fleet_status_writes: Family<KindLabels, Counter>,
@@ -134,6 +136,14 @@ pub struct Metrics {
 struct KindLabels {
     /// `ClusterStack` or `ClusterStackRelease`.
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NotRunningLabels {
+    stack: String,
+    release: String,
+    /// The `AddonsHealthy` reason.
+    reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -178,6 +188,7 @@ impl Default for Metrics {
             kube_requests: Family::default(),
             cache: OnceLock::new(),
             clusters: Family::default(),
+            not_running: Family::default(),
             addons: OnceLock::new(),
             fleet_status_writes: Family::default(),
         };
@@ -235,6 +246,12 @@ impl Default for Metrics {
             "cso_clusters",
             "Clusters per release their addons are on, by state (ready, progressing, failing)",
             metrics.clusters.clone(),
+        );
+        registry.register(
+            "cso_addons_not_running",
+            "Clusters whose applied addons do not run, per release and AddonsHealthy reason (WaitingForHealth, \
+             NotHealthyInTime, Degraded)",
+            metrics.not_running.clone(),
         );
         registry.register(
             "cso_fleet_status_writes",
@@ -312,6 +329,18 @@ impl Metrics {
                         .get_or_create(&labels)
                         .set(counts.in_state(state) as i64);
                 }
+            }
+            self.not_running.clear();
+            let not_running = cso_api::fleet::not_running(addons.iter().map(AsRef::as_ref));
+            for ((stack, release, reason), count) in not_running {
+                #[allow(clippy::cast_possible_wrap, reason = "a count of Clusters")]
+                self.not_running
+                    .get_or_create(&NotRunningLabels {
+                        stack,
+                        release,
+                        reason,
+                    })
+                    .set(count as i64);
             }
         }
         let mut text = String::new();
@@ -558,6 +587,12 @@ mod tests {
             Severity::Warning,
             "denied",
         );
+        failing.mark_false(
+            "AddonsHealthy",
+            "NotHealthyInTime",
+            Severity::Warning,
+            "Deployment kube-system/web: 0 of 1 replicas available",
+        );
         for object in [
             addon("a", "docker-ferrol-1-27-v1", true),
             addon("b", "docker-ferrol-1-27-v2", true),
@@ -571,6 +606,7 @@ mod tests {
             r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v1",state="failing"} 0"#,
             r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v2",state="ready"} 1"#,
             r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v2",state="failing"} 1"#,
+            r#"cso_addons_not_running{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v2",reason="NotHealthyInTime"} 1"#,
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
