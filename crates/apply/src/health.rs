@@ -126,6 +126,16 @@ pub fn assess(object: &Value) -> Option<Health> {
 /// `None` for kinds without a rule.
 pub fn assess_as(group: &str, kind: &str, object: &Value) -> Option<Health> {
     let rule = rule(group, kind)?;
+    let skipped = object
+        .pointer(&format!(
+            "/metadata/annotations/{}",
+            SKIP_ANNOTATION.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        == Some("true");
+    if skipped {
+        return None;
+    }
     if object
         .pointer("/metadata/deletionTimestamp")
         .is_some_and(|deleted| !deleted.is_null())
@@ -141,6 +151,11 @@ pub fn assess_as(group: &str, kind: &str, object: &Value) -> Option<Health> {
 }
 
 const NO_STATUS: &str = "no status yet";
+
+/// An object annotated `clusterstack.x-k8s.io/skip-health-check: "true"` is not judged: it counts as running
+/// once applied (say, an APIService a NetworkPolicy keeps the API server from reaching, which would hold
+/// every upgrade for the whole wait).
+pub const SKIP_ANNOTATION: &str = "clusterstack.x-k8s.io/skip-health-check";
 
 fn deployment(object: &Value) -> Result<Health, String> {
     if let Some(waiting) = unobserved(object)? {
@@ -643,6 +658,9 @@ async fn read(discovery: &ClusterDiscovery, resource: &Resource) -> Result<Healt
         .await
     {
         Ok(Some(object)) => object,
+        // A finished Job or Pod may be gone by design (`ttlSecondsAfterFinished`, pod garbage collection): it
+        // ran. Anything else missing does not run.
+        Ok(None) if matches!(resource.kind.as_str(), "Job" | "Pod") => return Ok(Health::Healthy),
         Ok(None) => return Ok(Health::Progressing("not found".into())),
         Err(GetObjectError::Discovery(unknown @ DiscoveryError::UnknownKind(_))) => {
             return Ok(Health::Progressing(clip(&unknown.to_string(), MAX_ERROR_CHARS)));
@@ -1078,6 +1096,23 @@ mod tests {
         assert_eq!(assess(&object), None);
         let (group, _) = api_version.rsplit_once('/').unwrap_or(("", api_version));
         assert!(!has_rule(group, kind));
+    }
+
+    #[test]
+    fn an_object_annotated_to_skip_the_check_is_not_judged() {
+        let mut unavailable = object(
+            "apiregistration.k8s.io/v1",
+            "APIService",
+            json!({}),
+            Some(
+                json!({"conditions": [{"type": "Available", "status": "False", "reason": "FailedDiscoveryCheck"}]}),
+            ),
+        );
+        assert!(matches!(assess(&unavailable), Some(Health::Progressing(_))));
+        unavailable["metadata"]["annotations"] = json!({SKIP_ANNOTATION: "true"});
+        assert_eq!(assess(&unavailable), None);
+        unavailable["metadata"]["annotations"] = json!({SKIP_ANNOTATION: "yes"});
+        assert!(assess(&unavailable).is_some(), "only \"true\" skips");
     }
 
     #[test]

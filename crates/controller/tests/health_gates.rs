@@ -134,6 +134,23 @@ async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() 
         health_of(&installed).map(|(status, ..)| status),
         Some(ConditionStatus::True)
     );
+    // ... and it was found running only once it did: not before the Deployment became Available.
+    let became_available = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Available")
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap()
+        .0;
+    let found_running = installed
+        .get_condition(condition::ADDONS_HEALTHY)
+        .unwrap()
+        .last_transition_time;
+    assert!(
+        found_running.timestamp() >= became_available.as_second(),
+        "AddonsHealthy True at {found_running}, metrics-server Available at {became_available}"
+    );
 
     // The simulated kubelets stop (kwok is paused: no node Lease is renewed, and after the node monitor's
     // grace period kube-controller-manager marks the nodes and their pods not ready): the next periodic pass

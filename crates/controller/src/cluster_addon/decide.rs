@@ -167,12 +167,15 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
     };
     // A hook's stages under way render their own values; otherwise the values tell whether the inputs changed.
     let hook_running = staged && !addon.spec.hook.is_empty();
-    match &progress.inputs {
-        Inputs::Unknown if !hook_running => return Step::TemplateValues,
-        Inputs::Failed { .. } => return Step::Conclude,
-        Inputs::Unknown | Inputs::Templated { .. } | Inputs::Unavailable => {}
+    if progress.inputs == Inputs::Unknown && !hook_running {
+        return Step::TemplateValues;
     }
     let decision = decision(addon, target, addon_version, progress.reapply_due());
+    if matches!(progress.inputs, Inputs::Failed { .. }) && decision != Decision::RecordOnly {
+        // Nothing can be rendered; settled addons stay as they are (a Cluster being deleted loses its
+        // infrastructure cluster first).
+        return Step::Conclude;
+    }
     let check_settled = decision == Decision::RecordOnly
         && progress.health.is_none()
         && !hook_running
@@ -337,14 +340,16 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     if let Some(conclusion) = conclude_prefix(progress, addon, intervals) {
         return conclusion;
     }
-    if let Inputs::Failed { reason, message } = &progress.inputs {
-        return not_templated(addon, reason, message);
-    }
     let (ClusterState::Uses(target), ReleaseState::Ready { addon_version, .. }) =
         (&progress.cluster, &progress.release)
     else {
         return Conclusion::new(Outcome::Retry("the release is not known".into()));
     };
+    if let Inputs::Failed { reason, message } = &progress.inputs
+        && decision(addon, target, addon_version, progress.reapply_due()) != Decision::RecordOnly
+    {
+        return not_templated(addon, reason, message);
+    }
     let resynced = Outcome::Requeue(Some(intervals.resync));
     let upgrade = match decision(addon, target, addon_version, progress.reapply_due()) {
         Decision::RecordOnly => {
@@ -672,26 +677,40 @@ mod tests {
     }
 
     #[test]
-    fn values_that_do_not_template_are_reported_and_nothing_is_recorded() {
-        let mut a = addon("docker-ferrol-1-27-v2", "v2", true);
-        a.status.get_or_insert_with(Default::default).ready = true;
-        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+    fn values_that_do_not_template_stop_an_upgrade_and_leave_settled_addons_alone() {
+        let failed = |p: &mut Progress| {
+            p.drift = Drift::None;
             p.inputs = Inputs::Failed {
                 reason: reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED,
                 message: "the Cluster's infrastructure cluster (DockerCluster ns/c1) was not found".into(),
             };
-        });
-        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        };
+        // An upgrade cannot render: reported, retried, nothing recorded.
+        let mut upgrading = addon("docker-ferrol-1-27-v1", "v1", true);
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), failed);
+        assert_eq!(next_step(&progress, &upgrading), Step::Conclude);
+        let conclusion = conclude(&progress, &mut upgrading, INTERVALS);
         assert!(matches!(conclusion.outcome, Outcome::Retry(_)));
         assert_eq!(conclusion.spec, SpecUpdate::default());
         assert_eq!(
-            condition_of(&a, condition::HELM_CHART_TEMPLATED),
+            condition_of(&upgrading, condition::HELM_CHART_TEMPLATED),
             Some((
                 ConditionStatus::False,
                 Some(reason::TEMPLATE_NEW_CLUSTER_STACK_OVERWRITE_FAILED.into())
             ))
         );
-        assert!(a.status.as_ref().unwrap().ready, "what is applied stays as it is");
+        // Settled addons (a Cluster being deleted loses its infrastructure cluster first): nothing to render,
+        // nothing reported, their health still checked.
+        let mut settled = addon("docker-ferrol-1-27-v2", "v2", true);
+        settled.status.get_or_insert_with(Default::default).ready = true;
+        let progress = with(gated("docker-ferrol-1-27-v2", "v2", false), failed);
+        assert_eq!(next_step(&progress, &settled), Step::CheckHealth);
+        let progress = with(progress, |p| p.health = Some(Found::Running));
+        let conclusion = conclude(&progress, &mut settled, INTERVALS);
+        assert_eq!(conclusion.outcome, Outcome::Requeue(Some(INTERVALS.resync)));
+        assert_eq!(settled.get_condition(condition::HELM_CHART_TEMPLATED), None);
+        assert!(settled.status.as_ref().unwrap().ready);
+        assert_eq!(conclusion.spec.inputs, None, "no digest recorded");
     }
 
     /// [`ready`] with health gates on.

@@ -5,7 +5,8 @@
 //! Applied addons are waited for up to `--stage-timeout` (reason `WaitingForHealth`, Info). Not running
 //! by then is reported (`NotHealthyInTime`, Warning, event `AddonsNotHealthy`), and so is addons that ran and
 //! no longer do (`Degraded`, Warning, event `AddonsDegraded`); either way a hook waiting for them goes on
-//! ([`cso_api::rules::addons::health_settled`]). `status.ready` is True only while they run. The wait is
+//! ([`cso_api::rules::addons::health_settled`]), and they are looked at again at each periodic pass.
+//! `status.ready` is True only while they run. The wait is
 //! timed from the moment they were first found not running after an apply: the condition keeps that time
 //! while its message follows what the objects' status says.
 
@@ -22,8 +23,6 @@ use crate::events::Events;
 
 /// How soon addons that do not run yet are looked at again.
 pub(crate) const WAITING_POLL: Duration = Duration::from_secs(5);
-/// How soon addons given up on (or degraded) are looked at again, to see them recover.
-pub(crate) const GIVEN_UP_POLL: Duration = Duration::from_secs(30);
 
 /// What a health check of the applied objects found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,11 +78,12 @@ pub(crate) fn record(
     let before = addon
         .get_condition(condition::ADDONS_HEALTHY)
         .map(|c| (c.status, c.reason.clone(), c.last_transition_time));
+    // Given up on, or degraded: looked at again at the periodic pass (they may recover), not sooner.
     let given_up = |addon: &mut ClusterAddon, why: &'static str, message: String| {
         addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Warning, message);
         Verdict {
             running: false,
-            again: Some(GIVEN_UP_POLL),
+            again: None,
         }
     };
     match before {
@@ -189,10 +189,10 @@ mod tests {
     #[rstest]
     #[case::first_look(None, false, 0, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
     #[case::still_waiting(Some((false, reason::WAITING_FOR_HEALTH)), false, 599, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
-    #[case::timed_out(Some((false, reason::WAITING_FOR_HEALTH)), false, 600, reason::NOT_HEALTHY_IN_TIME, Some(GIVEN_UP_POLL), &[event::ADDONS_NOT_HEALTHY])]
-    #[case::still_given_up(Some((false, reason::NOT_HEALTHY_IN_TIME)), false, 5000, reason::NOT_HEALTHY_IN_TIME, Some(GIVEN_UP_POLL), &[])]
-    #[case::degraded(Some((true, "")), false, 5000, reason::DEGRADED, Some(GIVEN_UP_POLL), &[event::ADDONS_DEGRADED])]
-    #[case::still_degraded(Some((false, reason::DEGRADED)), false, 5000, reason::DEGRADED, Some(GIVEN_UP_POLL), &[])]
+    #[case::timed_out(Some((false, reason::WAITING_FOR_HEALTH)), false, 600, reason::NOT_HEALTHY_IN_TIME, None, &[event::ADDONS_NOT_HEALTHY])]
+    #[case::still_given_up(Some((false, reason::NOT_HEALTHY_IN_TIME)), false, 5000, reason::NOT_HEALTHY_IN_TIME, None, &[])]
+    #[case::degraded(Some((true, "")), false, 5000, reason::DEGRADED, None, &[event::ADDONS_DEGRADED])]
+    #[case::still_degraded(Some((false, reason::DEGRADED)), false, 5000, reason::DEGRADED, None, &[])]
     #[case::an_upgrade_waits_again(Some((true, "")), true, 5000, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
     #[case::an_upgrade_after_a_timeout_waits_again(Some((false, reason::NOT_HEALTHY_IN_TIME)), true, 5000, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
     fn addons_not_running(

@@ -339,25 +339,46 @@ impl Driver<'_> {
             Step::TemplateValues => {
                 let (cluster, _, release) = self.parts()?;
                 let recorded = self.addon.annotations().get(APPLIED_INPUTS_ANNOTATION);
-                progress.inputs = match &release.addons {
-                    AddonStyle::Single { values_file } => {
-                        match template_values(self.ctx, cluster, values_file).await {
-                            Ok(values) => {
-                                let digest = inputs::digest([("", values.as_str())]);
-                                self.values = Some(values);
-                                Inputs::templated(recorded.map(String::as_str), digest)
-                            }
-                            Err((reason, message)) => Inputs::Failed { reason, message },
-                        }
-                    }
+                let values_digest = |values: &str| inputs::digest([("", values)]);
+                let mut single_values = None;
+                let templated = match &release.addons {
+                    AddonStyle::Single { values_file } => template_values(self.ctx, cluster, values_file)
+                        .await
+                        .map(|values| {
+                            let digest = values_digest(&values);
+                            single_values = Some(values);
+                            Some(digest)
+                        }),
                     AddonStyle::Staged { config } => {
-                        match staged::values_digest(self.ctx, cluster, release, config).await {
-                            Ok(Some(digest)) => Inputs::templated(recorded.map(String::as_str), digest),
-                            Ok(None) => Inputs::Unavailable,
-                            Err((reason, message)) => Inputs::Failed { reason, message },
-                        }
+                        staged::values_digest(self.ctx, cluster, release, config).await
                     }
                 };
+                progress.inputs = match templated {
+                    Ok(Some(digest)) => Inputs::templated(recorded.map(String::as_str), digest),
+                    Ok(None) => Inputs::Unavailable,
+                    Err((reason, message)) => Inputs::Failed { reason, message },
+                };
+                if progress.inputs.changed() {
+                    // Other values than applied: templated once more, so that a template that gives other values
+                    // at every look (`randAlphaNum`, `now`) does not render and apply at every reconcile.
+                    let again = match &release.addons {
+                        AddonStyle::Single { values_file } => template_values(self.ctx, cluster, values_file)
+                            .await
+                            .map(|values| Some(values_digest(&values))),
+                        AddonStyle::Staged { config } => {
+                            staged::values_digest(self.ctx, cluster, release, config).await
+                        }
+                    };
+                    if again.ok().flatten().as_deref() != progress.inputs.digest() {
+                        tracing::warn!(
+                            cluster_addon = %self.addon.name_any(),
+                            "the values templates give other values at every look: changes of the Cluster are not \
+                             followed for these addons"
+                        );
+                        progress.inputs = Inputs::Unavailable;
+                    }
+                }
+                self.values = single_values;
             }
             Step::Render => {
                 let (_, workload, release) = self.parts()?;

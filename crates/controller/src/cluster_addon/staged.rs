@@ -164,10 +164,7 @@ impl StagedRun<'_> {
                 }
                 StageStep::CheckPost(i) => {
                     let check = self.check(stages[i].wait_for_post_condition.as_ref()).await;
-                    if check == Check::Holds
-                        && self.ctx.settings.addon_health_checks
-                        && stages::applies(&stages[i])
-                    {
+                    if check == Check::Holds && self.progress.health_gates && stages::applies(&stages[i]) {
                         let objects = inventory.get(&stages[i].name).cloned().unwrap_or_default();
                         let report = cso_apply::health::check(&self.workload.discovery, &objects).await;
                         let found = super::health::Found::of(&report);
@@ -233,7 +230,7 @@ impl StagedRun<'_> {
         }
 
         addon.annotations_mut().remove(STAGE_CLOCK_ANNOTATION);
-        let finished = stages::finish(addon, hook, &inventory);
+        let finished = stages::finish(addon, hook, &inventory, self.progress.health_gates);
         self.persist(addon, &inventory, &mut end).await?;
         let class = self.release.id.cluster_class_name();
         let stage = match finished {

@@ -213,11 +213,10 @@ pub(crate) fn stage_of(step: StageStep) -> Option<usize> {
     }
 }
 
-/// Stage `index` did not finish within `timeout`: it is given up (counted as done, so the hook's other
-/// stages run and Cluster API can go on) and reported: `HookStagesCompleted` False with the stage's last
-/// problem, and a Warning event. The message names no time, so it reads the same at every hook call.
 /// Stage `index`'s post-condition held and the health check of what it applied found `found` (health
-/// gates on): the stage is done when its objects run; until then it waits, and `AddonsHealthy` says for what.
+/// gates on): the stage is done when its objects run; until then it waits, and `AddonsHealthy` says for what
+/// (unless an earlier stage of this run was given up on because its objects did not run: that stays
+/// recorded, so the run does not end ready).
 pub(crate) fn after_health(
     addon: &mut ClusterAddon,
     index: usize,
@@ -237,18 +236,27 @@ pub(crate) fn after_health(
         super::health::Found::NotRunning(summary) => {
             let name = stage_name(addon, index);
             addon.delete_condition(condition::EVALUATED_CEL);
-            addon.mark_false(
-                condition::ADDONS_HEALTHY,
-                reason::WAITING_FOR_HEALTH,
-                Severity::Info,
-                format!("stage {name:?} applied, not running yet: {summary}"),
-            );
+            let given_up_before = addon
+                .get_condition(condition::ADDONS_HEALTHY)
+                .is_some_and(|c| c.reason.as_deref() == Some(reason::NOT_HEALTHY_IN_TIME));
+            if !given_up_before {
+                addon.mark_false(
+                    condition::ADDONS_HEALTHY,
+                    reason::WAITING_FOR_HEALTH,
+                    Severity::Info,
+                    format!("stage {name:?} applied, not running yet: {summary}"),
+                );
+            }
             set_phase(addon, index, StagePhase::WaitingForPostCondition);
             Flow::Wait
         }
     }
 }
 
+/// Stage `index` did not finish within `timeout`: it is given up (counted as done, so the hook's other
+/// stages run and Cluster API can go on) and reported: `HookStagesCompleted` False with the stage's last
+/// problem, and a Warning event. The message names no time, so it reads the same at every hook call. A stage
+/// that waited for its objects to run also marks `AddonsHealthy` False (`NotHealthyInTime`) with them.
 pub(crate) fn give_up(
     addon: &mut ClusterAddon,
     hook: Hook,
@@ -548,7 +556,13 @@ pub(crate) enum Finished {
 
 /// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied,
 /// unless a stage's render was held.
-pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInventory) -> Finished {
+/// The stages of `hook` all ran (`health_gates`: each waited for its objects to run, or was given up on).
+pub(crate) fn finish(
+    addon: &mut ClusterAddon,
+    hook: Hook,
+    inventory: &StageInventory,
+    health_gates: bool,
+) -> Finished {
     addon.delete_condition(condition::HELM_CHART_DELETED);
     let held = addon
         .get_condition(condition::HELM_CHART_APPLIED)
@@ -560,8 +574,11 @@ pub(crate) fn finish(addon: &mut ClusterAddon, hook: Hook, inventory: &StageInve
     status.resources = inventory.values().flatten().cloned().collect();
     status.stages.clear();
     // Ready means running: a stage whose objects did not run in time leaves the addons not ready (the
-    // hook still ends, so that the Cluster goes on).
+    // hook still ends, so that the Cluster goes on); otherwise every stage's objects ran.
     let not_running = addon.is_condition_false(condition::ADDONS_HEALTHY);
+    if health_gates && !not_running && !held {
+        addon.mark_true(condition::ADDONS_HEALTHY);
+    }
     let status = status_of(addon);
     status.ready = !held && !not_running;
     if held {
@@ -649,9 +666,47 @@ mod tests {
             &mut addon,
             Hook::AfterControlPlaneInitialized,
             &StageInventory::new(),
+            true,
         );
         assert!(!addon.status.as_ref().unwrap().ready, "ready means running");
         assert!(cso_api::rules::addons::health_settled(&addon), "the hook goes on");
+    }
+
+    #[test]
+    fn a_stage_given_up_on_stays_recorded_through_the_stages_after_it() {
+        use super::super::health::Found;
+        let stages = [stage("web", StageAction::Apply), stage("cni", StageAction::Apply)];
+        let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
+        start(&mut addon, Hook::BeforeClusterUpgrade, &stages);
+        let mut events = Events::default();
+        let not_running = |what: &str| Found::NotRunning(format!("Deployment kube-system/{what}: 0 of 1"));
+        after_health(&mut addon, 0, &not_running("web"), &mut events);
+        give_up(
+            &mut addon,
+            Hook::BeforeClusterUpgrade,
+            0,
+            std::time::Duration::from_secs(600),
+            &mut events,
+        );
+        // The next stage's objects do not run at the first look, then do.
+        assert_eq!(
+            after_health(&mut addon, 1, &not_running("cni"), &mut events),
+            Flow::Wait
+        );
+        assert_eq!(
+            after_health(&mut addon, 1, &Found::Running, &mut events),
+            Flow::Continue
+        );
+        let healthy = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
+        assert_eq!(healthy.reason.as_deref(), Some(reason::NOT_HEALTHY_IN_TIME));
+        assert!(healthy.message.as_deref().unwrap().contains("web"), "{healthy:?}");
+        finish(
+            &mut addon,
+            Hook::BeforeClusterUpgrade,
+            &StageInventory::new(),
+            true,
+        );
+        assert!(!addon.status.as_ref().unwrap().ready, "web still does not run");
     }
 
     #[test]
@@ -685,8 +740,13 @@ mod tests {
             &mut addon,
             Hook::AfterControlPlaneInitialized,
             &StageInventory::new(),
+            true,
         );
         assert!(addon.status.as_ref().unwrap().ready);
+        assert!(
+            addon.is_condition_true(condition::ADDONS_HEALTHY),
+            "every stage's objects ran"
+        );
     }
 
     fn stage(name: &str, action: StageAction) -> Stage {
@@ -1122,7 +1182,7 @@ mod tests {
         a.mark_false(condition::HELM_CHART_DELETED, "x", Severity::Warning, "old");
         let inventory =
             StageInventory::from([("ngnix".to_owned(), vec![resource("Secret", "kube-system", "s")])]);
-        assert_eq!(finish(&mut a, hook, &inventory), Finished::Applied(stage));
+        assert_eq!(finish(&mut a, hook, &inventory, false), Finished::Applied(stage));
         let status = a.status.clone().unwrap();
         assert!(status.ready && status.stages.is_empty());
         assert_eq!(status.resources.len(), 1);
@@ -1143,7 +1203,7 @@ mod tests {
         );
         let inventory =
             StageInventory::from([("ngnix".to_owned(), vec![resource("Secret", "kube-system", "s")])]);
-        assert_eq!(finish(&mut a, hook, &inventory), Finished::Held);
+        assert_eq!(finish(&mut a, hook, &inventory, false), Finished::Held);
         let status = a.status.clone().unwrap();
         assert!(!status.ready && status.stages.is_empty());
         assert_eq!(status.resources.len(), 1, "the inventory is kept");
