@@ -369,3 +369,94 @@ async fn a_stage_that_cannot_be_scheduled_holds_the_next_stage_and_the_upgrade_u
     operator.stop().await;
     own.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_chart_upgrade_that_does_not_run_holds_before_cluster_upgrade_until_the_timeout() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "health-upgrade").await.unwrap();
+    let own = running_workload_plane("health-upgrade", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"]);
+    for (version, node_selector) in [
+        ("v1", ""),
+        ("v2", "\n    nodeSelector:\n      cso.test/pool: nowhere"),
+    ] {
+        std::fs::write(
+            dir.path()
+                .join(format!("cluster-stacks/docker-ferrol-1-27-{version}/cluster-addon-values.yaml")),
+            format!(
+                "values: |\n  metrics-server:\n    apiService:\n      create: false{node_selector}\n    commonLabels:\n      clusterAddonVersion: \"{version}\"\n"
+            ),
+        )
+        .unwrap();
+    }
+    let stage_timeout = Duration::from_secs(30);
+    let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
+        s.addon_health_checks = true;
+        s.stage_timeout = stage_timeout;
+    })
+    .await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1", "v2"])).await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c3", own.control_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c3", "docker-ferrol-1-27-v1").await;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    addon_where(&addons, "c3", "v1 ready", CONVERGE, |a| {
+        ready(a) && a.spec.cluster_stack == "docker-ferrol-1-27-v1"
+    })
+    .await;
+
+    dynamic(&client, &ns, &capi("Cluster"))
+        .patch(
+            "c3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"class": "docker-ferrol-1-27-v2"}}})),
+        )
+        .await
+        .unwrap();
+    let before_upgrade = cso_webhook::hooks::Call {
+        hook: cso_api::rules::Hook::BeforeClusterUpgrade,
+        class: cso_api::ReleaseId::parse_cluster_class("docker-ferrol-1-27-v2").unwrap(),
+        kubernetes_version: "v1.27.3".into(),
+    };
+    let waiting = addon_where(&addons, "c3", "v2 applied and waited for", CONVERGE, |a| {
+        a.spec.cluster_stack == "docker-ferrol-1-27-v2"
+            && health_of(a).is_some_and(|(_, why, _)| why == reason::WAITING_FOR_HEALTH)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let (_, _, message) = health_of(&waiting).unwrap();
+    assert!(
+        message.contains("Deployment kube-system/metrics-server"),
+        "{message}"
+    );
+    while started.elapsed() < stage_timeout - Duration::from_secs(8) {
+        let addon = addons.get("cluster-addon-c3").await.unwrap();
+        match cso_webhook::hooks::decide(&addon, &before_upgrade) {
+            cso_webhook::hooks::Step::Answer(cso_webhook::hooks::Outcome::Retry(why)) => {
+                assert!(why.contains("metrics-server"), "{why}");
+            }
+            other => {
+                panic!(
+                    "BeforeClusterUpgrade is held, starting nothing, while v2 does not run: {other:?} ({:?}, {:?})",
+                    addon.spec, addon.status
+                )
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let given_up = addon_where(&addons, "c3", "waiting given up", Duration::from_secs(60), |a| {
+        health_of(a).is_some_and(|(_, why, _)| why == reason::NOT_HEALTHY_IN_TIME)
+    })
+    .await;
+    assert!(!ready(&given_up));
+    assert_eq!(
+        cso_webhook::hooks::decide(&given_up, &before_upgrade),
+        cso_webhook::hooks::Step::Answer(cso_webhook::hooks::Outcome::Done),
+        "the upgrade goes on once waiting was given up"
+    );
+    assert!(!events_with(&client, &ns, "AddonsNotHealthy").await.is_empty());
+    operator.stop().await;
+    own.stop();
+}

@@ -191,8 +191,20 @@ pub fn decide(addon: &ClusterAddon, call: &Call) -> Step {
         }
         // Held until the addons of the new class are applied ([`AppliedAddons::done_for`]).
         Hook::BeforeClusterUpgrade => {
-            if AppliedAddons::of(addon).done_for(&call.class) {
+            let applied = AppliedAddons::of(addon);
+            if applied.done_for(&call.class) {
                 return Step::Answer(Outcome::Done);
+            }
+            if addon.spec.hook.is_empty()
+                && applied.class.as_ref() == Some(&call.class)
+                && let Some(why) = cso_api::rules::addons::health_waiting(addon)
+            {
+                // Applied for this class, waited for to run: nothing to start (starting the hook again would
+                // only make the controller end it again).
+                return Step::Answer(Outcome::Retry(format!(
+                    "waiting for the addons of {} in ClusterAddon {name} to run: {why}",
+                    call.class.cluster_class_name()
+                )));
             }
             let waiting = Outcome::Retry(format!(
                 "waiting for the addons of {} in ClusterAddon {name}",
@@ -594,13 +606,15 @@ mod tests {
             );
             a
         };
-        // BeforeClusterUpgrade: applied but not running holds; running, or given up on, goes on.
+        // BeforeClusterUpgrade: applied but not running holds (without starting the hook again); running, or
+        // given up on, goes on.
         let before = call(Hook::BeforeClusterUpgrade, V2, "v1.28.0");
         let not_running = waiting(reason::WAITING_FOR_HEALTH, Severity::Info);
-        assert!(matches!(
-            decide(&not_running, &before),
-            Step::Start(Outcome::Retry(_))
-        ));
+        let Step::Answer(Outcome::Retry(held)) = decide(&not_running, &before) else {
+            panic!("BeforeClusterUpgrade holds while the addons of its class do not run, and starts nothing");
+        };
+        assert!(held.contains("Deployment kube-system/metrics-server"), "{held}");
+
         assert_eq!(decide(&addon(V2, "", true), &before), Step::Answer(Outcome::Done));
         let given_up = waiting(reason::NOT_HEALTHY_IN_TIME, Severity::Warning);
         assert_eq!(decide(&given_up, &before), Step::Answer(Outcome::Done));
