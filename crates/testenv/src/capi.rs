@@ -419,24 +419,12 @@ pub async fn start_management_with_cluster_api(
 pub fn shared_management_with_cluster_api() -> &'static ManagementWithClusterApi {
     static SHARED: OnceLock<ManagementWithClusterApi> = OnceLock::new();
     SHARED.get_or_init(|| {
-        std::thread::spawn(|| {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let tools = Tools::discover().map_err(std::io::Error::other)?;
-            let capi = ClusterApiTools::discover().map_err(std::io::Error::other)?;
-            runtime
-                .block_on(start_management_with_cluster_api(
-                    &tools,
-                    &capi,
-                    None,
-                    &Options::default(),
-                ))
-                .map_err(std::io::Error::other)
+        crate::start_shared(|tools| {
+            Box::pin(async move {
+                let capi = ClusterApiTools::discover()?;
+                start_management_with_cluster_api(tools, &capi, None, &Options::default()).await
+            })
         })
-        .join()
-        .expect("Cluster API start-up thread panicked")
-        .unwrap_or_else(|e| panic!("cannot start the control plane with Cluster API: {e}"))
     })
 }
 

@@ -90,9 +90,13 @@ pub fn shared_workload() -> &'static ControlPlane {
     SHARED.get_or_init(|| start_shared(|tools| Box::pin(ControlPlane::start(tools, "workload", None))))
 }
 
-type Starting<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<ControlPlane, Error>> + 'a>>;
+pub(crate) type Starting<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, Error>> + 'a>>;
 
-fn start_shared(start: impl FnOnce(&Tools) -> Starting<'_> + Send + 'static) -> ControlPlane {
+/// Starts what a shared test fixture is (a control plane, one with Cluster API, a workload cluster) on a thread
+/// of its own with its own runtime (each test has its own); panics with the reason when it cannot start.
+pub(crate) fn start_shared<T: Send + 'static>(
+    start: impl FnOnce(&Tools) -> Starting<'_, T> + Send + 'static,
+) -> T {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -101,7 +105,7 @@ fn start_shared(start: impl FnOnce(&Tools) -> Starting<'_> + Send + 'static) -> 
         runtime.block_on(start(&tools)).map_err(std::io::Error::other)
     })
     .join()
-    .expect("control plane start-up thread panicked")
+    .expect("test fixture start-up thread panicked")
     .unwrap_or_else(|e| panic!("cannot start the test control plane: {e}"))
 }
 

@@ -427,21 +427,12 @@ impl ControlPlane {
 pub fn shared_workload_cluster() -> &'static WorkloadCluster {
     static SHARED: OnceLock<WorkloadCluster> = OnceLock::new();
     SHARED.get_or_init(|| {
-        std::thread::spawn(|| {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let tools = Tools::discover().map_err(std::io::Error::other)?;
-            let nodes = NodeSpec::numbered("kwok-node", SHARED_NODES);
-            runtime
-                .block_on(ControlPlane::start_with_workloads(
-                    &tools, "workload", None, &nodes,
-                ))
-                .map_err(std::io::Error::other)
+        crate::start_shared(|tools| {
+            Box::pin(async move {
+                let nodes = NodeSpec::numbered("kwok-node", SHARED_NODES);
+                ControlPlane::start_with_workloads(tools, "workload", None, &nodes).await
+            })
         })
-        .join()
-        .expect("workload cluster start-up thread panicked")
-        .unwrap_or_else(|e| panic!("cannot start the workload cluster: {e}"))
     })
 }
 

@@ -623,12 +623,7 @@ mod tests {
     #[test]
     fn a_stage_whose_objects_do_not_run_waits_and_is_given_up_naming_them() {
         use super::super::health::Found;
-        let stages = [Stage {
-            name: "metrics-server".into(),
-            action: StageAction::Apply,
-            wait_for_pre_condition: None,
-            wait_for_post_condition: None,
-        }];
+        let stages = [stage("metrics-server", StageAction::Apply)];
         let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
         start(&mut addon, Hook::AfterControlPlaneInitialized, &stages);
         let mut events = Events::default();
@@ -712,12 +707,7 @@ mod tests {
     #[test]
     fn a_stage_whose_objects_run_is_done() {
         use super::super::health::Found;
-        let stages = [Stage {
-            name: "cni".into(),
-            action: StageAction::Apply,
-            wait_for_pre_condition: None,
-            wait_for_post_condition: None,
-        }];
+        let stages = [stage("cni", StageAction::Apply)];
         let mut addon = ClusterAddon::new("cluster-addon-c1", Default::default());
         start(&mut addon, Hook::AfterControlPlaneInitialized, &stages);
         let mut events = Events::default();
