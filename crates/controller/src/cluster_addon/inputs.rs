@@ -8,8 +8,8 @@
 //!
 //! The digest is of the values, not of the rendered objects: a chart that mints a secret (`genCA`) at each
 //! render would otherwise look changed at every look. Addons applied before the digest was recorded (by the
-//! Go operator, or by an older cso) adopt the current digest without a render: swapping operators rolls
-//! nothing.
+//! Go operator, or by an older cso) adopt the current digest: the digest itself renders nothing, so swapping
+//! operators rolls nothing on its account.
 
 use sha2::{Digest, Sha256};
 
