@@ -54,29 +54,24 @@ pub(crate) trait ControllerStatus: Serialize + PartialEq + Clone {
 
 impl ControllerStatus for cso_api::ClusterAddonStatus {}
 
-impl ControllerStatus for cso_api::ClusterStackStatus {
-    fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
-        if self.clusters.is_none() {
-            return std::borrow::Cow::Borrowed(self);
+/// The statuses whose `clusters` the fleet status writer owns: the controllers' part is the rest.
+macro_rules! counts_written_by_the_fleet_writer {
+    ($($status:ty),+) => {$(
+        impl ControllerStatus for $status {
+            fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
+                if self.clusters.is_none() {
+                    return std::borrow::Cow::Borrowed(self);
+                }
+                std::borrow::Cow::Owned(Self {
+                    clusters: None,
+                    ..self.clone()
+                })
+            }
         }
-        std::borrow::Cow::Owned(Self {
-            clusters: None,
-            ..self.clone()
-        })
-    }
+    )+};
 }
 
-impl ControllerStatus for cso_api::ClusterStackReleaseStatus {
-    fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
-        if self.clusters.is_none() {
-            return std::borrow::Cow::Borrowed(self);
-        }
-        std::borrow::Cow::Owned(Self {
-            clusters: None,
-            ..self.clone()
-        })
-    }
-}
+counts_written_by_the_fleet_writer!(cso_api::ClusterStackStatus, cso_api::ClusterStackReleaseStatus);
 
 /// Writes `status` of `object` when it differs from `before` (recorded in `written`); the fields of other
 /// writers are neither compared nor written ([`ControllerStatus`]).

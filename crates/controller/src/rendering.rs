@@ -76,8 +76,9 @@ impl std::fmt::Display for AddonRenderError {
 
 /// Renders the addon chart `chart` of `release` (the whole addon archive, or one stage's chart directory):
 /// with `values`, the values file templated over the data (`{Cluster, ControlPlane, InfraCluster}`); against
-/// the workload cluster of `target_kubeconfig` when given; for `kube_version` (see [`addon_request`]). The
-/// controllers and `cso render` both render addons through here.
+/// the workload cluster of `target_kubeconfig` when given; for `kube_version` (see [`addon_request`]). `cso
+/// render` renders addons through here; the controllers template first (they keep the values' digest) and
+/// render through [`render_templated_addon_chart`], as this does.
 pub async fn render_addon_chart(
     renderer: &dyn ChartRenderer,
     templater: &ValuesTemplater,
@@ -95,8 +96,23 @@ pub async fn render_addon_chart(
         ),
         None => None,
     };
+    render_templated_addon_chart(renderer, release, chart, values, target_kubeconfig, kube_version)
+        .await
+        .map_err(AddonRenderError::Chart)
+}
+
+/// Renders the addon chart `chart` of `release` with values already templated (see [`render_addon_chart`]);
+/// the error is the renderer's or the parser's message.
+pub async fn render_templated_addon_chart(
+    renderer: &dyn ChartRenderer,
+    release: &Release,
+    chart: &Path,
+    values: Option<String>,
+    target_kubeconfig: Option<PathBuf>,
+    kube_version: Option<&str>,
+) -> Result<Vec<Manifest>, String> {
     let request = addon_request(release, chart, values, target_kubeconfig, kube_version);
-    render(renderer, request).await.map_err(AddonRenderError::Chart)
+    render(renderer, request).await
 }
 
 /// Reads a values file and templates it over `data` (`{Cluster, ControlPlane, InfraCluster}`). A file over

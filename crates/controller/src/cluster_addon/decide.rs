@@ -345,13 +345,14 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     else {
         return Conclusion::new(Outcome::Retry("the release is not known".into()));
     };
+    let decided = decision(addon, target, addon_version, progress.reapply_due());
     if let Inputs::Failed { reason, message } = &progress.inputs
-        && decision(addon, target, addon_version, progress.reapply_due()) != Decision::RecordOnly
+        && decided != Decision::RecordOnly
     {
         return not_templated(addon, reason, message);
     }
     let resynced = Outcome::Requeue(Some(intervals.resync));
-    let upgrade = match decision(addon, target, addon_version, progress.reapply_due()) {
+    let upgrade = match decided {
         Decision::RecordOnly => {
             // Same addons as applied: a class switch is recorded, nothing is rendered or applied. A hook set by
             // the hook server is done too (the Go operator never finishes it: upgrades hang).
@@ -360,8 +361,7 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
             conclusion.spec.hook = Some(String::new());
             // Addons applied before digests were recorded adopt the current one (see `super::inputs`).
             conclusion.spec.inputs = progress.inputs.digest().map(str::to_owned);
-            let running = running(progress, addon, false, intervals, &mut conclusion);
-            status_of(addon).ready = running;
+            set_ready(progress, addon, false, intervals, &mut conclusion);
             return conclusion;
         }
         Decision::Apply { upgrade } => upgrade,
@@ -397,8 +397,7 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     conclusion.applied_all = true;
     let first = !addon.is_condition_true(condition::HELM_CHART_APPLIED);
     addon.mark_true(condition::HELM_CHART_APPLIED);
-    let running = running(progress, addon, first || upgrade, intervals, &mut conclusion);
-    status_of(addon).ready = running;
+    set_ready(progress, addon, first || upgrade, intervals, &mut conclusion);
     if first || upgrade {
         conclusion.events.normal(
             event::CLUSTER_ADDON_APPLIED,
@@ -422,10 +421,21 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     conclusion
 }
 
-/// Whether the applied addons run, as far as this reconcile can tell, recorded in `AddonsHealthy`; the
-/// conclusion comes back sooner while they do not. Without health gates, applied is running. Not checked
-/// now (a settled addon between its periodic passes): as the last check found.
-pub(crate) fn running(
+/// Sets `status.ready` of applied addons: whether they run, as far as this reconcile can tell, recorded in
+/// `AddonsHealthy`; the conclusion comes back sooner while they do not. Without health gates, applied is
+/// running. Not checked now (a settled addon between its periodic passes): as the last check found.
+pub(crate) fn set_ready(
+    progress: &Progress,
+    addon: &mut ClusterAddon,
+    applied_anew: bool,
+    intervals: Intervals,
+    conclusion: &mut Conclusion,
+) {
+    let running = running(progress, addon, applied_anew, intervals, conclusion);
+    status_of(addon).ready = running;
+}
+
+fn running(
     progress: &Progress,
     addon: &mut ClusterAddon,
     applied_anew: bool,

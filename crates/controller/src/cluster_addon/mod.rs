@@ -339,37 +339,19 @@ impl Driver<'_> {
             Step::TemplateValues => {
                 let (cluster, _, release) = self.parts()?;
                 let recorded = self.addon.annotations().get(APPLIED_INPUTS_ANNOTATION);
-                let values_digest = |values: &str| inputs::digest([("", values)]);
-                let mut single_values = None;
-                let templated = match &release.addons {
-                    AddonStyle::Single { values_file } => template_values(self.ctx, cluster, values_file)
-                        .await
-                        .map(|values| {
-                            let digest = values_digest(&values);
-                            single_values = Some(values);
-                            Some(digest)
-                        }),
-                    AddonStyle::Staged { config } => {
-                        staged::values_digest(self.ctx, cluster, release, config).await
+                let single_values;
+                (progress.inputs, single_values) = match release_values(self.ctx, cluster, release).await {
+                    Ok((Some(digest), values)) => {
+                        (Inputs::templated(recorded.map(String::as_str), digest), values)
                     }
-                };
-                progress.inputs = match templated {
-                    Ok(Some(digest)) => Inputs::templated(recorded.map(String::as_str), digest),
-                    Ok(None) => Inputs::Unavailable,
-                    Err((reason, message)) => Inputs::Failed { reason, message },
+                    Ok((None, values)) => (Inputs::Unavailable, values),
+                    Err((reason, message)) => (Inputs::Failed { reason, message }, None),
                 };
                 if progress.inputs.changed() {
                     // Other values than applied: templated once more, so that a template that gives other values
                     // at every look (`randAlphaNum`, `now`) does not render and apply at every reconcile.
-                    let again = match &release.addons {
-                        AddonStyle::Single { values_file } => template_values(self.ctx, cluster, values_file)
-                            .await
-                            .map(|values| Some(values_digest(&values))),
-                        AddonStyle::Staged { config } => {
-                            staged::values_digest(self.ctx, cluster, release, config).await
-                        }
-                    };
-                    if again.ok().flatten().as_deref() != progress.inputs.digest() {
+                    let again = release_values(self.ctx, cluster, release).await;
+                    if again.ok().and_then(|(digest, _)| digest).as_deref() != progress.inputs.digest() {
                         tracing::warn!(
                             cluster_addon = %self.addon.name_any(),
                             "the values templates give other values at every look: changes of the Cluster are not \
@@ -471,6 +453,25 @@ impl Driver<'_> {
     }
 }
 
+/// Templates the values of `release` over the Cluster: their digest (see [`inputs`]; `None` when the stage
+/// charts do not unpack) and, for a single-chart release, the values it renders with. On failure, the
+/// `HelmChartTemplated` reason and a message.
+async fn release_values(
+    ctx: &Context,
+    cluster: &Cluster,
+    release: &Release,
+) -> Result<(Option<String>, Option<String>), (&'static str, String)> {
+    match &release.addons {
+        AddonStyle::Single { values_file } => {
+            let values = template_values(ctx, cluster, values_file).await?;
+            Ok((Some(inputs::digest([("", values.as_str())])), Some(values)))
+        }
+        AddonStyle::Staged { config } => {
+            Ok((staged::values_digest(ctx, cluster, release, config).await?, None))
+        }
+    }
+}
+
 /// Templates `values_file` over the Cluster and the objects it references. On failure, the
 /// `HelmChartTemplated` reason and a message.
 pub(crate) async fn template_values(
@@ -513,16 +514,16 @@ pub(crate) async fn render_templated(
     values: Option<String>,
     kube_version: Option<&str>,
 ) -> Result<Vec<Manifest>, (&'static str, String)> {
-    let request = rendering::addon_request(
+    rendering::render_templated_addon_chart(
+        ctx.renderer.as_ref(),
         release,
         chart,
         values,
         Some(workload.kubeconfig_path.clone()),
         kube_version,
-    );
-    rendering::render(ctx.renderer.as_ref(), request)
-        .await
-        .map_err(|message| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message))
+    )
+    .await
+    .map_err(|message| (reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, message))
 }
 
 /// Which hooks the release of the Cluster's class has stages for (recorded in the annotation

@@ -30,7 +30,7 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    decide::{Conclusion, Intervals, Outcome, Progress, SpecUpdate, running},
+    decide::{Conclusion, Intervals, Outcome, Progress, SpecUpdate, set_ready},
     decision::Decision,
     inputs, render_templated,
     stages::{self, Check, Finished, Flow, HookChoice, StageInventory, StageStep, StageWork},
@@ -92,8 +92,7 @@ impl StagedRun<'_> {
                 end.conclusion.spec.cluster_stack = Some(self.release.id.cluster_class_name());
                 // Addons applied before digests were recorded adopt the current one (see `super::inputs`).
                 end.conclusion.spec.inputs = self.progress.inputs.digest().map(str::to_owned);
-                let running = running(self.progress, addon, false, self.intervals, &mut end.conclusion);
-                addon.status.get_or_insert_with(Default::default).ready = running;
+                set_ready(self.progress, addon, false, self.intervals, &mut end.conclusion);
                 return Ok(end);
             }
             HookChoice::Unknown(name) => {
@@ -296,8 +295,7 @@ impl StagedRun<'_> {
             }
         }
         // The same objects again: they run as the last check found.
-        let running = running(self.progress, addon, false, self.intervals, &mut end.conclusion);
-        addon.status.get_or_insert_with(Default::default).ready = running;
+        set_ready(self.progress, addon, false, self.intervals, &mut end.conclusion);
         self.persist(addon, &inventory, end).await?;
         end.conclusion.applied_all = true;
         end.conclusion.spec.inputs = self.applied_inputs().await;

@@ -244,7 +244,7 @@ pub(crate) fn after_health(
                     condition::ADDONS_HEALTHY,
                     reason::WAITING_FOR_HEALTH,
                     Severity::Info,
-                    format!("stage {name:?} applied, not running yet: {summary}"),
+                    format!("{}{summary}", stage_not_running_yet(&name)),
                 );
             }
             set_phase(addon, index, StagePhase::WaitingForPostCondition);
@@ -277,9 +277,10 @@ pub(crate) fn give_up(
         .and_then(|c| c.message.clone());
     let waiting_for = match (phase, &not_running) {
         (StagePhase::WaitingForPostCondition, Some(message)) => {
+            // The objects [`after_health`] named, without its words before them.
             let what = message
-                .split_once(": ")
-                .map_or(message.as_str(), |(_, objects)| objects);
+                .strip_prefix(&stage_not_running_yet(&name))
+                .unwrap_or(message);
             format!("its objects to run: {what}")
         }
         (StagePhase::WaitingForPreCondition | StagePhase::Pending | StagePhase::None, _) => {
@@ -555,8 +556,8 @@ pub(crate) enum Finished {
 }
 
 /// Every stage of `hook` is done and what the release no longer has is deleted: the addons are applied,
-/// unless a stage's render was held.
-/// The stages of `hook` all ran (`health_gates`: each waited for its objects to run, or was given up on).
+/// unless a stage's render was held; with `health_gates`, each stage waited for its objects to run, or was
+/// given up on.
 pub(crate) fn finish(
     addon: &mut ClusterAddon,
     hook: Hook,
@@ -570,9 +571,6 @@ pub(crate) fn finish(
     if !held {
         addon.mark_true(condition::HELM_CHART_APPLIED);
     }
-    let status = status_of(addon);
-    status.resources = inventory.values().flatten().cloned().collect();
-    status.stages.clear();
     // Ready means running: a stage whose objects did not run in time leaves the addons not ready (the
     // hook still ends, so that the Cluster goes on); otherwise every stage's objects ran.
     let not_running = addon.is_condition_false(condition::ADDONS_HEALTHY);
@@ -580,6 +578,8 @@ pub(crate) fn finish(
         addon.mark_true(condition::ADDONS_HEALTHY);
     }
     let status = status_of(addon);
+    status.resources = inventory.values().flatten().cloned().collect();
+    status.stages.clear();
     status.ready = !held && !not_running;
     if held {
         return Finished::Held;
@@ -589,6 +589,11 @@ pub(crate) fn finish(
         Hook::BeforeClusterCreate | Hook::BeforeClusterDelete => None,
         _ => Some("upgraded"),
     })
+}
+
+/// How `AddonsHealthy` begins while stage `name`'s objects are waited for to run (the objects follow).
+fn stage_not_running_yet(name: &str) -> String {
+    format!("stage {name:?} applied, not running yet: ")
 }
 
 fn stage_name(addon: &ClusterAddon, index: usize) -> String {
