@@ -26,9 +26,23 @@ pub const STAGE_INVENTORY_ANNOTATION: &str = "clusterstack.x-k8s.io/stage-invent
 /// are rendered and applied again.
 pub const APPLIED_INPUTS_ANNOTATION: &str = "clusterstack.x-k8s.io/applied-inputs";
 
+/// What the name of a Cluster's ClusterAddon begins with (the Go operator's convention).
+const NAME_PREFIX: &str = "cluster-addon-";
+
 /// The name of the ClusterAddon of Cluster `cluster` (the Go operator's convention).
 pub fn cluster_addon_name(cluster: &str) -> String {
-    format!("cluster-addon-{cluster}")
+    format!("{NAME_PREFIX}{cluster}")
+}
+
+impl ClusterAddon {
+    /// The name of its Cluster (in its namespace): `spec.clusterRef.name`, else its own name after
+    /// `cluster-addon-` (once: [`cluster_addon_name`] put it there once).
+    pub fn cluster_name(&self) -> String {
+        self.spec.cluster_ref.name.clone().unwrap_or_else(|| {
+            let own = self.metadata.name.as_deref().unwrap_or_default();
+            own.strip_prefix(NAME_PREFIX).unwrap_or(own).to_owned()
+        })
+    }
 }
 
 /// The addons of the Cluster `X`, named `cluster-addon-X`.
@@ -156,5 +170,24 @@ impl HasConditions for ClusterAddon {
     }
     fn conditions_mut(&mut self) -> &mut Vec<Condition> {
         &mut self.status.get_or_insert_with(Default::default).conditions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_of_a_cluster_addon_is_its_reference_else_its_name_after_the_prefix_once() {
+        let mut addon = ClusterAddon::new(&cluster_addon_name("cluster-addon-x"), Default::default());
+        assert_eq!(
+            addon.cluster_name(),
+            "cluster-addon-x",
+            "the prefix is taken off once"
+        );
+        addon.spec.cluster_ref.name = Some("c1".into());
+        assert_eq!(addon.cluster_name(), "c1");
+        let other = ClusterAddon::new("addons-of-c2", Default::default());
+        assert_eq!(other.cluster_name(), "addons-of-c2");
     }
 }

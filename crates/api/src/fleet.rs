@@ -190,22 +190,7 @@ pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<Rele
 /// `namespace/name` of the Cluster of `addon`.
 fn cluster_of(addon: &ClusterAddon) -> String {
     let namespace = addon.metadata.namespace.as_deref().unwrap_or_default();
-    format!("{namespace}/{}", cluster_name(addon))
-}
-
-/// The name of the Cluster of `addon` (in its namespace): `spec.clusterRef.name`, else its name after
-/// `cluster-addon-`.
-pub fn cluster_name(addon: &ClusterAddon) -> String {
-    addon
-        .spec
-        .cluster_ref
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| {
-            let own = addon.metadata.name.as_deref().unwrap_or_default();
-            own.strip_prefix("cluster-addon-").unwrap_or(own).to_owned()
-        })
+    format!("{namespace}/{}", addon.cluster_name())
 }
 
 #[cfg(test)]

@@ -269,11 +269,7 @@ pub(crate) fn writer(
         })
         .boxed(),
         news(addon_watch.subscribe(), |a: &ClusterAddon| {
-            (
-                a.spec.cluster_stack.clone(),
-                AddonState::of(a),
-                fleet::cluster_name(a),
-            )
+            (a.spec.cluster_stack.clone(), AddonState::of(a), a.cluster_name())
         })
         .boxed(),
         // Only where a Cluster's class lives matters here (Cluster API rewrites a Cluster's status all the
@@ -336,10 +332,7 @@ impl FleetStatusWriter {
         );
         let class_namespace = |addon: &ClusterAddon| {
             let cluster = caches
-                .cluster(
-                    &addon.namespace().unwrap_or_default(),
-                    &fleet::cluster_name(addon),
-                )
+                .cluster(&addon.namespace().unwrap_or_default(), &addon.cluster_name())
                 .flatten()?;
             Some(cluster.class()?.namespace)
         };

@@ -108,7 +108,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         // finalizer (kept only while its Cluster exists) is removed so a Cluster deletion cannot deadlock.
         patch::remove_finalizer(&ctx.written, &api, &addon, CLUSTER_ADDON_FINALIZER).await?;
         ctx.workloads
-            .forget(&addon.namespace().unwrap_or_default(), &cluster_name(&addon));
+            .forget(&addon.namespace().unwrap_or_default(), &addon.cluster_name());
         return Ok(Action::await_change());
     }
 
@@ -220,16 +220,6 @@ pub(crate) async fn apply_addon_objects(
     }
 }
 
-/// The Cluster of a ClusterAddon: `spec.clusterRef.name`, else the name after `cluster-addon-`.
-fn cluster_name(addon: &ClusterAddon) -> String {
-    addon
-        .spec
-        .cluster_ref
-        .name
-        .clone()
-        .unwrap_or_else(|| addon.name_any().trim_start_matches("cluster-addon-").to_owned())
-}
-
 pub fn error_policy(addon: Arc<ClusterAddon>, error: &Error, ctx: Arc<AddonContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(addon.as_ref()));
     tracing::warn!(cluster_addon = %addon.name_any(), namespace = ?addon.namespace(), %error, retry_in = ?delay, "reconcile failed");
@@ -255,7 +245,7 @@ struct Driver<'a> {
 impl Driver<'_> {
     async fn run(&mut self, step: Step, progress: &mut Progress) -> Result<(), Error> {
         let namespace = self.addon.namespace().unwrap_or_default();
-        let cluster_name = cluster_name(self.addon);
+        let cluster_name = self.addon.cluster_name();
         match step {
             Step::ReadCluster => {
                 // Nothing of ours writes Clusters: the store's copy is as new as any we know.
