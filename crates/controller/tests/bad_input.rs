@@ -61,15 +61,8 @@ fn broken_release(release_dir: &Path) {
 
 /// Waits for the first event with `reason` in `namespace`.
 async fn event(client: &Client, namespace: &str, reason: &str) -> Event {
-    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     eventually(&format!("a {reason} event"), CONVERGE, || async {
-        events
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some(reason))
+        events_with(client, namespace, reason).await.into_iter().next()
     })
     .await
 }

@@ -22,27 +22,9 @@ use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
     core::v1::{ConfigMap, Pod},
 };
-use kube::{
-    Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
-};
+use kube::{Api, ResourceExt, api::ListParams};
 use serde_json::json;
 use support::*;
-
-/// The ClusterAddon of Cluster `cluster` once `check` holds for it.
-async fn addon_where(
-    addons: &Api<ClusterAddon>,
-    cluster: &str,
-    what: &str,
-    limit: Duration,
-    check: impl Fn(&ClusterAddon) -> bool,
-) -> ClusterAddon {
-    let name = format!("cluster-addon-{cluster}");
-    eventually(what, limit, || async {
-        addons.get_opt(&name).await.unwrap().filter(|a| check(a))
-    })
-    .await
-}
 
 fn ready(addon: &ClusterAddon) -> bool {
     addon.status.as_ref().is_some_and(|s| s.ready)
@@ -265,14 +247,7 @@ async fn a_stage_that_cannot_be_scheduled_holds_the_next_stage_and_the_upgrade_u
     .await;
 
     // The upgrade: its first stage applies a Deployment no node can take.
-    dynamic(&client, &ns, &capi("Cluster"))
-        .patch(
-            "c2",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"topology": {"class": "docker-staged-1-27-v2"}}})),
-        )
-        .await
-        .unwrap();
+    move_cluster(&client, &ns, "c2", "docker-staged-1-27-v2").await;
     let started = std::time::Instant::now();
     let waiting = addon_where(
         &addons,
@@ -407,14 +382,7 @@ async fn a_single_chart_upgrade_that_does_not_run_holds_before_cluster_upgrade_u
     })
     .await;
 
-    dynamic(&client, &ns, &capi("Cluster"))
-        .patch(
-            "c3",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"topology": {"class": "docker-ferrol-1-27-v2"}}})),
-        )
-        .await
-        .unwrap();
+    move_cluster(&client, &ns, "c3", "docker-ferrol-1-27-v2").await;
     let before_upgrade = cso_webhook::hooks::Call {
         hook: cso_api::rules::Hook::BeforeClusterUpgrade,
         class: cso_api::ReleaseId::parse_cluster_class("docker-ferrol-1-27-v2").unwrap(),

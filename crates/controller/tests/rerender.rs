@@ -21,22 +21,6 @@ use support::*;
 
 const ENDPOINT_ANNOTATION: &str = "cso.test/endpoint";
 
-/// The ClusterAddon once `check` holds for it.
-async fn addon_where(
-    addons: &Api<ClusterAddon>,
-    what: &str,
-    check: impl Fn(&ClusterAddon) -> bool,
-) -> ClusterAddon {
-    eventually(what, CONVERGE, || async {
-        addons
-            .get_opt("cluster-addon-c1")
-            .await
-            .unwrap()
-            .filter(|a| check(a))
-    })
-    .await
-}
-
 fn endpoint_of(deployment: &Deployment) -> String {
     deployment
         .annotations()
@@ -91,9 +75,16 @@ async fn a_changed_endpoint_re_renders_at_once_and_unchanged_inputs_write_nothin
         .unwrap();
     create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
-    let installed = addon_where(&addons, "the addons installed, their inputs recorded", |a| {
-        a.status.as_ref().is_some_and(|s| s.ready) && a.annotations().contains_key(APPLIED_INPUTS_ANNOTATION)
-    })
+    let installed = addon_where(
+        &addons,
+        "c1",
+        "the addons installed, their inputs recorded",
+        CONVERGE,
+        |a| {
+            a.status.as_ref().is_some_and(|s| s.ready)
+                && a.annotations().contains_key(APPLIED_INPUTS_ANNOTATION)
+        },
+    )
     .await;
     let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
     let metrics_server = deployments.get("metrics-server").await.unwrap();
@@ -161,7 +152,7 @@ async fn a_changed_endpoint_re_renders_at_once_and_unchanged_inputs_write_nothin
         },
     )
     .await;
-    let moved = addon_where(&addons, "the new inputs recorded", |a| {
+    let moved = addon_where(&addons, "c1", "the new inputs recorded", CONVERGE, |a| {
         a.annotations().get(APPLIED_INPUTS_ANNOTATION) != Some(&digest)
     })
     .await;
@@ -183,7 +174,7 @@ async fn a_changed_endpoint_re_renders_at_once_and_unchanged_inputs_write_nothin
         )
         .await
         .unwrap();
-    addon_where(&addons, "the digest adopted", |a| {
+    addon_where(&addons, "c1", "the digest adopted", CONVERGE, |a| {
         a.annotations().get(APPLIED_INPUTS_ANNOTATION) == Some(&recorded)
     })
     .await;

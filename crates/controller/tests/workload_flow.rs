@@ -53,17 +53,6 @@ async fn custom_stack(client: &Client, namespace: &str, release_dir: &std::path:
     operator
 }
 
-async fn move_cluster(client: &Client, namespace: &str, cluster: &str, class: &str) {
-    dynamic(client, namespace, &capi("Cluster"))
-        .patch(
-            cluster,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"topology": {"class": class}}})),
-        )
-        .await
-        .unwrap();
-}
-
 /// resourceVersion of every object of the inventory, read from the workload cluster.
 async fn versions(workload: &Client, addon: &ClusterAddon) -> BTreeMap<String, String> {
     let mut versions = BTreeMap::new();

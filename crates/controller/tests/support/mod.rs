@@ -296,6 +296,33 @@ pub async fn create_cluster(client: &Client, namespace: &str, name: &str, class:
         .unwrap();
 }
 
+/// Moves Cluster `cluster` to the ClusterClass `class` (an upgrade when it brings other addons).
+pub async fn move_cluster(client: &Client, namespace: &str, cluster: &str, class: &str) {
+    dynamic(client, namespace, &capi("Cluster"))
+        .patch(
+            cluster,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"topology": {"class": class}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// The ClusterAddon of Cluster `cluster` once `check` holds for it, waited for up to `limit`.
+pub async fn addon_where(
+    addons: &Api<cso_api::ClusterAddon>,
+    cluster: &str,
+    what: &str,
+    limit: Duration,
+    check: impl Fn(&cso_api::ClusterAddon) -> bool,
+) -> cso_api::ClusterAddon {
+    let name = cso_api::cluster_addon::cluster_addon_name(cluster);
+    eventually(what, limit, || async {
+        addons.get_opt(&name).await.unwrap().filter(|a| check(a))
+    })
+    .await
+}
+
 /// Whether the object of an inventory entry exists (and is not being deleted).
 pub async fn inventory_object_exists(client: &Client, entry: &cso_api::common::Resource) -> bool {
     let gvk = GroupVersionKind::gvk(&entry.group, &entry.version, &entry.kind);
