@@ -13,6 +13,13 @@
 #                   (its go.mod holds the version, v0.8.0): simulated nodes, and pods bound to them that go Running,
 #                   Ready and (a Job's) Succeeded. Measured cold: 100-135 s, +650-800 MiB build cache, +300 MiB
 #                   modules (it is on Kubernetes 1.36's libraries), binary 61 MiB, peak 0.9 GiB memory
+#   cosign          github.com/sigstore/cosign/v3/cmd/cosign from the wrapper module hack/testenv/cosign (its go.mod
+#                   holds the version, v3.1.3): signs releases in a loopback registry for the release-verification
+#                   tests (crates/testenv/src/cosign.rs) and made the verifier's fixtures (hack/cosign-fixtures.sh).
+#                   Measured on 2 cores: 185 s with a cold build cache (+1.3 GiB), 121 s after the tools above
+#                   (+1.0 GiB build cache); +1.3 GiB modules (mostly Azure's and Google's cloud SDKs, for KMS keys;
+#                   `go get` + `tidy` of the wrapper: 21 s), binary 97 MiB, not version-stamped (`cosign version`
+#                   reads v3.1.3 from the build info)
 #   helm            built from helm.sh/helm/v3 on the Go module proxy (what the image ships)
 #   helm 4          built from helm.sh/helm/v4, for the tests that run helm, run a second time with it
 #   CAPI CRDs       the sigs.k8s.io/cluster-api modules, downloaded into the Go module cache
@@ -51,6 +58,9 @@ KUBE_SCHEDULER="$K8S_DIR/kube-scheduler"
 # kwok: the version is the one the wrapper module requires.
 KWOK_VERSION="$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$ROOT/hack/testenv/kwok/go.mod")"
 KWOK="$CACHE/kwok-$KWOK_VERSION/kwok"
+# cosign: the version is the one the wrapper module requires.
+COSIGN_VERSION="$(awk '$1 == "github.com/sigstore/cosign/v3" { print $2 }' "$ROOT/hack/testenv/cosign/go.mod")"
+COSIGN="$CACHE/cosign-$COSIGN_VERSION/cosign"
 HELM="$CACHE/helm-$HELM_VERSION/helm"
 HELM4="$CACHE/helm-$HELM4_VERSION/helm"
 # The Cluster API managers: the version is the one the wrapper module requires.
@@ -74,6 +84,7 @@ print_env() {
   echo "CSO_KUBE_CONTROLLER_MANAGER=$KUBE_CONTROLLER_MANAGER"
   echo "CSO_KUBE_SCHEDULER=$KUBE_SCHEDULER"
   echo "CSO_KWOK=$KWOK"
+  echo "CSO_COSIGN=$COSIGN"
   echo "CSO_CERT_MANAGER_CRD_DIR=$cert_manager_dir/deploy/crds"
   echo "CSO_HELM=$HELM"
   echo "CSO_HELM4=$HELM4"
@@ -120,6 +131,19 @@ build_kwok() {
     -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$KWOK.tmp" sigs.k8s.io/kwok/cmd/kwok)
   mv "$KWOK.tmp" "$KWOK"
   say "kwok: built in $((SECONDS - start))s"
+}
+
+# build_cosign: cosign of the wrapper module hack/testenv/cosign. Not stamped: release-utils reads the version from
+# the module's build info, so `cosign version` reports the required version as it is.
+build_cosign() {
+  if [[ -x "$COSIGN" ]]; then say "cosign $COSIGN_VERSION: cached at $COSIGN"; return; fi
+  say "cosign $COSIGN_VERSION: building from the Go module proxy (cold: about 3 minutes)"
+  local start=$SECONDS
+  mkdir -p "$(dirname "$COSIGN")"
+  (cd "$ROOT/hack/testenv/cosign" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w" -o "$COSIGN.tmp" github.com/sigstore/cosign/v3/cmd/cosign)
+  mv "$COSIGN.tmp" "$COSIGN"
+  say "cosign: built in $((SECONDS - start))s"
 }
 
 # The Cluster API managers' binaries and the config directories (CRDs, kustomization labels and patches, webhook
@@ -314,6 +338,7 @@ case "${1:-install}" in
     install_registry
     build_kubernetes
     build_kwok
+    build_cosign
     build_capi
     print_env > "$CACHE/env"
     say "ready: environment in $CACHE/env"
