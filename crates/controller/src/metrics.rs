@@ -1,6 +1,7 @@
 //! Prometheus metrics: controller-runtime's reconcile metrics (same names and labels, so dashboards made for
 //! the Go operator work) and the operator's own: objects applied, pruned and put back, render and apply
-//! durations per target cluster; requests to the release source and its rate-limit budget; releases cached;
+//! durations per target cluster; requests to the release source and its rate-limit budget; the signature and
+//! pin checks of downloads (`cso_release_verifications`); releases cached;
 //! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time), those
 //! whose addons do not run (`cso_addons_not_running`, the same way) and the
 //! writes of those counts into the statuses (`cso_fleet_status_writes`); and
@@ -16,7 +17,7 @@ use std::{
 
 use cso_api::{ClusterAddon, fleet::AddonState};
 use cso_apply::ApplyReport;
-use cso_release::{ReleaseCache, ReleaseSource, SourceError};
+use cso_release::{ReleaseCache, ReleaseSource, SourceError, source::Provenance};
 use cso_render::{ChartRenderer, RenderError, RenderRequest};
 use futures::{FutureExt, future::BoxFuture};
 use kube::runtime::{controller::Action, reflector};
@@ -103,6 +104,15 @@ struct SourceRequestLabels {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerificationLabels {
+    source: String,
+    /// `bundle-v0.3` or `legacy-sig` for a verified release; empty for a refused one.
+    layout: String,
+    /// `verified`, or the refusal: `unsigned`, `signature_mismatch`, `invalid_signature`, `tag_moved`, `error`.
+    outcome: String,
+}
+
 /// The operator's metrics, shared by all controllers.
 #[derive(Debug)]
 pub struct Metrics {
@@ -116,6 +126,7 @@ pub struct Metrics {
     render_durations: Family<TargetLabels, Histogram>,
     apply_durations: Family<TargetLabels, Histogram>,
     source_requests: Family<SourceRequestLabels, Counter>,
+    release_verifications: Family<VerificationLabels, Counter>,
     rate_limit_remaining: Family<SourceLabels, Gauge>,
     releases_cached: Gauge,
     leader: Family<LeaseLabels, Gauge>,
@@ -179,6 +190,7 @@ impl Default for Metrics {
             render_durations: Family::new_with_constructor(reconcile_buckets),
             apply_durations: Family::new_with_constructor(reconcile_buckets),
             source_requests: Family::default(),
+            release_verifications: Family::default(),
             rate_limit_remaining: Family::default(),
             releases_cached: Gauge::default(),
             leader: Family::default(),
@@ -236,6 +248,11 @@ impl Default for Metrics {
             "cso_source_requests",
             "Requests to the release source, per operation and result",
             metrics.source_requests.clone(),
+        );
+        registry.register(
+            "cso_release_verifications",
+            "Signature and digest-pin checks of downloaded releases, per layout and outcome (verified or the refusal)",
+            metrics.release_verifications.clone(),
         );
         registry.register(
             "cso_source_rate_limit_remaining",
@@ -447,6 +464,25 @@ impl Metrics {
         let _ = self.addons.set(addons);
     }
 
+    /// Counts the signature and pin checks of a download: only where something was checked (a source that
+    /// verifies, or a pin), and only for the checks' own outcomes (a network failure before them is not one).
+    fn release_checked(&self, source: &dyn ReleaseSource, result: &Result<Provenance, SourceError>) {
+        let (layout, outcome) = match result {
+            Ok(provenance) if source.verifies() => {
+                (provenance.layout.clone().unwrap_or_default(), "verified")
+            }
+            Err(SourceError::Refused { refusal, .. }) => (String::new(), refusal.outcome()),
+            _ => return,
+        };
+        self.release_verifications
+            .get_or_create(&VerificationLabels {
+                source: source.kind().to_owned(),
+                layout,
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
     fn source_request(&self, source: &dyn ReleaseSource, operation: &str, result: &Result<(), &SourceError>) {
         let result = match result {
             Ok(()) => "success",
@@ -499,15 +535,29 @@ impl ReleaseSource for MeteredSource {
             .boxed()
     }
 
-    fn download<'a>(&'a self, tag: &'a str, dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        dest: &'a Path,
+        pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Provenance, SourceError>> {
         self.inner
-            .download(tag, dest)
+            .download(tag, dest, pin)
             .map(|result| {
                 self.metrics
                     .source_request(self.inner.as_ref(), "download", &result.as_ref().map(|_| ()));
+                self.metrics.release_checked(self.inner.as_ref(), &result);
                 result
             })
             .boxed()
+    }
+
+    fn accepts(&self, provenance: Option<&Provenance>) -> bool {
+        self.inner.accepts(provenance)
+    }
+
+    fn verifies(&self) -> bool {
+        self.inner.verifies()
     }
 
     fn rate_limit_remaining(&self) -> Option<i64> {

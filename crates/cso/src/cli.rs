@@ -195,6 +195,13 @@ pub struct RunArgs {
     /// The GitHub API (GitHub Enterprise, or a stand-in).
     #[arg(long, default_value = "https://api.github.com")]
     pub github_api_url: String,
+    /// A cosign public key (`PUBLIC KEY` PEM, as `cosign generate-key-pair` writes `cosign.pub`). Repeatable:
+    /// with any, every release fetched from OCI must carry a cosign signature (a Sigstore bundle referrer
+    /// or a `sha256-<digest>.sig` tag) by one of these keys, checked before anything of it is cached;
+    /// anything else is refused (condition `ReleaseVerified`). GitHub releases carry no signature and are
+    /// then refused. Read at start: a key that cannot be read stops the start.
+    #[arg(long = "verify-key", value_name = "PATH")]
+    pub verify_key: Vec<PathBuf>,
     /// Where the chart dependencies of a release are fetched from (once, when it enters the cache) instead of
     /// the repository its `Chart.yaml` names: `URL` (an HTTP(S) chart repository or an `oci://` prefix) for
     /// every dependency, or `FROM=URL` for the repository FROM as written in `Chart.yaml`. Repeatable; basic

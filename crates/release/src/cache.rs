@@ -26,7 +26,7 @@ use crate::{
     Release, ReleaseError,
     archive::{ArchiveError, UnpackLimits},
     deps::DependencyResolver,
-    source::{ReleaseSource, SourceError},
+    source::{Provenance, ReleaseSource, SourceError},
 };
 
 /// The cache directory below the release directory.
@@ -207,7 +207,13 @@ impl ReleaseCache {
 
     /// The release, downloaded first when it is not in the cache.
     pub async fn get(&self, id: &ReleaseId) -> Result<Arc<Release>, CacheError> {
-        if let Some(release) = self.cached(id)? {
+        self.get_pinned(id, None).await
+    }
+
+    /// The release at manifest digest `pin` (if given): a cached release at another digest is fetched
+    /// again, and a tag that no longer points to `pin` is refused.
+    pub async fn get_pinned(&self, id: &ReleaseId, pin: Option<&str>) -> Result<Arc<Release>, CacheError> {
+        if let Some(release) = self.cached_pinned(id, pin)? {
             return Ok(release);
         }
         let tag = id.tag();
@@ -217,10 +223,27 @@ impl ReleaseCache {
         };
         let _flight = lock.lock().await;
         // Whoever held the lock before may have finished the download.
-        if let Some(release) = self.cached(id)? {
+        if let Some(release) = self.cached_pinned(id, pin)? {
             return Ok(release);
         }
-        self.download(id).await
+        self.download(id, pin).await
+    }
+
+    /// [`Self::cached`], and at manifest digest `pin` if one is given.
+    pub fn cached_pinned(
+        &self,
+        id: &ReleaseId,
+        pin: Option<&str>,
+    ) -> Result<Option<Arc<Release>>, CacheError> {
+        Ok(self.cached(id)?.filter(|release| {
+            let at_pin = pin.is_none_or(|pin| {
+                release.provenance.as_ref().and_then(|p| p.digest.as_deref()) == Some(pin)
+            });
+            if !at_pin {
+                tracing::info!(tag = %id.tag(), ?pin, "cached at another digest than pinned: fetching it again");
+            }
+            at_pin
+        }))
     }
 
     /// The release if it is in the cache, without downloading. Loaded and verified (metadata, addon config,
@@ -270,6 +293,12 @@ impl ReleaseCache {
                 forget();
                 Ok(None)
             }
+            // Not verified as the source verifies now: fetched again (and verified) as if not cached.
+            Ok(release) if !self.source.accepts(release.provenance.as_ref()) => {
+                tracing::info!(%tag, provenance = ?release.provenance, "cached without a signature trusted now: fetching it again");
+                forget();
+                Ok(None)
+            }
             Ok(release) => {
                 self.remember(&tag, fingerprint, Ok(release.clone()));
                 Ok(Some(release))
@@ -309,7 +338,7 @@ impl ReleaseCache {
             .insert(tag.to_owned(), Checked { fingerprint, outcome });
     }
 
-    async fn download(&self, id: &ReleaseId) -> Result<Arc<Release>, CacheError> {
+    async fn download(&self, id: &ReleaseId, pin: Option<&str>) -> Result<Arc<Release>, CacheError> {
         let tag = id.tag();
         let staging = tempfile::Builder::new()
             .prefix(&format!("{DOWNLOAD_PREFIX}{tag}-"))
@@ -319,13 +348,20 @@ impl ReleaseCache {
                 source,
             })?;
         tracing::info!(%tag, source = self.source.kind(), "downloading release");
-        self.source
-            .download(&tag, staging.path())
-            .await
-            .map_err(|error| CacheError::Source {
-                tag: tag.clone(),
-                source_kind: self.source.kind(),
-                error,
+        let provenance: Provenance =
+            self.source
+                .download(&tag, staging.path(), pin)
+                .await
+                .map_err(|error| CacheError::Source {
+                    tag: tag.clone(),
+                    source_kind: self.source.kind(),
+                    error,
+                })?;
+        provenance
+            .write(staging.path())
+            .map_err(|source| CacheError::Io {
+                path: staging.path().to_path_buf(),
+                source,
             })?;
 
         let staged = staging.path().to_path_buf();

@@ -35,6 +35,9 @@ pub struct Release {
     pub cluster_class_chart: PathBuf,
     /// `<provider>-<name>-<M>-<m>-cluster-addon-<addon version>.tgz`
     pub cluster_addon_archive: PathBuf,
+    /// Where the files came from, as recorded when they were cached (none: cached by the Go operator or an
+    /// older cso, or a `--local` directory).
+    pub provenance: Option<crate::source::Provenance>,
 }
 
 /// Copies the files of the release directory `from` into `to`, creating it (a release is flat: its
@@ -90,6 +93,7 @@ impl Release {
             addons,
             cluster_class_chart,
             cluster_addon_archive,
+            provenance: crate::source::Provenance::read(dir),
         })
     }
 

@@ -465,7 +465,12 @@ impl ReleaseSource for Remote {
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    fn download<'a>(&'a self, tag: &'a str, _dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        _dest: &'a Path,
+        _pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<cso_release::source::Provenance, SourceError>> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             Err(SourceError::NotFound {

@@ -210,7 +210,7 @@ async fn a_release_pushed_like_oras_lists_and_downloads_byte_identical() {
     assert_eq!(source.list_tags().await.unwrap(), [ORAS_TAG]);
 
     let dir = tempfile::tempdir().unwrap();
-    source.download(ORAS_TAG, dir.path()).await.unwrap();
+    source.download(ORAS_TAG, dir.path(), None).await.unwrap();
     let mut names = Vec::new();
     for file in std::fs::read_dir(oras_release()).unwrap() {
         let file = file.unwrap();
@@ -280,7 +280,7 @@ async fn tags_are_listed_across_pages() {
     // And a release is downloaded through the front as well (it passes everything else through).
     let dir = tempfile::tempdir().unwrap();
     source_at(front.host())
-        .download("docker-scs-1-35-v7", dir.path())
+        .download("docker-scs-1-35-v7", dir.path(), None)
         .await
         .unwrap();
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 6);
@@ -307,7 +307,7 @@ async fn a_corrupted_blob_of_an_oras_release_is_refused_by_name() {
 
     let dir = tempfile::tempdir().unwrap();
     let err = source(&registry)
-        .download(ORAS_TAG, dir.path())
+        .download(ORAS_TAG, dir.path(), None)
         .await
         .unwrap_err();
     assert!(matches!(err, SourceError::Integrity(_)), "{err}");

@@ -17,6 +17,7 @@ use cso_release::{
     AddonStyle, CacheError, Hook, ReleaseCache, ReleaseSource, SourceError, StackKey,
     archive::UnpackLimits,
     source::{
+        Provenance,
         github::{GithubConfig, GithubSource},
         local::LocalSource,
         releases_of,
@@ -247,13 +248,13 @@ async fn rate_limits_and_server_errors_are_typed() {
     fake.fail_next(Failure::Status(500));
     let dir = tempfile::tempdir().unwrap();
     let err = source
-        .download("docker-ferrol-1-27-v1", dir.path())
+        .download("docker-ferrol-1-27-v1", dir.path(), None)
         .await
         .unwrap_err();
     assert!(matches!(err, SourceError::Http { status: 500, .. }), "{err}");
 
     let err = source
-        .download("docker-ferrol-1-27-v9", dir.path())
+        .download("docker-ferrol-1-27-v9", dir.path(), None)
         .await
         .unwrap_err();
     assert!(matches!(err, SourceError::NotFound { .. }), "{err}");
@@ -279,7 +280,12 @@ impl ReleaseSource for SlowSource {
     fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
         Box::pin(async { Ok(fixture_tags()) })
     }
-    fn download<'a>(&'a self, tag: &'a str, dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        dest: &'a Path,
+        _pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Provenance, SourceError>> {
         Box::pin(async move {
             self.downloads.fetch_add(1, Ordering::SeqCst);
             for (i, entry) in std::fs::read_dir(fixtures().join(tag)).unwrap().enumerate() {
@@ -290,7 +296,7 @@ impl ReleaseSource for SlowSource {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            Ok(())
+            Ok(Provenance::of_kind("slow"))
         })
     }
 }

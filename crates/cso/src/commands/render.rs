@@ -191,6 +191,7 @@ async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Relea
         local: false,
         release_dir: args.release_dir.clone(),
         github_api_url: args.github_api_url.clone(),
+        verify_keys: Vec::new(),
     };
     let cache = ReleaseCache::new(
         &args.release_dir,

@@ -48,11 +48,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let cluster_resource = cso_apply::cluster_resource(&client).await;
 
     let kind: SourceKind = args.source.parse()?;
+    let verify_keys = args
+        .verify_key
+        .iter()
+        .map(|path| cso_release::source::verify::TrustedKey::from_file(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    for key in &verify_keys {
+        tracing::info!(
+            key = key.id(),
+            "releases must be signed by this key, among others given"
+        );
+    }
+    if !verify_keys.is_empty() && kind == SourceKind::Github && !args.local {
+        tracing::warn!("--verify-key with GitHub releases: they carry no signature, so every one is refused");
+    }
     let settings = SourceSettings {
         kind,
         local: args.local,
         release_dir: args.release_dir.clone(),
         github_api_url: args.github_api_url.clone(),
+        verify_keys,
     };
     let release_source = source::from_settings(&settings).unwrap_or_else(|error| {
         // Reported on the objects (AssetsClientAPIAvailable) as the Go operator does; cached releases keep

@@ -4,6 +4,12 @@
 //! per page so that polling an unchanged repository costs only `304`s. Assets are fetched through the asset
 //! API; the redirect to the storage host is followed by hand, without the token unless it stays on the API's
 //! own origin. Rate limits (`Retry-After`, `X-RateLimit-Reset`) become [`SourceError::RateLimited`].
+//!
+//! GitHub releases are protected by TLS only: the stacks publish no checksum or signature asset (their
+//! `hashes.json` holds source hashes, not asset digests), so there is nothing to verify against. When the
+//! operator is told to verify signatures (`--verify-key`), every GitHub release is therefore refused as
+//! unsigned rather than applied unchecked, and a digest pin (an OCI manifest digest) is refused as a
+//! configuration error.
 
 use std::{
     collections::HashMap,
@@ -21,7 +27,7 @@ use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use url::Url;
 
-use super::{ReleaseSource, SourceError};
+use super::{Provenance, Refusal, ReleaseSource, SourceError};
 
 /// The public GitHub API.
 pub const DEFAULT_API_URL: &str = "https://api.github.com";
@@ -90,6 +96,8 @@ pub struct GithubSource {
     client: reqwest::Client,
     pages: Mutex<HashMap<String, CachedPage>>,
     rate_limit_remaining: AtomicI64,
+    /// `--verify-key` was given: nothing here can be verified (see the module doc).
+    requires_signatures: bool,
 }
 
 #[derive(Deserialize)]
@@ -122,7 +130,14 @@ impl GithubSource {
             client,
             pages: Mutex::default(),
             rate_limit_remaining: AtomicI64::new(-1),
+            requires_signatures: false,
         })
+    }
+
+    /// Refuses every release as unsigned when `required` (see the module doc).
+    pub fn requiring_signatures(mut self, required: bool) -> Self {
+        self.requires_signatures = required;
+        self
     }
 
     fn repo_url(&self, rest: &str) -> Result<Url, SourceError> {
@@ -306,8 +321,36 @@ impl ReleaseSource for GithubSource {
         })
     }
 
-    fn download<'a>(&'a self, tag: &'a str, dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+    fn verifies(&self) -> bool {
+        self.requires_signatures
+    }
+
+    fn accepts(&self, _provenance: Option<&Provenance>) -> bool {
+        !self.requires_signatures
+    }
+
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        dest: &'a Path,
+        pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Provenance, SourceError>> {
         Box::pin(async move {
+            if let Some(pin) = pin {
+                return Err(SourceError::Config(format!(
+                    "release {tag} is pinned to {pin}, an OCI manifest digest: GitHub releases cannot be pinned"
+                )));
+            }
+            if self.requires_signatures {
+                return Err(SourceError::Refused {
+                    refusal: Refusal::Unsigned,
+                    digest: String::new(),
+                    message: format!(
+                        "GitHub release {tag} carries no signature (GitHub releases are verified by TLS only); \
+                         signed releases need the OCI source"
+                    ),
+                });
+            }
             let url = self.repo_url(&format!("releases/tags/{tag}"))?;
             let response = self.send(self.api_request(url.clone()), &url).await?;
             if response.status() == StatusCode::NOT_FOUND {
@@ -327,7 +370,7 @@ impl ReleaseSource for GithubSource {
             for asset in &release.assets {
                 self.download_asset(asset, dest).await?;
             }
-            Ok(())
+            Ok(Provenance::of_kind("github"))
         })
     }
 }

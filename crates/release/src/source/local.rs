@@ -53,7 +53,12 @@ impl ReleaseSource for LocalSource {
         })
     }
 
-    fn download<'a>(&'a self, tag: &'a str, _dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        _dest: &'a Path,
+        _pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<super::Provenance, SourceError>> {
         Box::pin(async move {
             Err(SourceError::NotFound {
                 what: format!(

@@ -3,6 +3,7 @@
 pub mod github;
 pub mod local;
 pub mod oci;
+pub mod verify;
 
 use std::{path::PathBuf, str::FromStr, sync::Arc, time::Duration};
 
@@ -10,7 +11,7 @@ use cso_api::{Channel, ReleaseId};
 use futures::future::BoxFuture;
 
 /// A source of releases. Listing returns every tag; downloading writes one release's files into an empty
-/// directory (the cache verifies and publishes them).
+/// directory (the cache verifies and publishes them) and says where exactly they came from.
 pub trait ReleaseSource: Send + Sync + std::fmt::Debug {
     /// `local`, `github` or `oci`, for logs, metrics and conditions.
     fn kind(&self) -> &'static str;
@@ -18,12 +19,28 @@ pub trait ReleaseSource: Send + Sync + std::fmt::Debug {
     /// Every release tag the source has, unfiltered.
     fn list_tags(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>>;
 
-    /// Downloads the files of release `tag` into the empty directory `dest`.
+    /// Downloads the files of release `tag` into the empty directory `dest`. With `pin` (a manifest digest),
+    /// a tag that points elsewhere is refused ([`Refusal::TagMoved`]) before anything is downloaded; a source
+    /// that verifies signatures refuses what does not verify, also before anything is downloaded.
     fn download<'a>(
         &'a self,
         tag: &'a str,
         dest: &'a std::path::Path,
-    ) -> BoxFuture<'a, Result<(), SourceError>>;
+        pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Provenance, SourceError>>;
+
+    /// Whether a release cached with `provenance` (none: cached by the Go operator or an older cso) may be
+    /// used as it is, or must be fetched again: a source that verifies signatures accepts only what a key
+    /// it trusts now signed.
+    fn accepts(&self, provenance: Option<&Provenance>) -> bool {
+        let _ = provenance;
+        true
+    }
+
+    /// Whether this source checks signatures (`--verify-key` given, for a source that can).
+    fn verifies(&self) -> bool {
+        false
+    }
 
     /// Requests left in the current rate-limit window, where the source has one and said so.
     fn rate_limit_remaining(&self) -> Option<i64> {
@@ -63,6 +80,8 @@ pub struct SourceSettings {
     pub release_dir: PathBuf,
     /// The GitHub API base URL (GitHub Enterprise, or a stand-in).
     pub github_api_url: String,
+    /// `--verify-key`: every OCI release must carry a cosign signature by one of these keys.
+    pub verify_keys: Vec<verify::TrustedKey>,
 }
 
 /// Builds the source the settings and the environment (`GIT_*`, `OCI_*`) describe.
@@ -73,10 +92,13 @@ pub fn from_settings(settings: &SourceSettings) -> Result<Arc<dyn ReleaseSource>
         )));
     }
     Ok(match settings.kind {
-        SourceKind::Github => Arc::new(github::GithubSource::new(github::GithubConfig::from_env(
-            &settings.github_api_url,
-        )?)?),
-        SourceKind::Oci => Arc::new(oci::OciSource::new(oci::OciConfig::from_env()?)),
+        SourceKind::Github => Arc::new(
+            github::GithubSource::new(github::GithubConfig::from_env(&settings.github_api_url)?)?
+                .requiring_signatures(!settings.verify_keys.is_empty()),
+        ),
+        SourceKind::Oci => {
+            Arc::new(oci::OciSource::new(oci::OciConfig::from_env()?).verifying(settings.verify_keys.clone()))
+        }
     })
 }
 
@@ -117,7 +139,8 @@ impl ReleaseSource for UnavailableSource {
         &'a self,
         _tag: &'a str,
         _dest: &'a std::path::Path,
-    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        _pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Provenance, SourceError>> {
         Box::pin(async move { Err(SourceError::Config(self.message.clone())) })
     }
 }
@@ -163,6 +186,15 @@ pub enum SourceError {
     Network { url: String, message: String },
     #[error("integrity check failed: {0}")]
     Integrity(String),
+    /// The release is not what it must be (unsigned, signed by no trusted key, or not at its pinned digest):
+    /// refused before anything of it was downloaded.
+    #[error("release refused ({}): {message}", refusal.reason())]
+    Refused {
+        refusal: Refusal,
+        /// The manifest digest the tag pointed to.
+        digest: String,
+        message: String,
+    },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -173,6 +205,92 @@ impl SourceError {
         match self {
             SourceError::RateLimited { retry_after, .. } => *retry_after,
             _ => None,
+        }
+    }
+}
+
+/// Where the files of a cached release came from, recorded beside them ([`PROVENANCE_FILE`]) and shown in
+/// the ClusterStackRelease's `status.source`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Provenance {
+    /// `oci`, `github` or `local`.
+    pub kind: String,
+    /// OCI: the digest of the manifest the files were pulled from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The trusted key that signed that manifest ([`verify::TrustedKey::id`]), when signatures are checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+    /// Where the signature was: `bundle-v0.3` or `legacy-sig` ([`verify::SignatureLayout::as_str`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+}
+
+/// The file in a release directory that holds its [`Provenance`] (hidden: the Go operator's layout is the
+/// other files, and it ignores this one).
+pub const PROVENANCE_FILE: &str = ".cso-provenance.json";
+
+impl Provenance {
+    /// A release with nothing known of it but the kind of its source.
+    pub fn of_kind(kind: &str) -> Self {
+        Provenance {
+            kind: kind.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// What `dir` records, if anything readable (an unreadable record counts as none: the release is then
+    /// treated as one cached before records were kept).
+    pub fn read(dir: &std::path::Path) -> Option<Self> {
+        let text = std::fs::read(dir.join(PROVENANCE_FILE)).ok()?;
+        serde_json::from_slice(&text)
+            .inspect_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "unreadable provenance record"))
+            .ok()
+    }
+
+    /// Records it in `dir`.
+    pub fn write(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join(PROVENANCE_FILE), text)
+    }
+}
+
+/// Why a release was refused, as the `ReleaseVerified` condition and the verification metric say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No signature at all.
+    Unsigned,
+    /// Signatures, none by a trusted key.
+    SignatureMismatch,
+    /// Malformed signatures, or signatures of another manifest.
+    InvalidSignature,
+    /// The version is pinned to a digest and the tag points elsewhere.
+    TagMoved,
+    /// The signatures could not be read (the registry failed): tried again.
+    VerificationFailed,
+}
+
+impl Refusal {
+    /// The condition reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::Unsigned => "Unsigned",
+            Refusal::SignatureMismatch => "SignatureMismatch",
+            Refusal::InvalidSignature => "InvalidSignature",
+            Refusal::TagMoved => "TagMoved",
+            Refusal::VerificationFailed => "VerificationFailed",
+        }
+    }
+
+    /// The metric's `outcome` label.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Refusal::Unsigned => "unsigned",
+            Refusal::SignatureMismatch => "signature_mismatch",
+            Refusal::InvalidSignature => "invalid_signature",
+            Refusal::TagMoved => "tag_moved",
+            Refusal::VerificationFailed => "error",
         }
     }
 }
@@ -215,6 +333,7 @@ mod tests {
             local,
             release_dir: "/tmp/downloads".into(),
             github_api_url: github::DEFAULT_API_URL.into(),
+            verify_keys: Vec::new(),
         };
         assert_eq!(
             from_settings(&settings("github", true)).unwrap().kind(),

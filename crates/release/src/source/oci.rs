@@ -9,6 +9,13 @@
 //! Tags are listed page by page as the distribution spec says: `?n=` asks for a page, and the registry's
 //! `Link: <...>; rel="next"` header says where the next one is (no header: that was the last page). The
 //! listing is done with plain HTTP requests because `oci-client` does not show the response headers.
+//!
+//! A download resolves the tag once, to the manifest's bytes and their digest; everything after that is read
+//! by that digest, never by the tag again: the pin is compared with it, the signatures are looked up for it
+//! ([`super::verify`], when keys are configured), and the layers are pulled from the manifest that was
+//! checked. A tag moved in between cannot slip another release in. The tags that signatures add
+//! (`sha256-<hex>`, `sha256-<hex>.sig`) are listed with the others and dropped by `releases_of`, as they are no
+//! release names.
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -21,17 +28,26 @@ use oci_client::{
     Client, Reference,
     client::{ClientConfig, ClientProtocol},
     errors::OciErrorCode,
+    manifest::{IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest},
     secrets::RegistryAuth,
 };
 use reqwest::{StatusCode, Url, header};
+use sha2::{Digest, Sha256};
 
-use super::{ReleaseSource, SourceError};
+use super::{
+    Provenance, Refusal, ReleaseSource, SourceError,
+    verify::{self, Finding, TrustedKey, Verdict, Verified},
+};
 
 const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
 /// The page size asked for; registries may answer with fewer tags per page (and say so with `Link`).
 const TAGS_PER_PAGE: usize = 1000;
 /// A registry whose `Link`s never end is broken (or hostile): give up after this many pages.
 const MAX_TAG_PAGES: usize = 10_000;
+/// Signature documents read per release and layout, at most (a release has one or a few).
+const MAX_SIGNATURES: usize = 32;
+/// A signature document larger than this is not read (cosign's are a few KiB).
+const MAX_SIGNATURE_BYTES: usize = 1 << 20;
 
 /// Where the releases are and how to authenticate.
 #[derive(Clone)]
@@ -118,6 +134,8 @@ pub struct OciSource {
     /// reported by the first listing rather than making `new` fallible.
     http: Result<reqwest::Client, String>,
     tags_per_page: usize,
+    /// `--verify-key`: with any, every release must carry a signature by one of them.
+    keys: Vec<TrustedKey>,
 }
 
 impl std::fmt::Debug for OciSource {
@@ -151,7 +169,14 @@ impl OciSource {
             client,
             http,
             tags_per_page: TAGS_PER_PAGE,
+            keys: Vec::new(),
         }
+    }
+
+    /// Verifies every release against `keys` (none: verifies nothing).
+    pub fn verifying(mut self, keys: Vec<TrustedKey>) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// Asks for `n` tags per page (at least 1) instead of 1000: for registries with a smaller limit, and tests.
@@ -292,55 +317,263 @@ impl ReleaseSource for OciSource {
         })
     }
 
-    fn download<'a>(&'a self, tag: &'a str, dest: &'a Path) -> BoxFuture<'a, Result<(), SourceError>> {
+    fn verifies(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    fn accepts(&self, provenance: Option<&Provenance>) -> bool {
+        self.keys.is_empty()
+            || provenance
+                .and_then(|p| p.signer.as_deref())
+                .is_some_and(|signer| self.keys.iter().any(|key| key.id() == signer))
+    }
+
+    fn download<'a>(
+        &'a self,
+        tag: &'a str,
+        dest: &'a Path,
+        pin: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Provenance, SourceError>> {
         Box::pin(async move {
             let reference = self.reference(Some(tag))?;
-            let (manifest, _digest) = self
+            let (body, _) = self
                 .client
-                .pull_image_manifest(&reference, &self.config.auth)
+                .pull_manifest_raw(
+                    &reference,
+                    &self.config.auth,
+                    &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE],
+                )
                 .await
                 .map_err(|e| self.error(&reference, e))?;
-            let mut written = BTreeSet::new();
-            for layer in &manifest.layers {
-                let Some(title) = layer.annotations.as_ref().and_then(|a| a.get(TITLE_ANNOTATION)) else {
-                    continue;
-                };
-                if title.is_empty()
-                    || title.starts_with('.')
-                    || title.contains(['/', '\\'])
-                    || !written.insert(title.clone())
-                {
-                    return Err(SourceError::Integrity(format!(
-                        "{}: layer title {title:?} is not a plain, unique file name",
+            // Of the bytes received (oci-client checked them against the registry's digest header, if any).
+            let digest = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
+            if let Some(pin) = pin
+                && pin != digest
+            {
+                return Err(SourceError::Refused {
+                    refusal: Refusal::TagMoved,
+                    digest: digest.clone(),
+                    message: format!(
+                        "{} points to {digest}, but the version is pinned to {pin}",
                         reference.whole()
-                    )));
-                }
-                let path = dest.join(title);
-                let file = tokio::fs::File::create(&path)
-                    .await
-                    .map_err(|source| SourceError::Io {
-                        path: path.clone(),
-                        source,
-                    })?;
-                self.client
-                    .pull_blob(&reference, layer, file)
-                    .await
-                    .map_err(|e| match self.error(&reference, e) {
-                        SourceError::Integrity(message) => SourceError::Integrity(format!(
-                            "file {title:?} (layer {}): {message}",
-                            layer.digest
-                        )),
-                        other => other,
-                    })?;
+                    ),
+                });
             }
-            if written.is_empty() {
+            let verified = if self.keys.is_empty() {
+                None
+            } else {
+                Some(self.verify(&reference, &digest).await?)
+            };
+            let manifest: OciImageManifest = serde_json::from_slice(&body).map_err(|e| {
+                SourceError::Integrity(format!("{}: not an image manifest: {e}", reference.whole()))
+            })?;
+            let pinned = reference.clone_with_digest(digest.clone());
+            self.pull_files(&pinned, &manifest, dest).await?;
+            if let Some(verified) = &verified {
+                tracing::info!(%tag, %digest, signer = %verified.signer, layout = verified.layout.as_str(), "release signature verified");
+            }
+            Ok(Provenance {
+                kind: "oci".into(),
+                digest: Some(digest),
+                signer: verified.as_ref().map(|v| v.signer.clone()),
+                layout: verified.map(|v| v.layout.as_str().to_owned()),
+            })
+        })
+    }
+}
+
+impl OciSource {
+    /// Writes the titled layers of `manifest` (read through `reference`, by digest) into `dest`.
+    async fn pull_files(
+        &self,
+        reference: &Reference,
+        manifest: &OciImageManifest,
+        dest: &Path,
+    ) -> Result<(), SourceError> {
+        let mut written = BTreeSet::new();
+        for layer in &manifest.layers {
+            let Some(title) = layer.annotations.as_ref().and_then(|a| a.get(TITLE_ANNOTATION)) else {
+                continue;
+            };
+            if title.is_empty()
+                || title.starts_with('.')
+                || title.contains(['/', '\\'])
+                || !written.insert(title.clone())
+            {
                 return Err(SourceError::Integrity(format!(
-                    "{}: the artifact has no titled files",
+                    "{}: layer title {title:?} is not a plain, unique file name",
                     reference.whole()
                 )));
             }
-            Ok(())
-        })
+            let path = dest.join(title);
+            let file = tokio::fs::File::create(&path)
+                .await
+                .map_err(|source| SourceError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            self.client.pull_blob(reference, layer, file).await.map_err(|e| {
+                match self.error(reference, e) {
+                    SourceError::Integrity(message) => {
+                        SourceError::Integrity(format!("file {title:?} (layer {}): {message}", layer.digest))
+                    }
+                    other => other,
+                }
+            })?;
+        }
+        if written.is_empty() {
+            return Err(SourceError::Integrity(format!(
+                "{}: the artifact has no titled files",
+                reference.whole()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Finds the cosign signatures of manifest `digest` in both layouts and weighs them
+    /// ([`verify::verdict`]): a signature by a trusted key, or the refusal that names what was found.
+    async fn verify(&self, reference: &Reference, digest: &str) -> Result<Verified, SourceError> {
+        let subject = reference.clone_with_digest(digest.to_owned());
+        let failed = |what: &str, error: SourceError| SourceError::Refused {
+            refusal: Refusal::VerificationFailed,
+            digest: digest.to_owned(),
+            message: format!("could not read the {what} of {}: {error}", subject.whole()),
+        };
+        let mut findings = Vec::new();
+
+        let referrers = self
+            .client
+            .pull_referrers(&subject, Some(verify::BUNDLE_MEDIA_TYPE))
+            .await
+            .map_err(|e| failed("signature referrers", self.error(&subject, e)))?;
+        for entry in referrers.manifests.iter().take(MAX_SIGNATURES) {
+            let place = format!("bundle {}", entry.digest);
+            let bundle_manifest = reference.clone_with_digest(entry.digest.clone());
+            let finding = match self
+                .client
+                .pull_image_manifest(&bundle_manifest, &self.config.auth)
+                .await
+            {
+                Ok((manifest, _)) => match manifest
+                    .layers
+                    .iter()
+                    .find(|layer| layer.media_type == verify::BUNDLE_MEDIA_TYPE)
+                {
+                    Some(layer) => match self.signature_blob(reference, layer).await {
+                        Ok(bundle) => verify::check_bundle(&bundle, digest, &self.keys),
+                        Err(message) => Finding::Invalid(message),
+                    },
+                    None => Finding::Invalid("the referrer holds no bundle layer".into()),
+                },
+                Err(e) => return Err(failed("signature bundle", self.error(&bundle_manifest, e))),
+            };
+            findings.push((place, finding));
+        }
+
+        let legacy_tag = format!("{}.sig", digest.replace(':', "-"));
+        let legacy = self.reference(Some(&legacy_tag))?;
+        match self.client.pull_image_manifest(&legacy, &self.config.auth).await {
+            Ok((manifest, _)) => {
+                let layers = manifest
+                    .layers
+                    .iter()
+                    .filter(|layer| layer.media_type == verify::SIMPLE_SIGNING_MEDIA_TYPE)
+                    .take(MAX_SIGNATURES);
+                for (index, layer) in layers.enumerate() {
+                    let place = format!("{legacy_tag} layer {index}");
+                    let signature = layer
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(verify::LEGACY_SIGNATURE_ANNOTATION));
+                    let finding = match (signature, self.signature_blob(reference, layer).await) {
+                        (None, _) => {
+                            Finding::Invalid(format!("no {} annotation", verify::LEGACY_SIGNATURE_ANNOTATION))
+                        }
+                        (_, Err(message)) => Finding::Invalid(message),
+                        (Some(signature), Ok(payload)) => {
+                            verify::check_legacy(&payload, signature, digest, &self.keys)
+                        }
+                    };
+                    findings.push((place, finding));
+                }
+            }
+            Err(e) => match self.error(&legacy, e) {
+                SourceError::NotFound { .. } => {}
+                other => return Err(failed("legacy signature", other)),
+            },
+        }
+
+        let refused = |refusal: Refusal, found: String| SourceError::Refused {
+            refusal,
+            digest: digest.to_owned(),
+            message: format!("{} (manifest {digest}): {found}", reference.whole()),
+        };
+        match verify::verdict(findings) {
+            Verdict::Verified(verified) => Ok(verified),
+            Verdict::Unsigned => Err(refused(
+                Refusal::Unsigned,
+                format!("no cosign signature (looked for bundle referrers and the {legacy_tag} tag)"),
+            )),
+            Verdict::SignatureMismatch(found) => Err(refused(
+                Refusal::SignatureMismatch,
+                format!(
+                    "signed, but by none of the {} trusted key(s): {found}",
+                    self.keys.len()
+                ),
+            )),
+            Verdict::InvalidSignature(found) => Err(refused(Refusal::InvalidSignature, found)),
+        }
+    }
+
+    /// A signature document, read up to [`MAX_SIGNATURE_BYTES`] (and checked against its digest).
+    async fn signature_blob(&self, reference: &Reference, layer: &OciDescriptor) -> Result<Vec<u8>, String> {
+        if usize::try_from(layer.size).map_or(true, |size| size > MAX_SIGNATURE_BYTES) {
+            return Err(format!(
+                "a signature document of {} bytes is larger than allowed",
+                layer.size
+            ));
+        }
+        let mut buffer = CappedBuffer::default();
+        self.client
+            .pull_blob(reference, layer, &mut buffer)
+            .await
+            .map_err(|e| format!("layer {}: {}", layer.digest, self.error(reference, e)))?;
+        Ok(buffer.bytes)
+    }
+}
+
+/// An in-memory writer that refuses to grow past [`MAX_SIGNATURE_BYTES`]: a registry that sends more than
+/// the descriptor said is cut off instead of filling memory.
+#[derive(Default)]
+struct CappedBuffer {
+    bytes: Vec<u8>,
+}
+
+impl tokio::io::AsyncWrite for CappedBuffer {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.bytes.len() + buf.len() > MAX_SIGNATURE_BYTES {
+            return std::task::Poll::Ready(Err(std::io::Error::other("signature document too large")));
+        }
+        self.bytes.extend_from_slice(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
     }
 }
 
