@@ -5,12 +5,14 @@
 //! [`registry::Registry`] is a real OCI registry. [`capi`] runs Cluster API itself (v1.14's managers, CRDs and
 //! webhooks) on a control plane of its own; [`stand_in::StandIn`] plays the providers' part where machines
 //! would be needed. [`workloads`] makes a control plane run workloads (kube-controller-manager, kube-scheduler
-//! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]).
+//! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]). [`cosign`] signs releases with cosign and
+//! with a signer of its own, for the tests of release verification.
 
 pub mod archive;
 pub mod capi;
 pub mod chart_repo;
 pub mod control_plane;
+pub mod cosign;
 pub mod crds;
 pub mod github;
 pub mod go_operator;

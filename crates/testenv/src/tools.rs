@@ -1,6 +1,7 @@
 //! Where the external tools are: kube-apiserver, etcd, helm, the Cluster API and cert-manager CRDs, the
 //! OCI registry, the go-yaml reference converter, the renderer on Helm's engine, and what makes a control plane
-//! run workloads (kube-controller-manager, kube-scheduler, kwok: [`crate::workloads`]).
+//! run workloads (kube-controller-manager, kube-scheduler, kwok: [`crate::workloads`]). cosign is looked up by
+//! [`crate::cosign::Cosign::from_env`], since only its own tests need it.
 //!
 //! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
 //! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
@@ -100,6 +101,14 @@ pub fn cache_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
     base.join("cso")
+}
+
+/// `key`'s value in the cache's `env` file (what hack/tools.sh writes), for the tools a test may go without (see
+/// [`crate::cosign::Cosign::from_env`]).
+pub(crate) fn from_env_file(key: &str) -> Option<String> {
+    read_env_file(&cache_dir().join("env"))
+        .remove(key)
+        .filter(|v| !v.is_empty())
 }
 
 fn read_env_file(path: &Path) -> HashMap<String, String> {
