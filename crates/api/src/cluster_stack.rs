@@ -4,12 +4,14 @@
     reason = "kube-derive takes one printcolumn(...) per column; clippy reads the repeated keys as duplicates"
 )]
 
+use std::collections::BTreeMap;
+
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cluster_stack_release::ClusterCounts,
+    cluster_stack_release::{ClusterCounts, MANIFEST_DIGEST_PATTERN},
     common::ObjectReference,
     conditions::{Condition, HasConditions},
     version::Channel,
@@ -82,6 +84,13 @@ pub struct ClusterStackSpec {
     /// Versions to keep available, in dot form: `v1`, `v1-alpha.1`, `v0-sha.hipstsw`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<String>,
+    /// Pins: a version as written in `versions` (e.g. `v2`) -> the OCI manifest digest its release must have,
+    /// `sha256:<64 lowercase hex>`. A pinned release is fetched by its tag, checked against the digest, and
+    /// refused when the tag points elsewhere. Versions without a pin are fetched by tag alone. The Go
+    /// operator ignores the field.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("additionalProperties" = {"type": "string", "pattern": MANIFEST_DIGEST_PATTERN}))]
+    pub version_digests: BTreeMap<String, String>,
     /// Follow the newest release of the channel.
     #[serde(default = "default_true")]
     pub auto_subscribe: bool,
@@ -95,6 +104,13 @@ pub struct ClusterStackSpec {
 
 fn default_true() -> bool {
     true
+}
+
+impl ClusterStackSpec {
+    /// The manifest digest `version` (as written in `versions`, e.g. `v2`) is pinned to, if any.
+    pub fn pinned_digest(&self, version: &str) -> Option<&str> {
+        self.version_digests.get(version).map(String::as_str)
+    }
 }
 
 /// What the operator last observed of a ClusterStack.

@@ -16,6 +16,19 @@ use crate::{
 /// Finalizer that keeps a release until its objects are removed.
 pub const CLUSTER_STACK_RELEASE_FINALIZER: &str = "clusterstackrelease.clusterstack.x-k8s.io";
 
+/// The form of an OCI manifest digest as the CRDs pin and record it: `sha256:` and 64 lowercase hex digits.
+pub const MANIFEST_DIGEST_PATTERN: &str = "^sha256:[0-9a-f]{64}$";
+
+/// Whether `text` is a manifest digest of the form [`MANIFEST_DIGEST_PATTERN`] describes.
+pub fn is_manifest_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// One release; the object name is the release tag in dash form, e.g. `docker-ferrol-1-27-v1`.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -67,6 +80,12 @@ pub struct ClusterStackReleaseSpec {
     /// The provider object of this release; absent in noProvider mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_ref: Option<ObjectReference>,
+    /// The OCI manifest digest (`sha256:<64 lowercase hex>`) the release must have: its tag is refused when it
+    /// points elsewhere. Copied by the ClusterStack controller from its ClusterStack's `spec.versionDigests`;
+    /// absent for a version that is not pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = MANIFEST_DIGEST_PATTERN))]
+    pub digest: Option<String>,
 }
 
 /// What the operator last observed of a ClusterStackRelease.
@@ -88,6 +107,45 @@ pub struct ClusterStackReleaseStatus {
     /// writer (field manager `cso-fleet`), never by the release's controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusters: Option<ClusterCounts>,
+    /// Where the release in use was fetched from, its digest, and whether its signature was verified.
+    /// Written by the release's controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ReleaseProvenance>,
+}
+
+/// Where a release was fetched from and what was checked of it: its digest and, when keys are configured,
+/// its signature.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseProvenance {
+    /// The kind of source: `oci`, `github` or `local`.
+    pub kind: String,
+    /// OCI: the manifest digest, `sha256:<hex>`. GitHub: the sha256 of the signed checksum file, when the
+    /// release has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// A signature was checked against a configured key.
+    #[serde(default)]
+    pub verified: bool,
+    /// Who signed it, e.g. `key:SHA256:<base64 of the sha256 of the key's SPKI DER>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+    /// The signature layout that verified: `bundle-v0.3` or `legacy-sig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+}
+
+impl ReleaseProvenance {
+    /// `kind` of a release from an OCI registry.
+    pub const OCI: &str = "oci";
+    /// `kind` of a release from GitHub releases.
+    pub const GITHUB: &str = "github";
+    /// `kind` of a release from a local directory (`--local`).
+    pub const LOCAL: &str = "local";
+    /// `layout` of a cosign v0.3 bundle (an OCI referrer, or `sign-blob --bundle`).
+    pub const BUNDLE_V0_3: &str = "bundle-v0.3";
+    /// `layout` of a legacy cosign signature (the `sha256-<hex>.sig` tag).
+    pub const LEGACY_SIG: &str = "legacy-sig";
 }
 
 /// How many Clusters are on a release (their ClusterAddons' `spec.clusterStack` names it) and how they are

@@ -28,6 +28,11 @@ pub mod condition {
     /// *New.* On a ClusterAddon: True when every applied object with a health rule runs (Deployments
     /// available, DaemonSets rolled out, Jobs complete, ...; `cso_apply::health`). `status.ready` needs it.
     pub const ADDONS_HEALTHY: &str = "AddonsHealthy";
+    /// *New.* On a ClusterStackRelease: whether the release fetched was what it must be: True when its
+    /// signature verified against a configured key (or, reason `VerificationDisabled`, when no key is
+    /// configured); False when it was refused (unsigned, signed by another key, a bad signature, a pinned tag
+    /// that moved, or the check could not be made).
+    pub const RELEASE_VERIFIED: &str = "ReleaseVerified";
 }
 
 /// Condition reasons.
@@ -81,6 +86,23 @@ pub mod reason {
     pub const NOT_HEALTHY_IN_TIME: &str = "NotHealthyInTime";
     /// *New.* `AddonsHealthy` False (Warning): the addons ran, and no longer do (found by a later check).
     pub const DEGRADED: &str = "Degraded";
+    /// *New.* `ReleaseVerified` False: keys are configured and the release has no signature.
+    pub const UNSIGNED: &str = "Unsigned";
+    /// *New.* `ReleaseVerified` False: the release has signatures, none of them by a configured key.
+    pub const SIGNATURE_MISMATCH: &str = "SignatureMismatch";
+    /// *New.* `ReleaseVerified` False: a signature is malformed, or what it signs is not the release's digest.
+    pub const INVALID_SIGNATURE: &str = "InvalidSignature";
+    /// *New.* `ReleaseVerified` False: the version is pinned (`spec.versionDigests`) and its tag now points
+    /// to another digest.
+    pub const TAG_MOVED: &str = "TagMoved";
+    /// *New.* `ReleaseVerified` False: the signature could not be checked (the registry failed).
+    pub const VERIFICATION_FAILED: &str = "VerificationFailed";
+    /// *New.* `ReleaseVerified` True: no key is configured, so nothing was verified (digests are still
+    /// recorded and pins enforced).
+    pub const VERIFICATION_DISABLED: &str = "VerificationDisabled";
+    /// *New.* `ClusterStackReleaseDownloaded` False: the release was refused by verification (`ReleaseVerified`
+    /// False says why).
+    pub const RELEASE_NOT_VERIFIED: &str = "ReleaseNotVerified";
 }
 
 /// Event reasons.

@@ -112,6 +112,24 @@ const ADDITIONS: &[Addition] = &[
         subtree: "status.clusters",
         why: "the Clusters on the release (the fleet status writer)",
     },
+    Addition {
+        kind: "ClusterStack",
+        version: "v1alpha1",
+        subtree: "spec.versionDigests",
+        why: "digest pins: version -> the manifest digest its release must have (issue 17)",
+    },
+    Addition {
+        kind: "ClusterStackRelease",
+        version: "v1alpha1",
+        subtree: "spec.digest",
+        why: "the pinned manifest digest, copied from the ClusterStack's versionDigests (issue 17)",
+    },
+    Addition {
+        kind: "ClusterStackRelease",
+        version: "v1alpha1",
+        subtree: "status.source",
+        why: "where the release was fetched from, its digest and whether its signature verified (issue 17)",
+    },
 ];
 
 impl Addition {

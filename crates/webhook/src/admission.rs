@@ -78,11 +78,13 @@ impl Verdict {
 // The rules.
 
 /// ClusterStack create and update: the spec means a stack ([`StackSpec::validate`]: release-name segments, a
-/// Kubernetes minor, versions that parse and belong to the channel), a provider reference unless
-/// `noProvider`; on update the stack's identity (provider, name, channel, Kubernetes minor) is immutable.
+/// Kubernetes minor, versions that parse and belong to the channel), its digest pins name listed versions and
+/// manifest digests ([`rules::version_digest_errors`]), a provider reference unless `noProvider`; on update
+/// the stack's identity (provider, name, channel, Kubernetes minor) is immutable (pins may change).
 pub fn cluster_stack(new: &ClusterStack, old: Option<&ClusterStack>) -> Vec<FieldError> {
     let spec = &new.spec;
     let mut errors = StackSpec::validate(new).err().unwrap_or_default();
+    errors.extend(rules::version_digest_errors(new));
     if spec.provider_ref.is_none() && !spec.no_provider {
         errors.push(FieldError::new(
             "spec.providerRef",
@@ -481,7 +483,7 @@ mod tests {
     }
 
     fn fields(errors: &[FieldError]) -> Vec<&str> {
-        errors.iter().map(|e| e.field).collect()
+        errors.iter().map(|e| e.field.as_ref()).collect()
     }
 
     fn found(version: &str) -> ReleaseLookup {
@@ -532,6 +534,70 @@ mod tests {
         assert_eq!(
             fields(&cluster_stack(&new, Some(&old))),
             ["spec.versions", "spec.provider", "spec.kubernetesVersion"]
+        );
+    }
+
+    const DIGEST_1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const DIGEST_2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    fn pinned(versions: serde_json::Value, pins: serde_json::Value) -> ClusterStack {
+        let mut stack = ferrol(versions);
+        stack.spec.version_digests = serde_json::from_value(pins).unwrap();
+        stack
+    }
+
+    #[test]
+    fn cluster_stack_pins_name_listed_versions_and_manifest_digests() {
+        assert!(cluster_stack(&pinned(json!(["v1", "v2"]), json!({"v2": DIGEST_1})), None).is_empty());
+        let unlisted = cluster_stack(&pinned(json!(["v1"]), json!({"v2": DIGEST_1})), None);
+        assert_eq!(fields(&unlisted), ["spec.versionDigests[v2]"]);
+        assert!(
+            unlisted[0].message.contains("not in spec.versions"),
+            "{unlisted:?}"
+        );
+        for bad in [
+            "sha256:abc",
+            "latest",
+            &DIGEST_1.replace('1', "A"),
+            &DIGEST_1[7..],
+        ] {
+            let errors = cluster_stack(&pinned(json!(["v1"]), json!({"v1": bad})), None);
+            assert_eq!(fields(&errors), ["spec.versionDigests[v1]"], "{bad}");
+            assert!(errors[0].message.contains("not a manifest digest"), "{errors:?}");
+        }
+        // The denial names the entry.
+        let response = respond(
+            AdmissionResponse::invalid(""),
+            "ClusterStack.clusterstack.x-k8s.io",
+            "ferrol",
+            Verdict::from_errors(unlisted),
+        );
+        assert!(
+            response
+                .result
+                .message
+                .contains("spec.versionDigests[v2]: version \"v2\""),
+            "{}",
+            response.result.message
+        );
+    }
+
+    #[test]
+    fn cluster_stack_pins_may_change_on_update() {
+        let old = pinned(json!(["v1", "v2"]), json!({"v2": DIGEST_1}));
+        for pins in [
+            json!({"v2": DIGEST_2}),
+            json!({}),
+            json!({"v1": DIGEST_1, "v2": DIGEST_2}),
+        ] {
+            let new = pinned(json!(["v1", "v2"]), pins.clone());
+            assert!(cluster_stack(&new, Some(&old)).is_empty(), "{pins}");
+        }
+        // Dropping a pinned version from the list without its pin is refused, as on create.
+        let new = pinned(json!(["v1"]), json!({"v2": DIGEST_1}));
+        assert_eq!(
+            fields(&cluster_stack(&new, Some(&old))),
+            ["spec.versionDigests[v2]"]
         );
     }
 

@@ -2,7 +2,8 @@
 //! controller, the admission webhooks, the hook server and `cso render` call these instead of restating them,
 //! so they cannot drift apart (they did: the webhook compared channels, the controller did not).
 //!
-//! - [`stack`]: what a ClusterStack's spec means ([`StackSpec`], [`StackKey`]) and which releases it owns;
+//! - [`stack`]: what a ClusterStack's spec means ([`StackSpec`], [`StackKey`]), which releases it owns, and
+//!   what its digest pins must be ([`version_digest_errors`]);
 //! - [`users`]: which Clusters use which release;
 //! - [`hooks`]: the Cluster API lifecycle hooks ([`Hook`]);
 //! - [`hook_runs`]: which run of each hook a ClusterAddon is on, and its stage clock ([`HookRuns`]);
@@ -20,5 +21,5 @@ pub mod users;
 pub use addons::AppliedAddons;
 pub use hook_runs::{HookRun, HookRuns, HookStages, StageClock};
 pub use hooks::Hook;
-pub use stack::{FieldError, StackKey, StackSpec};
+pub use stack::{FieldError, StackKey, StackSpec, version_digest_errors};
 pub use users::{release_users, releases_in_use, stack_users};

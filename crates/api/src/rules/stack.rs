@@ -1,14 +1,15 @@
 //! What a ClusterStack's spec means: the stack it follows ([`StackKey`]: provider, name, Kubernetes
-//! minor), its channel and versions ([`StackSpec`]), and the one ownership rule (which releases are the
-//! ClusterStack's).
+//! minor), its channel and versions ([`StackSpec`]), the one ownership rule (which releases are the
+//! ClusterStack's), and what its digest pins must be ([`version_digest_errors`]).
 //!
 //! The admission webhook refuses a spec these rules refuse, and the controller reports the same errors in its
 //! conditions, so both say the same about one object. Errors name the field they are about.
 
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
 use crate::{
     ClusterStack, ReleaseId,
+    cluster_stack_release::is_manifest_digest,
     release_id::is_stack_name,
     version::{Channel, KubernetesVersion, Version, is_name_part},
 };
@@ -16,15 +17,15 @@ use crate::{
 /// One rejected field of an object, e.g. `spec.versions: invalid version "3": ...`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
-    /// The field's path, e.g. `spec.versions`.
-    pub field: &'static str,
+    /// The field's path, e.g. `spec.versions`, or one entry of a map, `spec.versionDigests[v2]`.
+    pub field: Cow<'static, str>,
     pub message: String,
 }
 
 impl FieldError {
-    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         FieldError {
-            field,
+            field: field.into(),
             message: message.into(),
         }
     }
@@ -179,6 +180,32 @@ impl StackSpec {
     }
 }
 
+/// Checks `spec.versionDigests`, the digest pins: every key is a version of `spec.versions` as written there
+/// (dot form, `v2`, `v0-sha.hipstsw`), every value a manifest digest `sha256:<64 lowercase hex>`. Each
+/// problem is one error naming its entry, `spec.versionDigests[<key>]`. Apart from [`StackSpec::validate`]:
+/// a bad pin makes the webhook refuse the object, but it does not change which stack and releases the spec
+/// means.
+pub fn version_digest_errors(stack: &ClusterStack) -> Vec<FieldError> {
+    let spec = &stack.spec;
+    let mut errors = Vec::new();
+    for (version, digest) in &spec.version_digests {
+        let field = format!("spec.versionDigests[{version}]");
+        if !spec.versions.contains(version) {
+            errors.push(FieldError::new(
+                field.clone(),
+                format!("version {version:?} is not in spec.versions; only a listed version can be pinned"),
+            ));
+        }
+        if !is_manifest_digest(digest) {
+            errors.push(FieldError::new(
+                field,
+                format!("{digest:?} is not a manifest digest: sha256:<64 lowercase hex digits>"),
+            ));
+        }
+    }
+    errors
+}
+
 #[cfg(test)]
 mod tests {
     use rstest::rstest;
@@ -209,7 +236,7 @@ mod tests {
     }
 
     fn fields(errors: &[FieldError]) -> Vec<&str> {
-        errors.iter().map(|e| e.field).collect()
+        errors.iter().map(|e| e.field.as_ref()).collect()
     }
 
     #[test]
@@ -331,6 +358,84 @@ mod tests {
                 "{release}"
             );
         }
+    }
+
+    const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn pins_name_listed_versions_and_manifest_digests() {
+        let pinned = ferrol(json!({"versions": ["v1", "v2"], "versionDigests": {"v2": DIGEST}}));
+        assert!(version_digest_errors(&pinned).is_empty());
+        assert_eq!(pinned.spec.pinned_digest("v2"), Some(DIGEST));
+        assert_eq!(pinned.spec.pinned_digest("v1"), None);
+        assert!(
+            StackSpec::validate(&pinned).is_ok(),
+            "pins do not change what the spec means"
+        );
+
+        let custom = ferrol(json!({"channel": "custom", "versions": ["v0-sha.hipstsw"],
+                                   "versionDigests": {"v0-sha.hipstsw": DIGEST}}));
+        assert!(version_digest_errors(&custom).is_empty());
+
+        let upper = DIGEST.to_uppercase().replace("SHA256", "sha256");
+        let short = &DIGEST[..DIGEST.len() - 1];
+        let sha512 = format!("sha512:{}", &DIGEST["sha256:".len()..]);
+        for (pins, expected_fields, expected_text) in [
+            (
+                json!({"v3": DIGEST}),
+                vec!["spec.versionDigests[v3]"],
+                "version \"v3\" is not in spec.versions",
+            ),
+            (
+                // The dash form of a listed version is not how it is written there.
+                json!({"v0-sha-hipstsw": DIGEST}),
+                vec!["spec.versionDigests[v0-sha-hipstsw]"],
+                "is not in spec.versions",
+            ),
+            (
+                json!({"v2": upper}),
+                vec!["spec.versionDigests[v2]"],
+                "is not a manifest digest",
+            ),
+            (
+                json!({"v2": short}),
+                vec!["spec.versionDigests[v2]"],
+                "is not a manifest digest",
+            ),
+            (
+                json!({"v2": sha512}),
+                vec!["spec.versionDigests[v2]"],
+                "is not a manifest digest",
+            ),
+            (
+                json!({"v1": "", "v9": "latest"}),
+                vec![
+                    "spec.versionDigests[v1]",
+                    "spec.versionDigests[v9]",
+                    "spec.versionDigests[v9]",
+                ],
+                "\"\" is not a manifest digest",
+            ),
+        ] {
+            let stack = ferrol(json!({"versions": ["v1", "v2"], "versionDigests": pins}));
+            let errors = version_digest_errors(&stack);
+            assert_eq!(fields(&errors), expected_fields, "{pins}");
+            assert!(
+                errors[0].to_string().starts_with(expected_fields[0]),
+                "{errors:?}"
+            );
+            assert!(errors[0].message.contains(expected_text), "{pins}: {errors:?}");
+        }
+    }
+
+    #[test]
+    fn pins_serialise_only_when_set() {
+        let unpinned = ferrol(json!({"versions": ["v1"]}));
+        let spec = serde_json::to_value(&unpinned.spec).unwrap();
+        assert!(spec.get("versionDigests").is_none(), "{spec}");
+        let pinned = ferrol(json!({"versions": ["v1"], "versionDigests": {"v1": DIGEST}}));
+        let spec = serde_json::to_value(&pinned.spec).unwrap();
+        assert_eq!(spec["versionDigests"], json!({"v1": DIGEST}));
     }
 
     /// `spec.kubernetesVersion` as written -> the minor every release name uses.

@@ -448,6 +448,7 @@ mod tests {
                 kubernetes_version: "1.27".into(),
                 channel: Channel::Stable,
                 versions: Vec::new(),
+                version_digests: Default::default(),
                 auto_subscribe: false,
                 no_provider: true,
                 provider_ref: None,

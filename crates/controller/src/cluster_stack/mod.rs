@@ -333,7 +333,10 @@ async fn create_release(
             labels: (!labels.is_empty()).then(|| labels.clone()),
             ..Default::default()
         },
-        spec: cso_api::ClusterStackReleaseSpec { provider_ref },
+        spec: cso_api::ClusterStackReleaseSpec {
+            provider_ref,
+            ..Default::default()
+        },
         status: None,
     };
     match releases.create(&PostParams::default(), &release).await {
