@@ -17,7 +17,9 @@
 //! docs/plans/verified-releases.md); keyless signatures (a certificate in the bundle) are not accepted by key.
 //!
 //! Keys are cosign's `PUBLIC KEY` PEM (SubjectPublicKeyInfo): ECDSA P-256 with SHA-256 (what
-//! `cosign generate-key-pair` makes), ECDSA P-384 with SHA-384, Ed25519, and RSA (PKCS#1 v1.5 or PSS, SHA-256).
+//! `cosign generate-key-pair` makes), ECDSA P-384 (cosign signs with SHA-384; SHA-256 is accepted too) and RSA
+//! (PKCS#1 v1.5 or PSS, SHA-256). Ed25519 keys are refused at start: cosign signs with them as Ed25519ph (the
+//! pre-hashed variant), which cosign itself does not verify with `--key` and ring does not implement.
 //! The checks here are pure: finding the signatures in a registry is [`super::oci`]'s job.
 
 use std::path::Path;
@@ -133,11 +135,20 @@ impl TrustedKey {
         let algorithms: Vec<&'static dyn VerificationAlgorithm> = if *oid == OID_KEY_TYPE_EC_PUBLIC_KEY {
             match curve {
                 Some(c) if c == OID_EC_P256 => vec![&signature::ECDSA_P256_SHA256_ASN1],
-                Some(c) if c == OID_NIST_EC_P384 => vec![&signature::ECDSA_P384_SHA384_ASN1],
+                Some(c) if c == OID_NIST_EC_P384 => {
+                    vec![
+                        &signature::ECDSA_P384_SHA384_ASN1,
+                        &signature::ECDSA_P384_SHA256_ASN1,
+                    ]
+                }
                 other => return Err(error(format!("unsupported elliptic curve {other:?}"))),
             }
         } else if *oid == OID_SIG_ED25519 {
-            vec![&signature::ED25519]
+            return Err(error(
+                "an Ed25519 key: cosign signs with it as Ed25519ph, which cannot be verified here (nor by \
+                 `cosign verify --key`); use an ECDSA P-256 key (`cosign generate-key-pair`)"
+                    .into(),
+            ));
         } else if *oid == OID_PKCS1_RSAENCRYPTION {
             vec![
                 &signature::RSA_PKCS1_2048_8192_SHA256,
@@ -628,19 +639,14 @@ mod tests {
     }
 
     #[test]
-    fn ed25519_keys_verify_too() {
+    fn ed25519_keys_are_refused_with_the_reason() {
         let rng = SystemRandom::new();
         let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
         let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
         let mut spki = hex::decode("302a300506032b6570032100").unwrap();
         spki.extend_from_slice(pair.public_key().as_ref());
-        let key = TrustedKey::from_pem("ed", pem("PUBLIC KEY", &spki).as_bytes()).unwrap();
-        let payload = legacy_payload(DIGEST);
-        let signature = base64::engine::general_purpose::STANDARD.encode(pair.sign(&payload).as_ref());
-        assert!(matches!(
-            check_legacy(&payload, &signature, DIGEST, &[key]),
-            Finding::Verified(_)
-        ));
+        let error = TrustedKey::from_pem("ed", pem("PUBLIC KEY", &spki).as_bytes()).unwrap_err();
+        assert!(error.to_string().contains("Ed25519ph"), "{error}");
     }
 
     #[test]
