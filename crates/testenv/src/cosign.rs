@@ -13,7 +13,8 @@
 //! - [`SignatureLayout::Bundle`] (cosign 3's default): a Sigstore bundle v0.3 (a DSSE envelope around an in-toto
 //!   statement with predicate type `https://sigstore.dev/cosign/sign/v1`) as the one layer of a referrer
 //!   manifest whose `subject` is `D`, listed in the OCI index under the referrers tag schema's tag
-//!   `sha256-<hex>` (every further signature adds an entry).
+//!   `sha256-<hex>` (every further signature adds an entry; the entries are sorted by digest, so the newest is not
+//!   necessarily the last).
 //! - [`SignatureLayout::Legacy`] (`--new-bundle-format=false`): tag `sha256-<hex>.sig`, an image manifest with
 //!   one `application/vnd.dev.cosign.simplesigning.v1+json` layer per signature, each annotated with
 //!   `dev.cosignproject.cosign/signature`.
@@ -439,7 +440,7 @@ pub async fn sign_bundle_in_rust(
 /// Pushes `bundle` (any bytes: tests push broken ones too) as a bundle referrer of `subject` the way cosign 3 does:
 /// the blob and the empty config, a referrer manifest (subject, artifact type, cosign's annotations), and, where
 /// the registry does not answer `GET /v2/<repository>/referrers/<digest>`, an entry for it in the OCI index under
-/// tag `sha256-<hex>` (the referrers tag schema; an index already there keeps its entries).
+/// tag `sha256-<hex>` (the referrers tag schema; an index already there keeps its entries, sorted by digest).
 pub async fn push_bundle(
     registry_host: &str,
     repository: &str,
@@ -491,6 +492,8 @@ pub async fn push_bundle(
                 "artifactType": BUNDLE_MEDIA_TYPE,
             }));
         }
+        // As go-containerregistry keeps the tag schema's index: sorted by digest, not in the order of signing.
+        entries.sort_by(|a, b| a["digest"].as_str().cmp(&b["digest"].as_str()));
         let index = serde_json::to_vec(&index).map_err(|e| Error::Kube(format!("index: {e}")))?;
         registry.put_manifest(&tag, INDEX_MEDIA_TYPE, &index).await?;
     }

@@ -65,6 +65,17 @@ async fn tags(registry: &Registry) -> Vec<String> {
     tags
 }
 
+/// go-containerregistry keeps the tag schema's index sorted by digest: the newest signature is not the last entry.
+fn assert_sorted_by_digest(index: &serde_json::Value) {
+    let digests: Vec<&str> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["digest"].as_str().unwrap())
+        .collect();
+    assert!(digests.is_sorted(), "{digests:?}");
+}
+
 /// `cosign sign` in both layouts: the tags each adds, what is under them, and `cosign verify` with the signer's
 /// key (accepted) and another key (refused), each layout on its own.
 #[tokio::test]
@@ -208,6 +219,7 @@ async fn cosign_signs_a_release_in_both_layouts() {
     assert_eq!(tags(&registry).await.len(), 3);
     let index = json_at(&registry, &bundle_tag).await;
     assert_eq!(index["manifests"].as_array().unwrap().len(), 2);
+    assert_sorted_by_digest(&index);
     cosign
         .verify(&k2.public, &reference, SignatureLayout::Bundle)
         .await
@@ -279,6 +291,7 @@ async fn cosign_accepts_a_bundle_signed_in_rust() {
             .iter()
             .any(|e| e["digest"] == pushed.manifest_digest.as_str())
     );
+    assert_sorted_by_digest(&index);
     for key in [&rust_pub, &other.public] {
         cosign
             .verify(key, &reference, SignatureLayout::Bundle)
