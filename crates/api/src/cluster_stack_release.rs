@@ -30,7 +30,7 @@ pub fn is_manifest_digest(text: &str) -> bool {
 }
 
 /// One release; the object name is the release tag in dash form, e.g. `docker-ferrol-1-27-v1`.
-#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "clusterstack.x-k8s.io",
     version = "v1alpha1",

@@ -28,10 +28,11 @@ pub mod condition {
     /// *New.* On a ClusterAddon: True when every applied object with a health rule runs (Deployments
     /// available, DaemonSets rolled out, Jobs complete, ...; `cso_apply::health`). `status.ready` needs it.
     pub const ADDONS_HEALTHY: &str = "AddonsHealthy";
-    /// *New.* On a ClusterStackRelease: whether the release fetched was what it must be: True when its
-    /// signature verified against a configured key (or, reason `VerificationDisabled`, when no key is
-    /// configured); False when it was refused (unsigned, signed by another key, a bad signature, a pinned tag
-    /// that moved, or the check could not be made).
+    /// *New.* On a ClusterStackRelease (and on a ClusterAddon whose release was refused): whether the release
+    /// is what it must be. True when its signature verified against a configured key (`--verify-key`) and it
+    /// is at its pinned digest (`spec.digest`), whichever of the two applies; False when it was refused
+    /// (unsigned, signed by another key, a bad signature, a pinned tag that moved, or the check could not be
+    /// made). Absent when nothing is checked (no key, no pin).
     pub const RELEASE_VERIFIED: &str = "ReleaseVerified";
 }
 
@@ -97,9 +98,6 @@ pub mod reason {
     pub const TAG_MOVED: &str = "TagMoved";
     /// *New.* `ReleaseVerified` False: the signature could not be checked (the registry failed).
     pub const VERIFICATION_FAILED: &str = "VerificationFailed";
-    /// *New.* `ReleaseVerified` True: no key is configured, so nothing was verified (digests are still
-    /// recorded and pins enforced).
-    pub const VERIFICATION_DISABLED: &str = "VerificationDisabled";
     /// *New.* `ClusterStackReleaseDownloaded` False: the release was refused by verification (`ReleaseVerified`
     /// False says why).
     pub const RELEASE_NOT_VERIFIED: &str = "ReleaseNotVerified";
@@ -119,6 +117,10 @@ pub mod event {
     pub const VALIDATE_HELM_CHART_FAILED: &str = "ValidateHelmChartFailed";
     /// *New.*
     pub const RELEASE_DOWNLOAD_FAILED: &str = "ReleaseDownloadFailed";
+    /// *New.* Normal: a downloaded release's signature verified (the message names digest, signer, layout).
+    pub const RELEASE_VERIFIED: &str = "ReleaseVerified";
+    /// *New.* Warning: a release was refused by verification (`ReleaseVerified` False says why).
+    pub const RELEASE_REFUSED: &str = "ReleaseRefused";
     /// *New.* A chart dependency of a release could not be fetched when the release entered the cache.
     pub const CHART_DEPENDENCY_UNAVAILABLE: &str = "ChartDependencyUnavailable";
     /// *New.*

@@ -115,6 +115,9 @@ pub struct StackSpec {
     /// `spec.versions`, each of `channel`, in the order written.
     pub versions: Vec<Version>,
     pub auto_subscribe: bool,
+    /// `spec.versionDigests` that are well formed ([`version_digest_errors`] names the others): the manifest
+    /// digest each pinned version's release must have.
+    pub pins: std::collections::BTreeMap<Version, String>,
 }
 
 impl StackSpec {
@@ -150,6 +153,12 @@ impl StackSpec {
                 channel: spec.channel,
                 versions,
                 auto_subscribe: spec.auto_subscribe,
+                pins: spec
+                    .version_digests
+                    .iter()
+                    .filter(|(_, digest)| is_manifest_digest(digest))
+                    .filter_map(|(text, digest)| Some((Version::parse_dot(text).ok()?, digest.clone())))
+                    .collect(),
             }),
             _ => Err(errors),
         }
@@ -171,6 +180,11 @@ impl StackSpec {
     /// channel the ClusterStack's channel admits (any version).
     pub fn owns(&self, id: &ReleaseId) -> bool {
         self.stack.owns(self.channel, id)
+    }
+
+    /// The manifest digest release `id` is pinned to, if any.
+    pub fn pin(&self, id: &ReleaseId) -> Option<&str> {
+        self.pins.get(&id.version).map(String::as_str)
     }
 
     /// The release of this stack with `version`.

@@ -9,8 +9,7 @@ use std::{
 };
 
 use cso_api::{
-    ClusterStack, ClusterStackRelease, ClusterStackStatus, ReleaseId,
-    common::ObjectReference,
+    ClusterStack, ClusterStackRelease, ClusterStackReleaseSpec, ClusterStackStatus, ReleaseId,
     conditions::{ConditionsExt, Severity},
     names::{condition, event, reason},
     rules::StackSpec,
@@ -81,8 +80,10 @@ pub(crate) struct Actions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Ensure {
     pub(crate) name: String,
-    /// `Some(reference)` when the release exists, with its `spec.providerRef`.
-    pub(crate) existing: Option<Option<ObjectReference>>,
+    /// The spec of the release when it exists (its `providerRef` and `digest`).
+    pub(crate) existing: Option<ClusterStackReleaseSpec>,
+    /// The manifest digest the release is pinned to (`spec.versionDigests`): its `spec.digest`.
+    pub(crate) pin: Option<String>,
 }
 
 /// Decides the writes for `observed`; `no_provider` is the stack's `spec.noProvider`.
@@ -108,8 +109,9 @@ pub(crate) fn actions(observed: &Observed, no_provider: bool) -> Actions {
                 .releases
                 .iter()
                 .find(|r| r.name_any() == name)
-                .map(|r| r.spec.provider_ref.clone());
-            Ensure { name, existing }
+                .map(|r| r.spec.clone());
+            let pin = observed.spec.pin(id).map(str::to_owned);
+            Ensure { name, existing, pin }
         })
         .collect();
     Actions {
@@ -399,6 +401,7 @@ mod tests {
             channel: Channel::Stable,
             versions: versions.iter().map(|v| Version::parse_dot(v).unwrap()).collect(),
             auto_subscribe,
+            pins: Default::default(),
         }
     }
 
@@ -460,13 +463,17 @@ mod tests {
         stack.get_condition(type_).map(|c| (c.status, c.reason.clone()))
     }
 
+    const PIN: &str = "sha256:0f2d1a7e3bd1bb4d6a3ba3b1b8e3b0c1d0a0e3f4f5a6b7c8d9e0f1a2b3c4d5e6";
+
     #[test]
     fn actions_create_the_missing_update_the_existing_and_delete_the_rest() {
-        let o = observed(
+        let mut o = observed(
             &["v2", "v3"],
             vec![release("v1", false), release("v2", true)],
             SourceListing::NotAsked,
         );
+        // v3 is pinned: the release is made with its digest.
+        o.spec.pins.insert(Version::parse_dot("v3").unwrap(), PIN.into());
         let a = actions(&o, false);
         assert_eq!(
             a.delete,
@@ -478,11 +485,13 @@ mod tests {
             [
                 Ensure {
                     name: "docker-ferrol-1-27-v2".into(),
-                    existing: Some(None)
+                    existing: Some(Default::default()),
+                    pin: None,
                 },
                 Ensure {
                     name: "docker-ferrol-1-27-v3".into(),
-                    existing: None
+                    existing: None,
+                    pin: Some(PIN.into()),
                 },
             ]
         );

@@ -287,17 +287,24 @@ async fn act(stack: &ClusterStack, actions: &Actions, ctx: &Context) -> Done {
         } else {
             None
         };
+        let wanted = cso_api::ClusterStackReleaseSpec {
+            provider_ref,
+            digest: ensure.pin.clone(),
+        };
         let result = match &ensure.existing {
-            Some(current) if *current != provider_ref => releases
+            // A merge patch: `null` removes a pin that was dropped.
+            Some(current) if *current != wanted => releases
                 .patch(
                     name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"providerRef": provider_ref}})),
+                    &Patch::Merge(
+                        json!({"spec": {"providerRef": wanted.provider_ref, "digest": wanted.digest}}),
+                    ),
                 )
                 .await
                 .map(|updated| ctx.written.record(&updated)),
             Some(_) => Ok(()),
-            None => create_release(&releases, name, &owner, &labels, provider_ref.clone(), stack, ctx).await,
+            None => create_release(&releases, name, &owner, &labels, wanted, stack, ctx).await,
         };
         if let Err(e) = result {
             done.not_ensured.push((name.clone(), e.to_string()));
@@ -321,7 +328,7 @@ async fn create_release(
     name: &str,
     owner: &OwnerReference,
     labels: &BTreeMap<String, String>,
-    provider_ref: Option<cso_api::common::ObjectReference>,
+    spec: cso_api::ClusterStackReleaseSpec,
     stack: &ClusterStack,
     ctx: &Context,
 ) -> Result<(), kube::Error> {
@@ -333,10 +340,7 @@ async fn create_release(
             labels: (!labels.is_empty()).then(|| labels.clone()),
             ..Default::default()
         },
-        spec: cso_api::ClusterStackReleaseSpec {
-            provider_ref,
-            ..Default::default()
-        },
+        spec,
         status: None,
     };
     match releases.create(&PostParams::default(), &release).await {

@@ -142,6 +142,7 @@ mod tests {
             channel,
             versions: versions.iter().map(|v| Version::parse_dot(v).unwrap()).collect(),
             auto_subscribe,
+            pins: Default::default(),
         }
     }
 

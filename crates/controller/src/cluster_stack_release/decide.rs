@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use cso_api::{
     ClusterStackRelease, ClusterStackReleaseStatus, ReleaseId,
+    cluster_stack_release::ReleaseProvenance,
     conditions::{ConditionsExt, Severity},
     names::{condition, event, reason},
 };
 use cso_apply::ApplyReport;
-use cso_release::{CacheError, SourceError, deps::FailureKind};
+use cso_release::{CacheError, SourceError, deps::FailureKind, source::Refusal};
 
 use crate::events::{Events, FalseCondition, Kind};
 
@@ -20,6 +21,9 @@ pub(crate) struct Progress {
     /// The release, parsed from the object's name.
     pub(crate) id: Result<ReleaseId, String>,
     pub(crate) deleting: bool,
+    /// Whether the release is checked on its way in: a source that verifies signatures, or a pin
+    /// (`spec.digest`). Then `ReleaseVerified` says how it went.
+    pub(crate) checked: bool,
     pub(crate) files: Files,
     /// Whether the release names a provider object (`spec.providerRef`).
     pub(crate) has_provider: bool,
@@ -37,6 +41,7 @@ impl Progress {
         Progress {
             id,
             deleting,
+            checked: false,
             files: Files::Unknown,
             has_provider,
             provider: None,
@@ -55,10 +60,11 @@ pub(crate) enum Files {
     Unknown,
     /// Not in the cache.
     Missing,
-    /// In the cache; `downloaded_now` when this reconcile fetched them.
+    /// In the cache; `downloaded_now` when this reconcile fetched them; where they came from.
     Ready {
         kubernetes: String,
         downloaded_now: bool,
+        source: ReleaseProvenance,
     },
     /// Cannot be had now.
     Failed { failure: FetchFailure, message: String },
@@ -186,6 +192,16 @@ fn conclude_sync(
                 message,
                 (Kind::Warning, failure.event),
             );
+            // Refused by verification: not downloaded either, for the summary; what was applied stays, and so
+            // does `status.source`, which names what it was applied from.
+            if failure.condition == condition::RELEASE_VERIFIED {
+                release.mark_false(
+                    condition::CLUSTER_STACK_RELEASE_DOWNLOADED,
+                    reason::RELEASE_NOT_VERIFIED,
+                    failure.severity,
+                    "the release was refused (see ReleaseVerified)",
+                );
+            }
             return match failure.retry_after {
                 // Rate limited: come back when the source allows it, not earlier.
                 Some(delay) => Outcome::Requeue(Some(delay)),
@@ -195,12 +211,16 @@ fn conclude_sync(
         Files::Ready {
             kubernetes,
             downloaded_now,
+            source,
         } => {
             if *downloaded_now {
                 release.mark_true(condition::ASSETS_CLIENT_API_AVAILABLE);
             }
             release.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
-            status_of(release).kubernetes_version = kubernetes.clone();
+            record_verification(release, progress.checked, source, *downloaded_now, events);
+            let status = status_of(release);
+            status.kubernetes_version = kubernetes.clone();
+            status.source = Some(source.clone());
         }
     }
     match &progress.provider {
@@ -269,6 +289,33 @@ fn conclude_sync(
     release.mark_true(condition::HELM_CHART_APPLIED);
     status_of(release).ready = true;
     Outcome::Requeue(Some(resync))
+}
+
+/// `ReleaseVerified` for files the cache handed out: they passed every check there is (the cache hands out
+/// nothing else), so True when something was checked, and absent when nothing was. A fresh download with a
+/// verified signature is announced.
+fn record_verification(
+    release: &mut ClusterStackRelease,
+    checked: bool,
+    source: &ReleaseProvenance,
+    downloaded_now: bool,
+    events: &mut Events,
+) {
+    if !checked {
+        release.delete_condition(condition::RELEASE_VERIFIED);
+        return;
+    }
+    release.mark_true(condition::RELEASE_VERIFIED);
+    if downloaded_now && let Some(signer) = &source.signer {
+        events.normal(
+            event::RELEASE_VERIFIED,
+            format!(
+                "manifest {} signed by {signer} ({})",
+                source.digest.as_deref().unwrap_or("?"),
+                source.layout.as_deref().unwrap_or("?")
+            ),
+        );
+    }
 }
 
 fn conclude_deletion(
@@ -355,6 +402,21 @@ impl FetchFailure {
         };
         match error {
             CacheError::Source {
+                error: SourceError::Refused { refusal, .. },
+                ..
+            } => FetchFailure {
+                condition: condition::RELEASE_VERIFIED,
+                reason: refusal.reason(),
+                // The registry failing to answer is worth a retry; the other refusals need a signature or a pin
+                // changed.
+                severity: match refusal {
+                    Refusal::VerificationFailed => Severity::Warning,
+                    _ => Severity::Error,
+                },
+                event: event::RELEASE_REFUSED,
+                retry_after: None,
+            },
+            CacheError::Source {
                 error: SourceError::Config(_),
                 ..
             } => FetchFailure {
@@ -421,6 +483,7 @@ mod tests {
 
     const RESYNC: Duration = Duration::from_secs(300);
     const TAG: &str = "docker-ferrol-1-27-v1";
+    const DIGEST: &str = "sha256:0f2d1a7e3bd1bb4d6a3ba3b1b8e3b0c1d0a0e3f4f5a6b7c8d9e0f1a2b3c4d5e6";
 
     fn release() -> ClusterStackRelease {
         ClusterStackRelease::new(TAG, Default::default())
@@ -434,6 +497,11 @@ mod tests {
         Files::Ready {
             kubernetes: "v1.27.3".into(),
             downloaded_now: false,
+            source: ReleaseProvenance {
+                kind: ReleaseProvenance::OCI.into(),
+                digest: Some(DIGEST.into()),
+                ..Default::default()
+            },
         }
     }
 
@@ -783,6 +851,125 @@ mod tests {
         }
     }
 
+    /// A release refused by verification: `ReleaseVerified` False with the refusal's reason and message (an
+    /// Error, but a Warning when the registry could not be read), `ClusterStackReleaseDownloaded` False
+    /// `ReleaseNotVerified`, event `ReleaseRefused`, retried; `status.source` and `ready` are left as they were
+    /// (what was applied keeps serving). Files that passed: True when something was checked, with an event for
+    /// a signature verified on download; absent when nothing is checked; `status.source` recorded.
+    #[test]
+    fn verification_is_reported_from_what_the_cache_said() {
+        let refused = |refusal: Refusal| CacheError::Source {
+            tag: TAG.into(),
+            source_kind: "oci",
+            error: SourceError::Refused {
+                refusal,
+                digest: DIGEST.into(),
+                message: format!("release refused: manifest {DIGEST} pinned elsewhere"),
+            },
+        };
+        for (refusal, reason, severity) in [
+            (Refusal::Unsigned, reason::UNSIGNED, Severity::Error),
+            (
+                Refusal::SignatureMismatch,
+                reason::SIGNATURE_MISMATCH,
+                Severity::Error,
+            ),
+            (
+                Refusal::InvalidSignature,
+                reason::INVALID_SIGNATURE,
+                Severity::Error,
+            ),
+            (Refusal::TagMoved, reason::TAG_MOVED, Severity::Error),
+            (
+                Refusal::VerificationFailed,
+                reason::VERIFICATION_FAILED,
+                Severity::Warning,
+            ),
+        ] {
+            let error = refused(refusal);
+            let mut p = progress();
+            p.checked = true;
+            p.files = Files::Failed {
+                failure: FetchFailure::of(&error),
+                message: error.to_string(),
+            };
+            let mut r = release();
+            let applied_before = ClusterStackReleaseStatus {
+                ready: true,
+                source: Some(ReleaseProvenance {
+                    kind: "oci".into(),
+                    digest: Some("sha256:old".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            r.status = Some(applied_before.clone());
+            let (events, outcome) = conclude(&p, &mut r, RESYNC);
+            assert!(
+                matches!(outcome, Outcome::Retry(m) if m.contains(DIGEST)),
+                "{refusal:?}"
+            );
+            assert_eq!(events.reasons(), [event::RELEASE_REFUSED]);
+            let verified = r.get_condition(condition::RELEASE_VERIFIED).unwrap();
+            assert_eq!(
+                (verified.status, verified.reason.as_deref(), verified.severity),
+                (ConditionStatus::False, Some(reason), Some(severity))
+            );
+            assert!(verified.message.as_deref().unwrap().contains(DIGEST));
+            assert_eq!(
+                condition_of(&r, condition::CLUSTER_STACK_RELEASE_DOWNLOADED),
+                (ConditionStatus::False, Some(reason::RELEASE_NOT_VERIFIED.into()))
+            );
+            let status = r.status.clone().unwrap();
+            assert_eq!((status.ready, status.source), (true, applied_before.source));
+        }
+
+        let signed = ReleaseProvenance {
+            kind: "oci".into(),
+            digest: Some(DIGEST.into()),
+            verified: true,
+            signer: Some("key:SHA256:abc".into()),
+            layout: Some("bundle-v0.3".into()),
+        };
+        for (checked, downloaded_now, condition_status, events_expected) in [
+            (
+                true,
+                true,
+                Some(ConditionStatus::True),
+                vec![event::RELEASE_VERIFIED],
+            ),
+            (true, false, Some(ConditionStatus::True), vec![]),
+            (false, true, None, vec![]),
+        ] {
+            let mut p = progress();
+            p.checked = checked;
+            p.files = Files::Ready {
+                kubernetes: "v1.27.3".into(),
+                downloaded_now,
+                source: signed.clone(),
+            };
+            let mut r = release();
+            r.mark_false(
+                condition::RELEASE_VERIFIED,
+                reason::UNSIGNED,
+                Severity::Error,
+                "before",
+            );
+            let (events, _) = conclude(&p, &mut r, RESYNC);
+            assert_eq!(
+                r.get_condition(condition::RELEASE_VERIFIED).map(|c| c.status),
+                condition_status,
+                "checked {checked}"
+            );
+            assert_eq!(
+                events.reasons(),
+                events_expected,
+                "checked {checked}, downloaded {downloaded_now}"
+            );
+            assert_eq!(r.status.clone().unwrap().source, Some(signed.clone()));
+        }
+    }
+
     fn dependency(kind: FailureKind) -> CacheError {
         CacheError::Dependency {
             tag: TAG.into(),
@@ -889,9 +1076,15 @@ mod tests {
     #[test]
     fn the_status_follows_what_the_apply_reported() {
         let mut p = progress();
-        p.files = Files::Ready {
-            kubernetes: "v1.27.3".into(),
-            downloaded_now: true,
+        p.files = match ready_files() {
+            Files::Ready {
+                kubernetes, source, ..
+            } => Files::Ready {
+                kubernetes,
+                downloaded_now: true,
+                source,
+            },
+            other => other,
         };
         p.rendered = Some(Ok(1));
         p.applied = Some(report(&["forbidden"]));

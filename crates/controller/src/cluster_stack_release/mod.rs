@@ -80,6 +80,7 @@ async fn reconcile_object(
 
     let id = ReleaseId::parse_tag(&release.name_any()).map_err(|e| e.to_string());
     let mut progress = Progress::new(id, deleting, release.spec.provider_ref.is_some());
+    progress.checked = ctx.releases.source().verifies() || release.spec.digest.is_some();
     let mut driver = Driver {
         ctx: &ctx,
         release: &release,
@@ -112,6 +113,27 @@ async fn reconcile_object(
     }
 }
 
+/// `status.source` from what the cache recorded of a release (nothing but the source's kind for one cached
+/// before records were kept).
+fn provenance_status(
+    recorded: Option<&cso_release::source::Provenance>,
+    source_kind: &str,
+) -> cso_api::cluster_stack_release::ReleaseProvenance {
+    match recorded {
+        Some(recorded) => cso_api::cluster_stack_release::ReleaseProvenance {
+            kind: recorded.kind.clone(),
+            digest: recorded.digest.clone(),
+            verified: recorded.signer.is_some(),
+            signer: recorded.signer.clone(),
+            layout: recorded.layout.clone(),
+        },
+        None => cso_api::cluster_stack_release::ReleaseProvenance {
+            kind: source_kind.to_owned(),
+            ..Default::default()
+        },
+    }
+}
+
 /// Retry after a failed reconcile, with per-object backoff.
 pub fn error_policy(release: Arc<ClusterStackRelease>, error: &Error, ctx: Arc<ReleaseContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(release.as_ref()));
@@ -133,15 +155,20 @@ impl Driver<'_> {
         match step {
             Step::LookInCache | Step::Download => {
                 let id = progress.id.clone().map_err(Error::Internal)?;
+                let pin = self.release.spec.digest.as_deref();
                 let found = match step {
-                    Step::LookInCache => self.ctx.releases.cached(&id),
-                    _ => self.ctx.releases.get(&id).await.map(Some),
+                    Step::LookInCache => self.ctx.releases.cached_pinned(&id, pin),
+                    _ => self.ctx.releases.get_pinned(&id, pin).await.map(Some),
                 };
                 progress.files = match found {
                     Ok(Some(files)) => {
                         let ready = Files::Ready {
                             kubernetes: files.metadata.kubernetes.clone(),
                             downloaded_now: step == Step::Download,
+                            source: provenance_status(
+                                files.provenance.as_ref(),
+                                self.ctx.releases.source().kind(),
+                            ),
                         };
                         self.files = Some(files);
                         ready

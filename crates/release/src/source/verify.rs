@@ -270,9 +270,13 @@ fn decode_base64(what: &str, text: &str) -> Result<Vec<u8>, String> {
 
 /// Checks a Sigstore bundle (the blob of a bundle referrer) as a signature of the manifest `digest`.
 pub fn check_bundle(bundle: &[u8], digest: &str, keys: &[TrustedKey]) -> Finding {
-    match bundle_statement_signatures(bundle, digest) {
+    match signed_statement(bundle, digest) {
         Err(message) => Finding::Invalid(message),
-        Ok((message, signatures, keyless)) => {
+        Ok(SignedStatement {
+            message,
+            signatures,
+            keyless,
+        }) => {
             let found = keys
                 .iter()
                 .find(|key| signatures.iter().any(|sig| key.signed(&message, sig)));
@@ -290,9 +294,17 @@ pub fn check_bundle(bundle: &[u8], digest: &str, keys: &[TrustedKey]) -> Finding
     }
 }
 
-/// The signed message, the signatures over it and whether the bundle is keyless, when the bundle is a
-/// cosign signature of `digest`.
-fn bundle_statement_signatures(bundle: &[u8], digest: &str) -> Result<(Vec<u8>, Vec<Vec<u8>>, bool), String> {
+/// What a bundle's signatures sign.
+struct SignedStatement {
+    /// The DSSE pre-authentication encoding of the statement.
+    message: Vec<u8>,
+    signatures: Vec<Vec<u8>>,
+    /// Signed with a certificate rather than a key.
+    keyless: bool,
+}
+
+/// What the bundle's signatures sign, when the bundle is a cosign signature of `digest`.
+fn signed_statement(bundle: &[u8], digest: &str) -> Result<SignedStatement, String> {
     let hex = sha256_hex(digest).ok_or_else(|| format!("{digest:?} is not a sha256 digest"))?;
     let bundle: Bundle = serde_json::from_slice(bundle).map_err(|e| format!("not a Sigstore bundle: {e}"))?;
     if bundle.media_type != BUNDLE_MEDIA_TYPE
@@ -348,11 +360,11 @@ fn bundle_statement_signatures(bundle: &[u8], digest: &str) -> Result<(Vec<u8>, 
     if signatures.is_empty() {
         return Err("the DSSE envelope has no signature".into());
     }
-    Ok((
-        pre_authentication_encoding(&envelope.payload_type, &payload),
+    Ok(SignedStatement {
+        message: pre_authentication_encoding(&envelope.payload_type, &payload),
         signatures,
         keyless,
-    ))
+    })
 }
 
 #[derive(Deserialize)]
@@ -665,6 +677,113 @@ mod tests {
                 .to_string()
                 .starts_with("verification key /nonexistent/cosign.pub")
         );
+    }
+
+    /// What cosign v3.1.3 itself wrote (crates/release/tests/fixtures/cosign, made by hack/cosign-fixtures.sh).
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cosign")
+            .join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn fixture_key(name: &str) -> TrustedKey {
+        TrustedKey::from_pem(name, &fixture(name)).unwrap()
+    }
+
+    fn fixture_text(name: &str) -> String {
+        String::from_utf8(fixture(name)).unwrap()
+    }
+
+    /// cosign's own signatures verify with the key that made them and no other, for every key type cosign
+    /// makes that can be verified (P-256, P-384 with SHA-384, RSA), in both layouts.
+    #[test]
+    fn cosigns_signatures_verify_with_their_key_only() {
+        let digest = fixture_text("subject-digest.txt");
+        let other = fixture_key("key2.pub");
+        for (key, bundle, legacy_signature) in [
+            ("key1.pub", "bundle.json", "legacy-signature.txt"),
+            ("p384.pub", "p384-bundle.json", "p384-legacy-signature.txt"),
+            ("rsa.pub", "rsa-bundle.json", "rsa-legacy-signature.txt"),
+        ] {
+            let trusted = fixture_key(key);
+            let expected = |layout| {
+                Finding::Verified(Verified {
+                    signer: trusted.id().to_owned(),
+                    layout,
+                })
+            };
+            let bundle = fixture(bundle);
+            let signature = fixture_text(legacy_signature);
+            let payload = fixture("legacy-payload.json");
+            assert_eq!(
+                check_bundle(&bundle, &digest, &[other.clone(), trusted.clone()]),
+                expected(SignatureLayout::Bundle),
+                "{key}"
+            );
+            assert_eq!(
+                check_legacy(&payload, &signature, &digest, &[other.clone(), trusted.clone()]),
+                expected(SignatureLayout::Legacy),
+                "{key}"
+            );
+            assert!(matches!(
+                check_bundle(&bundle, &digest, std::slice::from_ref(&other)),
+                Finding::OtherSigner(_)
+            ));
+            assert!(matches!(
+                check_legacy(&payload, &signature, &digest, std::slice::from_ref(&other)),
+                Finding::OtherSigner(_)
+            ));
+        }
+        assert!(TrustedKey::from_pem("ed25519.pub", &fixture("ed25519.pub")).is_err());
+    }
+
+    /// Any single byte of the signed material changed (every byte of the DSSE payload as decoded, every byte of
+    /// the legacy payload, a bit of each signature) and cosign's signature no longer verifies.
+    #[test]
+    fn no_byte_of_cosigns_signatures_can_change() {
+        let digest = fixture_text("subject-digest.txt");
+        let key = [fixture_key("key1.pub")];
+
+        let bundle: serde_json::Value = serde_json::from_slice(&fixture("bundle.json")).unwrap();
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(bundle["dsseEnvelope"]["payload"].as_str().unwrap())
+            .unwrap();
+        for index in 0..payload.len() {
+            let mut changed = payload.clone();
+            changed[index] ^= 0x01;
+            let mut tampered = bundle.clone();
+            tampered["dsseEnvelope"]["payload"] =
+                base64::engine::general_purpose::STANDARD.encode(&changed).into();
+            let finding = check_bundle(&serde_json::to_vec(&tampered).unwrap(), &digest, &key);
+            assert!(!matches!(finding, Finding::Verified(_)), "payload byte {index}");
+        }
+        let signature = base64::engine::general_purpose::STANDARD
+            .decode(bundle["dsseEnvelope"]["signatures"][0]["sig"].as_str().unwrap())
+            .unwrap();
+        for index in 0..signature.len() {
+            let mut changed = signature.clone();
+            changed[index] ^= 0x01;
+            let mut tampered = bundle.clone();
+            tampered["dsseEnvelope"]["signatures"][0]["sig"] =
+                base64::engine::general_purpose::STANDARD.encode(&changed).into();
+            let finding = check_bundle(&serde_json::to_vec(&tampered).unwrap(), &digest, &key);
+            assert!(!matches!(finding, Finding::Verified(_)), "signature byte {index}");
+        }
+
+        let payload = fixture("legacy-payload.json");
+        let signature = fixture_text("legacy-signature.txt");
+        for index in 0..payload.len() {
+            let mut changed = payload.clone();
+            changed[index] ^= 0x01;
+            assert!(
+                !matches!(
+                    check_legacy(&changed, &signature, &digest, &key),
+                    Finding::Verified(_)
+                ),
+                "legacy payload byte {index}"
+            );
+        }
     }
 
     #[test]
