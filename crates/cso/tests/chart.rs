@@ -9,7 +9,11 @@
 
 mod support;
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
@@ -145,7 +149,38 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         "--set",
         "priorityClassName=system-cluster-critical",
     ];
+    let key = Path::new(env!("CARGO_MANIFEST_DIR")).join("../release/tests/fixtures/cosign/key1.pub");
+    let key_option = format!("verifyKeys[0]={}", key.display());
+    let options: Vec<&str> = options
+        .into_iter()
+        .chain(["--set-file", key_option.as_str()])
+        .collect();
     let objects = render(&ns, &options);
+    // A verification key: in a ConfigMap, mounted, and named by --verify-key.
+    let keys = of_kind(&objects, "ConfigMap")
+        .into_iter()
+        .find(|c| c.metadata.name.as_deref() == Some("cso-verify-keys"))
+        .expect("the ConfigMap of the verification keys");
+    assert_eq!(
+        keys.data["data"]["key-0.pub"].as_str(),
+        Some(std::fs::read_to_string(&key).unwrap().as_str())
+    );
+    let deployment = serde_json::to_value(of_kind(&objects, "Deployment")[0]).unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .contains(&"--verify-key=/etc/cso/verify-keys/key-0.pub".into()),
+        "{container}"
+    );
+    assert!(
+        container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/etc/cso/verify-keys")
+    );
     let (monitors, rest): (Vec<DynamicObject>, Vec<DynamicObject>) = objects
         .into_iter()
         .partition(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceMonitor"));
