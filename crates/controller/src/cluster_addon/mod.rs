@@ -311,7 +311,8 @@ impl Driver<'_> {
                 let ClusterState::Uses(id) = &progress.cluster else {
                     return Err(Error::Internal("fetch before the Cluster was read".into()));
                 };
-                progress.release = match self.ctx.releases.get(id).await {
+                let pin = self.release_pin(id).await?;
+                progress.release = match self.ctx.releases.get_pinned(id, pin.as_deref()).await {
                     Ok(release) => {
                         let state = ReleaseState::Ready {
                             addon_version: release.metadata.cluster_addon.to_dash(),
@@ -406,6 +407,27 @@ impl Driver<'_> {
             Step::RunStages(_) | Step::Conclude => {}
         }
         Ok(())
+    }
+
+    /// The manifest digest the Cluster's release is pinned to: its ClusterStackRelease's `spec.digest` (its
+    /// ClusterStack's pin). Fetched with it, addons are never rendered from a release that its
+    /// ClusterStackRelease refuses (a restarted operator with an empty cache would otherwise download the
+    /// moved tag here).
+    async fn release_pin(&self, id: &cso_api::ReleaseId) -> Result<Option<String>, Error> {
+        let Some((_, namespace)) = self.cluster.as_ref().and_then(Cluster::stack_release) else {
+            return Ok(None);
+        };
+        let name = id.tag();
+        Ok(match self.ctx.stores().and_then(|s| s.releases()) {
+            Some(store) => store
+                .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace))
+                .and_then(|release| release.spec.digest.clone()),
+            None => Api::<cso_api::ClusterStackRelease>::namespaced(self.ctx.client.clone(), &namespace)
+                .get_opt(&name)
+                .await
+                .map_err(|e| Error::kube(format!("read ClusterStackRelease {name}"), e))?
+                .and_then(|release| release.spec.digest),
+        })
     }
 
     fn parts(&self) -> Result<(&Cluster, &WorkloadCluster, &Release), Error> {
