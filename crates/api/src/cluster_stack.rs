@@ -106,13 +106,6 @@ fn default_true() -> bool {
     true
 }
 
-impl ClusterStackSpec {
-    /// The manifest digest `version` (as written in `versions`, e.g. `v2`) is pinned to, if any.
-    pub fn pinned_digest(&self, version: &str) -> Option<&str> {
-        self.version_digests.get(version).map(String::as_str)
-    }
-}
-
 /// What the operator last observed of a ClusterStack.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -146,6 +146,14 @@ impl ReleaseProvenance {
     pub const BUNDLE_V0_3: &str = "bundle-v0.3";
     /// `layout` of a legacy cosign signature (the `sha256-<hex>.sig` tag).
     pub const LEGACY_SIG: &str = "legacy-sig";
+
+    /// A release with nothing known of it but the kind of its source.
+    pub fn of_kind(kind: &str) -> Self {
+        ReleaseProvenance {
+            kind: kind.to_owned(),
+            ..Default::default()
+        }
+    }
 }
 
 /// How many Clusters are on a release (their ClusterAddons' `spec.clusterStack` names it) and how they are

@@ -32,6 +32,13 @@ use crate::{
 /// The cache directory below the release directory.
 pub const CLUSTER_STACKS_DIR: &str = "cluster-stacks";
 const DOWNLOAD_PREFIX: &str = ".download-";
+/// Releases fetched at a pin while their tag's directory holds another digest in use.
+const PINNED_DIR: &str = ".pinned";
+
+/// The manifest digest a cached release was fetched at, if recorded.
+fn digest_of(release: &Release) -> Option<&str> {
+    release.provenance.as_ref().and_then(|p| p.digest.as_deref())
+}
 
 /// Why a release could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -229,47 +236,81 @@ impl ReleaseCache {
         self.download(id, pin).await
     }
 
-    /// [`Self::cached`], and at manifest digest `pin` if one is given.
+    /// [`Self::cached`], and at manifest digest `pin` if one is given: the release at
+    /// `<release-dir>/cluster-stacks/<tag>` if it is at the pin, else one kept at the pin beside it (see
+    /// [`Self::pinned_path`]).
     pub fn cached_pinned(
         &self,
         id: &ReleaseId,
         pin: Option<&str>,
     ) -> Result<Option<Arc<Release>>, CacheError> {
-        Ok(self.cached(id)?.filter(|release| {
-            let at_pin = pin.is_none_or(|pin| {
-                release.provenance.as_ref().and_then(|p| p.digest.as_deref()) == Some(pin)
-            });
-            if !at_pin {
-                tracing::info!(tag = %id.tag(), ?pin, "cached at another digest than pinned: fetching it again");
-            }
-            at_pin
-        }))
+        let main = self.cached(id)?;
+        let Some(pin) = pin else { return Ok(main) };
+        if main
+            .as_ref()
+            .is_some_and(|release| digest_of(release) == Some(pin))
+        {
+            return Ok(main);
+        }
+        Ok(self
+            .load(&self.pinned_path(id, pin), id)?
+            .filter(|release| digest_of(release) == Some(pin) && self.accepted(release)))
+    }
+
+    /// Where a release fetched at `digest` is kept when its tag's directory holds another digest that is
+    /// still in use (namespaces may pin one tag to different digests): `cluster-stacks/.pinned/<tag>@<hex>`,
+    /// hidden from the Go operator's layout.
+    fn pinned_path(&self, id: &ReleaseId, digest: &str) -> PathBuf {
+        let hex = digest.rsplit(':').next().unwrap_or(digest);
+        self.root.join(PINNED_DIR).join(format!("{}@{hex}", id.tag()))
     }
 
     /// The release if it is in the cache, without downloading. Loaded and verified (metadata, addon config,
     /// archives read through) at its first use in this process and again only when its files change; a
     /// release that fails is refused, every time, with the file and the reason. Blocking on first use: the
     /// archives are decompressed (real releases are a few MiB; the limits bound a hostile one, and a refusal
-    /// is remembered, so a bomb is read once).
+    /// is remembered, so a bomb is read once). A release the source does not accept now (cached without a
+    /// signature by a trusted key) counts as not cached; that is decided at each call, from what the first
+    /// load found, so its archives are not read again while a fetch keeps being refused.
     pub fn cached(&self, id: &ReleaseId) -> Result<Option<Arc<Release>>, CacheError> {
+        let found = self.load(&self.path(id), id)?;
+        Ok(found.filter(|release| {
+            let accepted = self.accepted(release);
+            if !accepted {
+                tracing::debug!(tag = %id.tag(), provenance = ?release.provenance, "cached without a signature trusted now: not used");
+            }
+            accepted
+        }))
+    }
+
+    fn accepted(&self, release: &Release) -> bool {
+        self.source.accepts(release.provenance.as_ref())
+    }
+
+    /// The release in `dir` (its tag's directory or a pinned one), loaded and checked once per fingerprint.
+    fn load(&self, dir: &Path, id: &ReleaseId) -> Result<Option<Arc<Release>>, CacheError> {
         let tag = id.tag();
-        let dir = self.path(id);
+        let key = dir
+            .strip_prefix(&self.root)
+            .unwrap_or(dir)
+            .to_string_lossy()
+            .into_owned();
         let forget = || {
-            self.loaded.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag);
+            self.loaded.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         };
         if !dir.is_dir() {
             forget();
             return Ok(None);
         }
-        let fingerprint = fingerprint(&dir).map_err(|source| CacheError::Io {
-            path: dir.clone(),
+        let fingerprint = fingerprint(dir).map_err(|source| CacheError::Io {
+            path: dir.to_path_buf(),
             source,
         })?;
         let refused = |error| CacheError::Release {
             tag: tag.clone(),
             error,
         };
-        if let Some(checked) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&tag)
+        if let Some(checked) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
             && checked.fingerprint == fingerprint
         {
             return match &checked.outcome {
@@ -277,13 +318,13 @@ impl ReleaseCache {
                 Err(error) => Err(refused(replay(error))),
             };
         }
-        let outcome = Release::load(&dir, id).and_then(|release| {
+        let outcome = Release::load(dir, id).and_then(|release| {
             release.verify_archives(self.limits)?;
             Ok(Arc::new(release))
         });
         match &outcome {
-            Ok(_) => tracing::info!(%tag, "release verified"),
-            Err(error) => tracing::warn!(%tag, %error, "release refused"),
+            Ok(_) => tracing::info!(%tag, dir = %key, "release verified"),
+            Err(error) => tracing::warn!(%tag, dir = %key, %error, "release refused"),
         }
         match outcome {
             // Cached by a version of cso that did not resolve dependencies: it cannot render offline, so it
@@ -293,19 +334,13 @@ impl ReleaseCache {
                 forget();
                 Ok(None)
             }
-            // Not verified as the source verifies now: fetched again (and verified) as if not cached.
-            Ok(release) if !self.source.accepts(release.provenance.as_ref()) => {
-                tracing::info!(%tag, provenance = ?release.provenance, "cached without a signature trusted now: fetching it again");
-                forget();
-                Ok(None)
-            }
             Ok(release) => {
-                self.remember(&tag, fingerprint, Ok(release.clone()));
+                self.remember(&key, fingerprint, Ok(release.clone()));
                 Ok(Some(release))
             }
             Err(error) if is_about_the_files(&error) => {
                 let copy = replay(&error);
-                self.remember(&tag, fingerprint, Err(error));
+                self.remember(&key, fingerprint, Err(error));
                 Err(refused(copy))
             }
             Err(error) => {
@@ -357,12 +392,10 @@ impl ReleaseCache {
                     source_kind: self.source.kind(),
                     error,
                 })?;
-        provenance
-            .write(staging.path())
-            .map_err(|source| CacheError::Io {
-                path: staging.path().to_path_buf(),
-                source,
-            })?;
+        crate::source::write_provenance(staging.path(), &provenance).map_err(|source| CacheError::Io {
+            path: staging.path().to_path_buf(),
+            source,
+        })?;
 
         let staged = staging.path().to_path_buf();
         let (limits, staged_id) = (self.limits, id.clone());
@@ -395,7 +428,22 @@ impl ReleaseCache {
             );
         }
 
-        let target = self.path(id);
+        // The tag's directory, unless it holds another digest that is still good for its users: then the
+        // release fetched at a pin is kept beside it.
+        let main = self.path(id);
+        let target = match (pin, &provenance.digest) {
+            (Some(_), Some(fetched))
+                if self.load(&main, id).ok().flatten().is_some_and(|cached| {
+                    self.accepted(&cached) && digest_of(&cached) != Some(fetched.as_str())
+                }) =>
+            {
+                let pinned = self.pinned_path(id, fetched);
+                let parent = self.root.join(PINNED_DIR);
+                std::fs::create_dir_all(&parent).map_err(|source| CacheError::Io { path: parent, source })?;
+                pinned
+            }
+            _ => main,
+        };
         // A release cached without its dependencies is replaced: moved aside under the prefix that the next
         // start removes, so a crash between the two renames leaves no half state behind, only a retry.
         let replaced = if target.is_dir() {
@@ -438,7 +486,12 @@ impl ReleaseCache {
             tag: tag.clone(),
             error,
         })?);
-        self.remember(&tag, fingerprint, Ok(release.clone()));
+        let key = target
+            .strip_prefix(&self.root)
+            .unwrap_or(&target)
+            .to_string_lossy()
+            .into_owned();
+        self.remember(&key, fingerprint, Ok(release.clone()));
         Ok(release)
     }
 

@@ -93,7 +93,7 @@ impl Release {
             addons,
             cluster_class_chart,
             cluster_addon_archive,
-            provenance: crate::source::Provenance::read(dir),
+            provenance: crate::source::read_provenance(dir),
         })
     }
 

@@ -339,9 +339,28 @@ async fn a_pinned_tag_that_moved_is_refused_and_the_cached_release_keeps_serving
     // The cache that holds the pinned release keeps serving it.
     let release = cache.get_pinned(&id(TAG), Some(&pinned)).await.unwrap();
     assert_eq!(release.provenance.clone().unwrap().digest, Some(pinned.clone()));
-    // Pinned to the new digest instead: fetched again and replaced.
+    // Pinned to the new digest as well (another namespace, or a new pin): fetched and kept beside the
+    // first, which stays what the tag's directory holds; both pins are served, from disk, by a new process too.
     let release = cache.get_pinned(&id(TAG), Some(&moved)).await.unwrap();
-    assert_eq!(release.provenance.clone().unwrap().digest, Some(moved));
+    assert_eq!(release.provenance.clone().unwrap().digest, Some(moved.clone()));
+    let again = signing.cache(serving.path());
+    for (pin, digest) in [
+        (Some(pinned.as_str()), &pinned),
+        (Some(moved.as_str()), &moved),
+        (None, &pinned),
+    ] {
+        let release = again.cached_pinned(&id(TAG), pin).unwrap().expect("cached");
+        assert_eq!(
+            release.provenance.clone().unwrap().digest.as_ref(),
+            Some(digest),
+            "{pin:?}"
+        );
+    }
+    assert_eq!(
+        again.cached_tags(),
+        [TAG],
+        "the kept pin is no release of its own"
+    );
 }
 
 #[tokio::test]

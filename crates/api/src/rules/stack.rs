@@ -380,12 +380,10 @@ mod tests {
     fn pins_name_listed_versions_and_manifest_digests() {
         let pinned = ferrol(json!({"versions": ["v1", "v2"], "versionDigests": {"v2": DIGEST}}));
         assert!(version_digest_errors(&pinned).is_empty());
-        assert_eq!(pinned.spec.pinned_digest("v2"), Some(DIGEST));
-        assert_eq!(pinned.spec.pinned_digest("v1"), None);
-        assert!(
-            StackSpec::validate(&pinned).is_ok(),
-            "pins do not change what the spec means"
-        );
+        let spec = StackSpec::validate(&pinned).expect("pins do not change what the spec means");
+        let release = |v: &str| spec.release(&Version::parse_dot(v).unwrap()).unwrap();
+        assert_eq!(spec.pin(&release("v2")), Some(DIGEST));
+        assert_eq!(spec.pin(&release("v1")), None);
 
         let custom = ferrol(json!({"channel": "custom", "versions": ["v0-sha.hipstsw"],
                                    "versionDigests": {"v0-sha.hipstsw": DIGEST}}));

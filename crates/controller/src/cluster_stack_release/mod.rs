@@ -13,8 +13,10 @@ pub(crate) mod decide;
 use std::sync::Arc;
 
 use cso_api::{
-    ClusterStackRelease, ReleaseId, cluster_stack_release::CLUSTER_STACK_RELEASE_FINALIZER,
-    common::ObjectReference, conditions::ConditionsExt,
+    ClusterStackRelease, ReleaseId,
+    cluster_stack_release::{CLUSTER_STACK_RELEASE_FINALIZER, ReleaseProvenance},
+    common::ObjectReference,
+    conditions::ConditionsExt,
 };
 use cso_apply::discovery::ApiRef;
 use cso_release::Release;
@@ -113,27 +115,6 @@ async fn reconcile_object(
     }
 }
 
-/// `status.source` from what the cache recorded of a release (nothing but the source's kind for one cached
-/// before records were kept).
-fn provenance_status(
-    recorded: Option<&cso_release::source::Provenance>,
-    source_kind: &str,
-) -> cso_api::cluster_stack_release::ReleaseProvenance {
-    match recorded {
-        Some(recorded) => cso_api::cluster_stack_release::ReleaseProvenance {
-            kind: recorded.kind.clone(),
-            digest: recorded.digest.clone(),
-            verified: recorded.signer.is_some(),
-            signer: recorded.signer.clone(),
-            layout: recorded.layout.clone(),
-        },
-        None => cso_api::cluster_stack_release::ReleaseProvenance {
-            kind: source_kind.to_owned(),
-            ..Default::default()
-        },
-    }
-}
-
 /// Retry after a failed reconcile, with per-object backoff.
 pub fn error_policy(release: Arc<ClusterStackRelease>, error: &Error, ctx: Arc<ReleaseContext>) -> Action {
     let delay = ctx.retry_delay(&object_key(release.as_ref()));
@@ -165,10 +146,10 @@ impl Driver<'_> {
                         let ready = Files::Ready {
                             kubernetes: files.metadata.kubernetes.clone(),
                             downloaded_now: step == Step::Download,
-                            source: provenance_status(
-                                files.provenance.as_ref(),
-                                self.ctx.releases.source().kind(),
-                            ),
+                            // Cached before records were kept: nothing known but the kind of source.
+                            source: files.provenance.clone().unwrap_or_else(|| {
+                                ReleaseProvenance::of_kind(self.ctx.releases.source().kind())
+                            }),
                         };
                         self.files = Some(files);
                         ready

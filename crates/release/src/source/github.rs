@@ -370,7 +370,7 @@ impl ReleaseSource for GithubSource {
             for asset in &release.assets {
                 self.download_asset(asset, dest).await?;
             }
-            Ok(Provenance::of_kind("github"))
+            Ok(Provenance::of_kind(Provenance::GITHUB))
         })
     }
 }

@@ -209,51 +209,27 @@ impl SourceError {
     }
 }
 
-/// Where the files of a cached release came from, recorded beside them ([`PROVENANCE_FILE`]) and shown in
-/// the ClusterStackRelease's `status.source`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Provenance {
-    /// `oci`, `github` or `local`.
-    pub kind: String,
-    /// OCI: the digest of the manifest the files were pulled from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// The trusted key that signed that manifest ([`verify::TrustedKey::id`]), when signatures are checked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signer: Option<String>,
-    /// Where the signature was: `bundle-v0.3` or `legacy-sig` ([`verify::SignatureLayout::as_str`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub layout: Option<String>,
-}
+/// Where the files of a cached release came from (the same record as the ClusterStackRelease's
+/// `status.source`), kept beside them in [`PROVENANCE_FILE`].
+pub use cso_api::cluster_stack_release::ReleaseProvenance as Provenance;
 
 /// The file in a release directory that holds its [`Provenance`] (hidden: the Go operator's layout is the
 /// other files, and it ignores this one).
 pub const PROVENANCE_FILE: &str = ".cso-provenance.json";
 
-impl Provenance {
-    /// A release with nothing known of it but the kind of its source.
-    pub fn of_kind(kind: &str) -> Self {
-        Provenance {
-            kind: kind.to_owned(),
-            ..Default::default()
-        }
-    }
+/// What `dir` records, if anything readable (an unreadable record counts as none: the release is then
+/// treated as one cached before records were kept).
+pub fn read_provenance(dir: &std::path::Path) -> Option<Provenance> {
+    let text = std::fs::read(dir.join(PROVENANCE_FILE)).ok()?;
+    serde_json::from_slice(&text)
+        .inspect_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "unreadable provenance record"))
+        .ok()
+}
 
-    /// What `dir` records, if anything readable (an unreadable record counts as none: the release is then
-    /// treated as one cached before records were kept).
-    pub fn read(dir: &std::path::Path) -> Option<Self> {
-        let text = std::fs::read(dir.join(PROVENANCE_FILE)).ok()?;
-        serde_json::from_slice(&text)
-            .inspect_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "unreadable provenance record"))
-            .ok()
-    }
-
-    /// Records it in `dir`.
-    pub fn write(&self, dir: &std::path::Path) -> std::io::Result<()> {
-        let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(dir.join(PROVENANCE_FILE), text)
-    }
+/// Records `provenance` in `dir`.
+pub fn write_provenance(dir: &std::path::Path, provenance: &Provenance) -> std::io::Result<()> {
+    let text = serde_json::to_vec_pretty(provenance).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(PROVENANCE_FILE), text)
 }
 
 /// Why a release was refused, as the `ReleaseVerified` condition and the verification metric say it.
@@ -274,12 +250,13 @@ pub enum Refusal {
 impl Refusal {
     /// The condition reason.
     pub fn reason(self) -> &'static str {
+        use cso_api::names::reason;
         match self {
-            Refusal::Unsigned => "Unsigned",
-            Refusal::SignatureMismatch => "SignatureMismatch",
-            Refusal::InvalidSignature => "InvalidSignature",
-            Refusal::TagMoved => "TagMoved",
-            Refusal::VerificationFailed => "VerificationFailed",
+            Refusal::Unsigned => reason::UNSIGNED,
+            Refusal::SignatureMismatch => reason::SIGNATURE_MISMATCH,
+            Refusal::InvalidSignature => reason::INVALID_SIGNATURE,
+            Refusal::TagMoved => reason::TAG_MOVED,
+            Refusal::VerificationFailed => reason::VERIFICATION_FAILED,
         }
     }
 

@@ -28,7 +28,10 @@ use oci_client::{
     Client, Reference,
     client::{ClientConfig, ClientProtocol},
     errors::OciErrorCode,
-    manifest::{IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest},
+    manifest::{
+        IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor,
+        OciImageManifest,
+    },
     secrets::RegistryAuth,
 };
 use reqwest::{StatusCode, Url, header};
@@ -156,6 +159,10 @@ impl OciSource {
         };
         let client = Client::new(ClientConfig {
             protocol,
+            // A registry that stops sending is given up on (and retried) rather than waited for until the
+            // reconcile timeout; a read is one chunk, so large layers are not cut short.
+            read_timeout: Some(Duration::from_secs(60)),
+            connect_timeout: Some(Duration::from_secs(10)),
             ..Default::default()
         });
         let http = reqwest::Client::builder()
@@ -324,6 +331,7 @@ impl ReleaseSource for OciSource {
     fn accepts(&self, provenance: Option<&Provenance>) -> bool {
         self.keys.is_empty()
             || provenance
+                .filter(|p| p.verified)
                 .and_then(|p| p.signer.as_deref())
                 .is_some_and(|signer| self.keys.iter().any(|key| key.id() == signer))
     }
@@ -373,8 +381,9 @@ impl ReleaseSource for OciSource {
                 tracing::info!(%tag, %digest, signer = %verified.signer, layout = verified.layout.as_str(), "release signature verified");
             }
             Ok(Provenance {
-                kind: "oci".into(),
+                kind: Provenance::OCI.into(),
                 digest: Some(digest),
+                verified: verified.is_some(),
                 signer: verified.as_ref().map(|v| v.signer.clone()),
                 layout: verified.map(|v| v.layout.as_str().to_owned()),
             })
@@ -431,43 +440,57 @@ impl OciSource {
     }
 
     /// Finds the cosign signatures of manifest `digest` in both layouts and weighs them
-    /// ([`verify::verdict`]): a signature by a trusted key, or the refusal that names what was found.
+    /// ([`verify::verdict`]): the first signature by a trusted key ends the search. A signature document
+    /// that cannot be read (the registry failed) does not stop the others from being tried; only when none
+    /// verified does it make the refusal `VerificationFailed` (worth a retry) instead of a verdict on what was
+    /// read. A referrer listed but gone (a stale tag-schema entry) counts as an invalid signature.
     async fn verify(&self, reference: &Reference, digest: &str) -> Result<Verified, SourceError> {
         let subject = reference.clone_with_digest(digest.to_owned());
-        let failed = |what: &str, error: SourceError| SourceError::Refused {
-            refusal: Refusal::VerificationFailed,
-            digest: digest.to_owned(),
-            message: format!("could not read the {what} of {}: {error}", subject.whole()),
+        let mut findings: Vec<(String, Finding)> = Vec::new();
+        let mut unreadable: Vec<String> = Vec::new();
+        let verified = |findings: &[(String, Finding)]| {
+            findings.iter().find_map(|(_, finding)| match finding {
+                Finding::Verified(verified) => Some(verified.clone()),
+                _ => None,
+            })
         };
-        let mut findings = Vec::new();
 
-        let referrers = self
-            .client
-            .pull_referrers(&subject, Some(verify::BUNDLE_MEDIA_TYPE))
-            .await
-            .map_err(|e| failed("signature referrers", self.error(&subject, e)))?;
-        for entry in referrers.manifests.iter().take(MAX_SIGNATURES) {
-            let place = format!("bundle {}", entry.digest);
-            let bundle_manifest = reference.clone_with_digest(entry.digest.clone());
-            let finding = match self
-                .client
-                .pull_image_manifest(&bundle_manifest, &self.config.auth)
-                .await
-            {
-                Ok((manifest, _)) => match manifest
-                    .layers
-                    .iter()
-                    .find(|layer| layer.media_type == verify::BUNDLE_MEDIA_TYPE)
-                {
-                    Some(layer) => match self.signature_blob(reference, layer).await {
-                        Ok(bundle) => verify::check_bundle(&bundle, digest, &self.keys),
-                        Err(message) => Finding::Invalid(message),
-                    },
-                    None => Finding::Invalid("the referrer holds no bundle layer".into()),
-                },
-                Err(e) => return Err(failed("signature bundle", self.error(&bundle_manifest, e))),
-            };
-            findings.push((place, finding));
+        match self.bundle_referrers(&subject).await {
+            Err(error) => unreadable.push(format!("bundle referrers: {error}")),
+            Ok(entries) => {
+                for entry in entries {
+                    let place = format!("bundle {entry}");
+                    let bundle_manifest = reference.clone_with_digest(entry);
+                    match self
+                        .client
+                        .pull_image_manifest(&bundle_manifest, &self.config.auth)
+                        .await
+                    {
+                        Ok((manifest, _)) => {
+                            let finding = match manifest
+                                .layers
+                                .iter()
+                                .find(|layer| layer.media_type == verify::BUNDLE_MEDIA_TYPE)
+                            {
+                                Some(layer) => match self.signature_blob(reference, layer).await {
+                                    Ok(bundle) => verify::check_bundle(&bundle, digest, &self.keys),
+                                    Err(message) => Finding::Invalid(message),
+                                },
+                                None => Finding::Invalid("the referrer holds no bundle layer".into()),
+                            };
+                            findings.push((place, finding));
+                        }
+                        Err(e) => match self.error(&bundle_manifest, e) {
+                            SourceError::NotFound { .. } => findings
+                                .push((place, Finding::Invalid("listed, but not in the registry".into()))),
+                            other => unreadable.push(format!("{place}: {other}")),
+                        },
+                    }
+                    if let Some(verified) = verified(&findings) {
+                        return Ok(verified);
+                    }
+                }
+            }
         }
 
         let legacy_tag = format!("{}.sig", digest.replace(':', "-"));
@@ -495,11 +518,14 @@ impl OciSource {
                         }
                     };
                     findings.push((place, finding));
+                    if let Some(verified) = verified(&findings) {
+                        return Ok(verified);
+                    }
                 }
             }
             Err(e) => match self.error(&legacy, e) {
                 SourceError::NotFound { .. } => {}
-                other => return Err(failed("legacy signature", other)),
+                other => unreadable.push(format!("{legacy_tag}: {other}")),
             },
         }
 
@@ -508,6 +534,21 @@ impl OciSource {
             digest: digest.to_owned(),
             message: format!("{} (manifest {digest}): {found}", reference.whole()),
         };
+        if !unreadable.is_empty() {
+            let mut what = unreadable;
+            what.extend(
+                findings
+                    .into_iter()
+                    .map(|(place, finding)| format!("{place}: {finding}")),
+            );
+            return Err(refused(
+                Refusal::VerificationFailed,
+                format!(
+                    "no signature verified, and some could not be read: {}",
+                    what.join("; ")
+                ),
+            ));
+        }
         match verify::verdict(findings) {
             Verdict::Verified(verified) => Ok(verified),
             Verdict::Unsigned => Err(refused(
@@ -523,6 +564,43 @@ impl OciSource {
             )),
             Verdict::InvalidSignature(found) => Err(refused(Refusal::InvalidSignature, found)),
         }
+    }
+
+    /// The manifest digests of the bundle referrers of `subject`, at most [`MAX_SIGNATURES`]: from the
+    /// registry's referrers API, else from the referrers tag schema (`sha256-<hex>`). Entries of other
+    /// artifact types are dropped before counting (a registry may ignore the filter asked for). oci-client
+    /// reads a tag-schema tag that cannot be had as "no referrers", whatever the reason: an empty answer is
+    /// therefore checked by asking for the tag once more, so that a registry that refuses (401, 403, 429) is
+    /// a failure to verify, not an unsigned release.
+    async fn bundle_referrers(&self, subject: &Reference) -> Result<Vec<String>, SourceError> {
+        let index = self
+            .client
+            .pull_referrers(subject, Some(verify::BUNDLE_MEDIA_TYPE))
+            .await
+            .map_err(|e| self.error(subject, e))?;
+        let entries: Vec<String> = index
+            .manifests
+            .into_iter()
+            .filter(|entry| entry.artifact_type.as_deref() == Some(verify::BUNDLE_MEDIA_TYPE))
+            .take(MAX_SIGNATURES)
+            .map(|entry| entry.digest)
+            .collect();
+        if entries.is_empty() {
+            let digest = subject.digest().unwrap_or_default();
+            let tag_schema = self.reference(Some(&digest.replace(':', "-")))?;
+            match self
+                .client
+                .pull_manifest_raw(&tag_schema, &self.config.auth, &[OCI_IMAGE_INDEX_MEDIA_TYPE])
+                .await
+            {
+                Ok(_) => {}
+                Err(e) => match self.error(&tag_schema, e) {
+                    SourceError::NotFound { .. } => {}
+                    other => return Err(other),
+                },
+            }
+        }
+        Ok(entries)
     }
 
     /// A signature document, read up to [`MAX_SIGNATURE_BYTES`] (and checked against its digest).

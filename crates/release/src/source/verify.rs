@@ -63,9 +63,10 @@ pub enum SignatureLayout {
 impl SignatureLayout {
     /// As the status and the metric name it: `bundle-v0.3` or `legacy-sig`.
     pub fn as_str(self) -> &'static str {
+        use cso_api::cluster_stack_release::ReleaseProvenance;
         match self {
-            SignatureLayout::Bundle => "bundle-v0.3",
-            SignatureLayout::Legacy => "legacy-sig",
+            SignatureLayout::Bundle => ReleaseProvenance::BUNDLE_V0_3,
+            SignatureLayout::Legacy => ReleaseProvenance::LEGACY_SIG,
         }
     }
 }
@@ -201,6 +202,15 @@ pub enum Finding {
     OtherSigner(String),
     /// Malformed, about another digest, or of another kind: the message says which.
     Invalid(String),
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Finding::Verified(verified) => write!(f, "verified, signed by {}", verified.signer),
+            Finding::OtherSigner(message) | Finding::Invalid(message) => f.write_str(message),
+        }
+    }
 }
 
 #[derive(Deserialize)]
