@@ -109,7 +109,8 @@ struct VerificationLabels {
     source: String,
     /// `bundle-v0.3` or `legacy-sig` for a verified release; empty for a refused one.
     layout: String,
-    /// `verified`, or the refusal: `unsigned`, `signature_mismatch`, `invalid_signature`, `tag_moved`, `error`.
+    /// `verified` (a signature, and the pin if any), `pinned` (at its pin, no signature checked), or the
+    /// refusal: `unsigned`, `signature_mismatch`, `invalid_signature`, `tag_moved`, `error`.
     outcome: String,
 }
 
@@ -251,7 +252,7 @@ impl Default for Metrics {
         );
         registry.register(
             "cso_release_verifications",
-            "Signature and digest-pin checks of downloaded releases, per layout and outcome (verified or the refusal)",
+            "Signature and digest-pin checks of downloaded releases, per layout and outcome (verified, pinned or the refusal)",
             metrics.release_verifications.clone(),
         );
         registry.register(
@@ -466,11 +467,17 @@ impl Metrics {
 
     /// Counts the signature and pin checks of a download: only where something was checked (a source that
     /// verifies, or a pin), and only for the checks' own outcomes (a network failure before them is not one).
-    fn release_checked(&self, source: &dyn ReleaseSource, result: &Result<Provenance, SourceError>) {
+    fn release_checked(
+        &self,
+        source: &dyn ReleaseSource,
+        pinned: bool,
+        result: &Result<Provenance, SourceError>,
+    ) {
         let (layout, outcome) = match result {
-            Ok(provenance) if source.verifies() => {
+            Ok(provenance) if provenance.verified => {
                 (provenance.layout.clone().unwrap_or_default(), "verified")
             }
+            Ok(_) if pinned => (String::new(), "pinned"),
             Err(SourceError::Refused { refusal, .. }) => (String::new(), refusal.outcome()),
             _ => return,
         };
@@ -541,12 +548,13 @@ impl ReleaseSource for MeteredSource {
         dest: &'a Path,
         pin: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Provenance, SourceError>> {
+        let pinned = pin.is_some();
         self.inner
             .download(tag, dest, pin)
-            .map(|result| {
+            .map(move |result| {
                 self.metrics
                     .source_request(self.inner.as_ref(), "download", &result.as_ref().map(|_| ()));
-                self.metrics.release_checked(self.inner.as_ref(), &result);
+                self.metrics.release_checked(self.inner.as_ref(), pinned, &result);
                 result
             })
             .boxed()

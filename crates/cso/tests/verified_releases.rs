@@ -237,6 +237,14 @@ async fn signed_releases_are_applied_and_the_rest_refused_until_fixed() {
         (Some(v2.clone()), Some("legacy-sig".into()))
     );
 
+    let class = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "cluster.x-k8s.io",
+        "v1beta1",
+        "ClusterClass",
+    ));
+    let classes = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &class);
+    let applied_class = classes.get(V1).await.unwrap().metadata.resource_version;
+
     // The v1 tag moves to other content (signed, even). An operator restarted with an empty cache refuses
     // it: the tag is no longer at its pin. The ClusterClass applied from the pinned release stays.
     let moved = push_altered(&registry, V1).await;
@@ -259,15 +267,11 @@ async fn signed_releases_are_applied_and_the_rest_refused_until_fixed() {
     assert!(status.ready, "what was applied keeps serving");
     assert_eq!(status.source.unwrap().digest, Some(v1.clone()));
     assert!(!second_cache.join("cluster-stacks").join(V1).exists());
-    let class = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "cluster.x-k8s.io",
-        "v1beta1",
-        "ClusterClass",
-    ));
-    Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &class)
-        .get(V1)
-        .await
-        .expect("the ClusterClass of the pinned release is still there");
+    assert_eq!(
+        classes.get(V1).await.unwrap().metadata.resource_version,
+        applied_class,
+        "the ClusterClass applied from the pinned release is left as it was"
+    );
 
     // Pinned to the new digest: accepted, and the status follows.
     stacks

@@ -316,6 +316,8 @@ pub(crate) fn conclude_prefix(
         }
         ReleaseState::Ready { .. } => {
             addon.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
+            // A refusal seen on the way is over (its ClusterStackRelease keeps the verification's record).
+            addon.delete_condition(condition::RELEASE_VERIFIED);
             None
         }
     }
@@ -899,6 +901,36 @@ mod tests {
             condition_of(&a, condition::CLUSTER_STACK_RELEASE_DOWNLOADED),
             Some((ConditionStatus::False, Some(reason::RELEASE_NOT_FOUND.to_owned())))
         );
+    }
+
+    /// A release refused by verification is reported on the ClusterAddon (`ReleaseVerified` False) and the
+    /// report goes once the release can be had, so that the addons' `Ready` does not stay False.
+    #[test]
+    fn a_refused_release_is_reported_until_it_can_be_had() {
+        let error = cso_release::CacheError::Source {
+            tag: "docker-ferrol-1-27-v9".into(),
+            source_kind: "oci",
+            error: cso_release::SourceError::Refused {
+                refusal: cso_release::source::Refusal::Unsigned,
+                digest: DIGEST.into(),
+                message: "no cosign signature".into(),
+            },
+        };
+        let refused = with(ready("docker-ferrol-1-27-v9", "v1", false), |p| {
+            p.release = ReleaseState::Failed {
+                failure: FetchFailure::of(&error),
+                message: error.to_string(),
+            }
+        });
+        let mut a = addon("", "", false);
+        let conclusion = conclude(&refused, &mut a, INTERVALS);
+        assert_eq!(conclusion.events.reasons(), [event::RELEASE_REFUSED]);
+        assert_eq!(
+            condition_of(&a, condition::RELEASE_VERIFIED),
+            Some((ConditionStatus::False, Some(reason::UNSIGNED.to_owned())))
+        );
+        conclude(&ready("docker-ferrol-1-27-v9", "v1", false), &mut a, INTERVALS);
+        assert_eq!(condition_of(&a, condition::RELEASE_VERIFIED), None);
     }
 
     #[test]

@@ -218,9 +218,7 @@ fn conclude_sync(
             }
             release.mark_true(condition::CLUSTER_STACK_RELEASE_DOWNLOADED);
             record_verification(release, progress.checked, source, *downloaded_now, events);
-            let status = status_of(release);
-            status.kubernetes_version = kubernetes.clone();
-            status.source = Some(source.clone());
+            status_of(release).kubernetes_version = kubernetes.clone();
         }
     }
     match &progress.provider {
@@ -287,7 +285,12 @@ fn conclude_sync(
         return Outcome::Retry(message);
     }
     release.mark_true(condition::HELM_CHART_APPLIED);
-    status_of(release).ready = true;
+    let status = status_of(release);
+    status.ready = true;
+    // What the applied objects came from: recorded once they are applied, not when the files were fetched.
+    if let Files::Ready { source, .. } = &progress.files {
+        status.source = Some(source.clone());
+    }
     Outcome::Requeue(Some(resync))
 }
 
@@ -955,6 +958,12 @@ mod tests {
                 Severity::Error,
                 "before",
             );
+            // Not applied (the render failed): the status does not name what was fetched.
+            p.rendered = Some(Err("broken".into()));
+            conclude(&p, &mut r, RESYNC);
+            assert_eq!(r.status.clone().unwrap().source, None, "not applied, not recorded");
+            p.rendered = Some(Ok(1));
+            p.applied = Some(report(&[]));
             let (events, _) = conclude(&p, &mut r, RESYNC);
             assert_eq!(
                 r.get_condition(condition::RELEASE_VERIFIED).map(|c| c.status),

@@ -59,7 +59,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             "releases must be signed by this key, among others given"
         );
     }
-    if !verify_keys.is_empty() && kind == SourceKind::Github && !args.local {
+    if !verify_keys.is_empty() && args.local {
+        tracing::warn!(
+            "--verify-key with --local: the local release directory is the operator's input and is not verified"
+        );
+    } else if !verify_keys.is_empty() && kind == SourceKind::Github {
         tracing::warn!("--verify-key with GitHub releases: they carry no signature, so every one is refused");
     }
     let settings = SourceSettings {

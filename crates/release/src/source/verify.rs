@@ -133,31 +133,50 @@ impl TrustedKey {
         }
         let oid = &spki.algorithm.algorithm;
         let curve = spki.algorithm.parameters.as_ref().and_then(|p| p.as_oid().ok());
-        let algorithms: Vec<&'static dyn VerificationAlgorithm> = if *oid == OID_KEY_TYPE_EC_PUBLIC_KEY {
+        // What ring would only find out at the first signature (a compressed point, a short RSA modulus): a
+        // key that can never verify is refused now.
+        let key = &spki.subject_public_key.data;
+        let uncompressed = |length: usize| key.len() == length && key.first() == Some(&4);
+        let (algorithms, usable): (Vec<&'static dyn VerificationAlgorithm>, bool) = if *oid
+            == OID_KEY_TYPE_EC_PUBLIC_KEY
+        {
             match curve {
-                Some(c) if c == OID_EC_P256 => vec![&signature::ECDSA_P256_SHA256_ASN1],
-                Some(c) if c == OID_NIST_EC_P384 => {
+                Some(c) if c == OID_EC_P256 => (vec![&signature::ECDSA_P256_SHA256_ASN1], uncompressed(65)),
+                Some(c) if c == OID_NIST_EC_P384 => (
                     vec![
                         &signature::ECDSA_P384_SHA384_ASN1,
                         &signature::ECDSA_P384_SHA256_ASN1,
-                    ]
-                }
+                    ],
+                    uncompressed(97),
+                ),
                 other => return Err(error(format!("unsupported elliptic curve {other:?}"))),
             }
         } else if *oid == OID_SIG_ED25519 {
             return Err(error(
                 "an Ed25519 key: cosign signs with it as Ed25519ph, which cannot be verified here (nor by \
-                 `cosign verify --key`); use an ECDSA P-256 key (`cosign generate-key-pair`)"
+                     `cosign verify --key`); use an ECDSA P-256 key (`cosign generate-key-pair`)"
                     .into(),
             ));
         } else if *oid == OID_PKCS1_RSAENCRYPTION {
-            vec![
-                &signature::RSA_PKCS1_2048_8192_SHA256,
-                &signature::RSA_PSS_2048_8192_SHA256,
-            ]
+            let bits = match spki.parsed() {
+                Ok(x509_parser::public_key::PublicKey::RSA(rsa)) => rsa.key_size(),
+                _ => 0,
+            };
+            (
+                vec![
+                    &signature::RSA_PKCS1_2048_8192_SHA256,
+                    &signature::RSA_PSS_2048_8192_SHA256,
+                ],
+                (2048..=8192).contains(&bits),
+            )
         } else {
             return Err(error(format!("unsupported key algorithm {oid}")));
         };
+        if !usable {
+            return Err(error(
+                "not a usable key (an uncompressed P-256 or P-384 point, or RSA of 2048 to 8192 bits)".into(),
+            ));
+        }
         let digest = Sha256::digest(&block.contents);
         Ok(TrustedKey {
             id: format!(
@@ -611,7 +630,7 @@ mod tests {
 
     #[test]
     fn a_keyless_bundle_is_not_trusted_by_key() {
-        let (pair, key) = p256();
+        let (_, key) = p256();
         let (other, _) = p256();
         let mut bundle: serde_json::Value = serde_json::from_slice(&bundle_of(
             &other,
@@ -620,7 +639,6 @@ mod tests {
         ))
         .unwrap();
         bundle["verificationMaterial"] = serde_json::json!({"certificate": {"rawBytes": "MAA="}});
-        let _ = pair;
         match check_bundle(&serde_json::to_vec(&bundle).unwrap(), DIGEST, &[key]) {
             Finding::OtherSigner(message) => assert!(message.contains("keyless"), "{message}"),
             other => panic!("{other:?}"),
@@ -681,6 +699,11 @@ mod tests {
         assert!(refused("hello").contains("not a PEM file"));
         assert!(refused(&pem("ENCRYPTED SIGSTORE PRIVATE KEY", b"x")).contains("cosign public key"));
         assert!(refused(&pem("PUBLIC KEY", b"\x30\x03\x02\x01\x00")).contains("SubjectPublicKeyInfo"));
+        // A compressed P-256 point (33 bytes): ring would refuse every signature.
+        let mut compressed = hex::decode("3039301306072a8648ce3d020106082a8648ce3d030107032200").unwrap();
+        compressed.push(2);
+        compressed.extend_from_slice(&[7; 32]);
+        assert!(refused(&pem("PUBLIC KEY", &compressed)).contains("not a usable key"));
         let missing = TrustedKey::from_file(Path::new("/nonexistent/cosign.pub")).unwrap_err();
         assert!(
             missing
@@ -783,6 +806,21 @@ mod tests {
 
         let payload = fixture("legacy-payload.json");
         let signature = fixture_text("legacy-signature.txt");
+        let signature_bytes = base64::engine::general_purpose::STANDARD
+            .decode(&signature)
+            .unwrap();
+        for index in 0..signature_bytes.len() {
+            let mut changed = signature_bytes.clone();
+            changed[index] ^= 0x01;
+            let changed = base64::engine::general_purpose::STANDARD.encode(&changed);
+            assert!(
+                !matches!(
+                    check_legacy(&payload, &changed, &digest, &key),
+                    Finding::Verified(_)
+                ),
+                "legacy signature byte {index}"
+            );
+        }
         for index in 0..payload.len() {
             let mut changed = payload.clone();
             changed[index] ^= 0x01;
