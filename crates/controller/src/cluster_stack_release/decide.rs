@@ -961,7 +961,11 @@ mod tests {
             // Not applied (the render failed): the status does not name what was fetched.
             p.rendered = Some(Err("broken".into()));
             conclude(&p, &mut r, RESYNC);
-            assert_eq!(r.status.clone().unwrap().source, None, "not applied, not recorded");
+            assert_eq!(
+                r.status.clone().unwrap().source,
+                None,
+                "not applied, not recorded"
+            );
             p.rendered = Some(Ok(1));
             p.applied = Some(report(&[]));
             let (events, _) = conclude(&p, &mut r, RESYNC);
