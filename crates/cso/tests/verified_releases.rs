@@ -291,5 +291,16 @@ async fn signed_releases_are_applied_and_the_rest_refused_until_fixed() {
     })
     .await;
     assert_eq!(repinned.spec.digest.as_deref(), Some(moved.as_str()));
+
+    // The pin taken away: the release is no longer pinned (a merge patch removes the field).
+    stacks
+        .patch(
+            "ferrol",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"versionDigests": {"v1": null}}})),
+        )
+        .await
+        .unwrap();
+    release_where(&client, &ns, V1, "unpinned", |r| r.spec.digest.is_none()).await;
     assert_eq!(terminate(&mut operator).code(), Some(0));
 }
