@@ -14,7 +14,7 @@ use cso_api::{
     names::{condition, reason},
 };
 use cso_release::source::oci::{OciConfig, OciSource};
-use cso_testenv::registry::{Registry, push_files_like_oras};
+use cso_testenv::registry::{Registry, push_like_oras, push_like_oras_changed};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -23,37 +23,9 @@ use support::*;
 const REPOSITORY: &str = "kaas/cluster-stacks";
 const V1: &str = "docker-ferrol-1-27-v1";
 
-/// Pushes fixture release v1, with `note` appended to its addon values when given (still a valid release).
-async fn push_v1(registry: &Registry, note: Option<&str>) -> String {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join(V1))
-        .unwrap()
-        .map(|entry| {
-            let entry = entry.unwrap();
-            let mut data = std::fs::read(entry.path()).unwrap();
-            if let Some(note) = note
-                && entry.file_name() == "cluster-addon-values.yaml"
-            {
-                data.extend_from_slice(format!("\n# {note}\n").as_bytes());
-            }
-            (entry.file_name().into_string().unwrap(), data)
-        })
-        .collect();
-    files.sort();
-    push_files_like_oras(registry, REPOSITORY, V1, &files)
-        .await
-        .unwrap()
-}
-
 fn oci(registry: &Registry) -> Arc<OciSource> {
-    let host = registry.host().to_owned();
     Arc::new(OciSource::new(
-        OciConfig::from_lookup(|key| match key {
-            "OCI_REGISTRY" => Some(host.clone()),
-            "OCI_REPOSITORY" => Some(format!("{host}/{REPOSITORY}")),
-            "OCI_PLAIN_HTTP" => Some("true".into()),
-            _ => None,
-        })
-        .unwrap(),
+        OciConfig::from_lookup(registry.oci_variables(REPOSITORY)).unwrap(),
     ))
 }
 
@@ -73,7 +45,9 @@ async fn a_moved_pinned_tag_is_refused_by_the_release_and_the_addons_alike() {
     let registry = Registry::start(&cso_testenv::Tools::discover().unwrap())
         .await
         .unwrap();
-    let pinned = push_v1(&registry, None).await;
+    let pinned = push_like_oras(&registry, REPOSITORY, V1, &fixtures().join(V1))
+        .await
+        .unwrap();
 
     let first_cache = tempfile::tempdir().unwrap();
     let operator = RunningOperator::start(&client, &ns, first_cache.path(), oci(&registry), |_| {}).await;
@@ -108,7 +82,13 @@ async fn a_moved_pinned_tag_is_refused_by_the_release_and_the_addons_alike() {
     operator.stop().await;
 
     // The tag moves; the operator comes back with an empty cache.
-    let moved = push_v1(&registry, Some("pushed again after the pin")).await;
+    let change = (
+        "cluster-addon-values.yaml",
+        b"\n# pushed again after the pin\n".as_slice(),
+    );
+    let moved = push_like_oras_changed(&registry, REPOSITORY, V1, &fixtures().join(V1), change)
+        .await
+        .unwrap();
     assert_ne!(moved, pinned);
     let second_cache = tempfile::tempdir().unwrap();
     let _operator = RunningOperator::start(&client, &ns, second_cache.path(), oci(&registry), |_| {}).await;

@@ -17,7 +17,7 @@ use cso_api::{
 use cso_release::source::verify::TrustedKey;
 use cso_testenv::{
     cosign::{Cosign, KeyPair, SignatureLayout},
-    registry::{Registry, push_files_like_oras, push_like_oras},
+    registry::{Registry, push_like_oras, push_like_oras_changed},
 };
 use k8s_openapi::api::core::v1::Event;
 use kube::{
@@ -45,19 +45,11 @@ async fn push(registry: &Registry, tag: &str) -> String {
 
 /// Pushes `tag` again with its addon values changed (still a valid release); the new digest.
 async fn push_altered(registry: &Registry, tag: &str) -> String {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join(tag))
-        .unwrap()
-        .map(|entry| {
-            let entry = entry.unwrap();
-            let mut data = std::fs::read(entry.path()).unwrap();
-            if entry.file_name() == "cluster-addon-values.yaml" {
-                data.extend_from_slice(b"\n# changed after v1 was pinned\n");
-            }
-            (entry.file_name().into_string().unwrap(), data)
-        })
-        .collect();
-    files.sort();
-    push_files_like_oras(registry, REPOSITORY, tag, &files)
+    let change = (
+        "cluster-addon-values.yaml",
+        b"\n# changed after v1 was pinned\n".as_slice(),
+    );
+    push_like_oras_changed(registry, REPOSITORY, tag, &fixtures().join(tag), change)
         .await
         .unwrap()
 }

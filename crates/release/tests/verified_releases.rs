@@ -21,7 +21,7 @@ use cso_release::{
 use cso_testenv::{
     Tools,
     cosign::{Cosign, KeyPair, SignatureLayout},
-    registry::{Registry, push_files_like_oras, push_like_oras},
+    registry::{Registry, push_like_oras, push_like_oras_changed},
 };
 
 const REPOSITORY: &str = "kaas/cluster-stacks";
@@ -39,7 +39,8 @@ struct Signing {
     cosign: Cosign,
     trusted: KeyPair,
     other: KeyPair,
-    keys: tempfile::TempDir,
+    /// Where the key pairs are, removed with it.
+    _keys: tempfile::TempDir,
 }
 
 impl Signing {
@@ -57,7 +58,7 @@ impl Signing {
             cosign,
             trusted,
             other,
-            keys,
+            _keys: keys,
         })
     }
 
@@ -70,19 +71,11 @@ impl Signing {
 
     /// Pushes release `tag` again with its addon values changed (still a valid release); the new digest.
     async fn push_altered(&self, tag: &str) -> String {
-        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixture(tag))
-            .unwrap()
-            .map(|entry| {
-                let entry = entry.unwrap();
-                let mut data = std::fs::read(entry.path()).unwrap();
-                if entry.file_name() == "cluster-addon-values.yaml" {
-                    data.extend_from_slice(b"\n# changed after signing\n");
-                }
-                (entry.file_name().into_string().unwrap(), data)
-            })
-            .collect();
-        files.sort();
-        push_files_like_oras(&self.registry, REPOSITORY, tag, &files)
+        let change = (
+            "cluster-addon-values.yaml",
+            b"\n# changed after signing\n".as_slice(),
+        );
+        push_like_oras_changed(&self.registry, REPOSITORY, tag, &fixture(tag), change)
             .await
             .unwrap()
     }
@@ -94,14 +87,7 @@ impl Signing {
 
     /// The OCI source, verifying against the trusted key.
     fn source(&self) -> Arc<OciSource> {
-        let host = self.registry.host().to_owned();
-        let config = OciConfig::from_lookup(|key| match key {
-            "OCI_REGISTRY" => Some(host.clone()),
-            "OCI_REPOSITORY" => Some(format!("{host}/{REPOSITORY}")),
-            "OCI_PLAIN_HTTP" => Some("true".into()),
-            _ => None,
-        })
-        .unwrap();
+        let config = OciConfig::from_lookup(self.registry.oci_variables(REPOSITORY)).unwrap();
         let key = TrustedKey::from_file(&self.trusted.public).unwrap();
         Arc::new(OciSource::new(config).verifying(vec![key]))
     }
@@ -371,16 +357,8 @@ async fn a_release_cached_before_keys_were_given_is_verified_before_use() {
     let digest = signing.push(TAG, TAG).await;
     let dir = tempfile::tempdir().unwrap();
     // Cached by a process without keys (as the Go operator or an older cso would have).
-    let host = signing.registry.host().to_owned();
-    let unverifying = OciSource::new(
-        OciConfig::from_lookup(|key| match key {
-            "OCI_REGISTRY" => Some(host.clone()),
-            "OCI_REPOSITORY" => Some(format!("{host}/{REPOSITORY}")),
-            "OCI_PLAIN_HTTP" => Some("true".into()),
-            _ => None,
-        })
-        .unwrap(),
-    );
+    let unverifying =
+        OciSource::new(OciConfig::from_lookup(signing.registry.oci_variables(REPOSITORY)).unwrap());
     let release = ReleaseCache::new(dir.path(), Arc::new(unverifying), UnpackLimits::default())
         .unwrap()
         .get(&id(TAG))
@@ -410,5 +388,4 @@ async fn a_release_cached_before_keys_were_given_is_verified_before_use() {
         release.provenance.clone().unwrap().signer,
         Some(signing.trusted_id())
     );
-    drop(signing.keys);
 }

@@ -41,7 +41,7 @@ use ring::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::Error;
+use crate::{Error, registry::sha256_digest};
 
 /// The media type of a Sigstore bundle v0.3, the layer and the artifact type of a bundle referrer.
 pub const BUNDLE_MEDIA_TYPE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
@@ -690,10 +690,6 @@ impl Plain {
             .map_err(|e| Error::Kube(format!("referrers of {digest}: {e}")))?;
         Ok(response.status() == StatusCode::OK)
     }
-}
-
-fn sha256_digest(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
 }
 
 #[cfg(test)]

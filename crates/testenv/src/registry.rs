@@ -140,6 +140,18 @@ impl Registry {
         &self.host
     }
 
+    /// The release source's variables (`OCI_REGISTRY`, `OCI_REPOSITORY`, `OCI_PLAIN_HTTP`) for `repository` of
+    /// this registry, as a lookup for the OCI source's configuration (`OciConfig::from_lookup`).
+    pub fn oci_variables(&self, repository: &str) -> impl Fn(&str) -> Option<String> + use<> {
+        let (host, repository) = (self.host.clone(), format!("{}/{repository}", self.host));
+        move |key| match key {
+            "OCI_REGISTRY" => Some(host.clone()),
+            "OCI_REPOSITORY" => Some(repository.clone()),
+            "OCI_PLAIN_HTTP" => Some("true".into()),
+            _ => None,
+        }
+    }
+
     /// Where the registry keeps blobs (for tests that tamper with them).
     pub fn storage(&self) -> &Path {
         &self.storage
@@ -218,6 +230,30 @@ pub async fn push_like_oras(
     tag: &str,
     dir: &Path,
 ) -> Result<String, Error> {
+    let files = release_files(dir)?;
+    push_files_like_oras(registry, repository, tag, &files).await
+}
+
+/// [`push_like_oras`] with `appended` added to the end of file `file`: the same release with other content
+/// (and so another manifest digest), as a tag pushed again after it was signed or pinned.
+pub async fn push_like_oras_changed(
+    registry: &Registry,
+    repository: &str,
+    tag: &str,
+    dir: &Path,
+    (file, appended): (&str, &[u8]),
+) -> Result<String, Error> {
+    let mut files = release_files(dir)?;
+    let changed = files.iter_mut().find(|(name, _)| name == file);
+    changed
+        .ok_or_else(|| Error::Kube(format!("{} has no file {file}", dir.display())))?
+        .1
+        .extend_from_slice(appended);
+    push_files_like_oras(registry, repository, tag, &files).await
+}
+
+/// The regular files of release directory `dir`, in the order `build.sh` hands them to oras.
+fn release_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Error> {
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_file()) {
@@ -226,7 +262,7 @@ pub async fn push_like_oras(
         }
     }
     files.sort_by_cached_key(|(name, _)| (build_sh_rank(name), name.clone()));
-    push_files_like_oras(registry, repository, tag, &files).await
+    Ok(files)
 }
 
 /// Where `build.sh` puts a file on its `oras push` command line (`metadata.yaml hashes.json csctl.yaml
@@ -501,7 +537,8 @@ async fn forward(front: &Front, request: Request) -> Result<Response, String> {
     Ok(response)
 }
 
-fn sha256_digest(data: &[u8]) -> String {
+/// `sha256:<hex>` of `data`: a blob's or a manifest's digest.
+pub(crate) fn sha256_digest(data: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(data)))
 }
 
