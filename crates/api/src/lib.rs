@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod names;
 pub mod release_id;
 pub mod rules;
+pub mod shard;
 pub mod version;
 pub mod wait;
 

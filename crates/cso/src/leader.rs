@@ -27,8 +27,6 @@ use kube::{
 };
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 
-/// The Go operator's leader-election ID.
-pub const LEASE_NAME: &str = "clusterstack.x-k8s.io";
 /// How long to wait before asking again after the API could not be reached while waiting for the lease.
 const RETRY: Duration = Duration::from_secs(2);
 /// The field manager of the leader's renewals.
@@ -37,6 +35,9 @@ const FIELD_MANAGER: &str = "cso-leader-election";
 /// Where and how long the lease is held.
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
+    /// The Lease: the Go operator's leader-election ID for the default shard, one per named shard
+    /// ([`cso_api::shard::Shard::lease_name`]).
+    pub name: String,
     pub namespace: String,
     pub duration: Duration,
     /// This replica's name in the lease's `holderIdentity`.
@@ -66,6 +67,8 @@ impl LeaseSettings {
 /// The lease, held.
 pub struct Leadership {
     manager: LeaseManager,
+    /// The Lease's name.
+    name: String,
     metrics: Arc<Metrics>,
     leases: Api<Lease>,
     identity: String,
@@ -91,11 +94,12 @@ pub async fn acquire(
     metrics: Arc<Metrics>,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<Option<Leadership>> {
-    metrics.set_leading(LEASE_NAME, false);
+    let name = settings.name.as_str();
+    metrics.set_leading(name, false);
     let schedule = Schedule::new(settings.duration);
     let seconds = schedule.duration.as_secs();
     let leases = Api::namespaced(client.clone(), &settings.namespace);
-    let manager = LeaseManagerBuilder::new(client, LEASE_NAME)
+    let manager = LeaseManagerBuilder::new(client, name)
         .with_namespace(&settings.namespace)
         .with_identity(&settings.identity)
         .with_duration(seconds)
@@ -106,11 +110,11 @@ pub async fn acquire(
         .await
         .with_context(|| {
             format!(
-                "cannot use the leader-election Lease {}/{LEASE_NAME}",
+                "cannot use the leader-election Lease {}/{name}",
                 settings.namespace
             )
         })?;
-    tracing::info!(identity = %settings.identity, namespace = %settings.namespace, lease = LEASE_NAME,
+    tracing::info!(identity = %settings.identity, namespace = %settings.namespace, lease = name,
         "waiting for the leader-election lease");
     let wait = async {
         loop {
@@ -129,9 +133,10 @@ pub async fn acquire(
         () = stop => return Ok(None),
     }
     tracing::info!(identity = %settings.identity, "became the leader");
-    metrics.set_leading(LEASE_NAME, true);
+    metrics.set_leading(name, true);
     Ok(Some(Leadership {
         manager,
+        name: name.to_owned(),
         metrics,
         leases,
         identity: settings.identity.clone(),
@@ -211,7 +216,7 @@ impl Leadership {
     /// another holder, or it could not be renewed before it would expire.
     pub async fn lost(&mut self) -> String {
         let reason = self.hold().await;
-        self.metrics.set_leading(LEASE_NAME, false);
+        self.metrics.set_leading(&self.name, false);
         reason
     }
 
@@ -231,7 +236,7 @@ impl Leadership {
                     }
                     Err(Failure::Lost(reason)) => return reason,
                     Err(Failure::Transient(reason)) => {
-                        self.metrics.renewal_failed(LEASE_NAME);
+                        self.metrics.renewal_failed(&self.name);
                         if SystemTime::now() + self.schedule.retry >= give_up_at {
                             return format!("the lease could not be renewed before it expires: {reason}");
                         }
@@ -257,7 +262,7 @@ impl Leadership {
         let attempt = async {
             let lease = self
                 .leases
-                .get_opt(LEASE_NAME)
+                .get_opt(&self.name)
                 .await
                 .map_err(|e| Failure::Transient(e.to_string()))?
                 .ok_or_else(|| Failure::Lost("the lease was deleted".to_owned()))?;
@@ -271,7 +276,7 @@ impl Leadership {
             });
             let renewed = self
                 .leases
-                .patch(LEASE_NAME, &renewal_params(), &Patch::Merge(patch))
+                .patch(&self.name, &renewal_params(), &Patch::Merge(patch))
                 .await
                 .map_err(|e| Failure::Transient(e.to_string()))?;
             expiry(renewed.spec.as_ref())
@@ -285,7 +290,7 @@ impl Leadership {
 
     /// Gives the lease up so that another replica takes over at once.
     pub async fn release(self) {
-        self.metrics.set_leading(LEASE_NAME, false);
+        self.metrics.set_leading(&self.name, false);
         match self.manager.release().await {
             Ok(()) => tracing::info!(identity = %self.identity, "released the leader-election lease"),
             Err(e) => {

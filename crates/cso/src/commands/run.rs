@@ -183,6 +183,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let leadership = if args.leader_elect {
         let settings = LeaseSettings {
+            name: cso_api::shard::Shard::Default.lease_name(),
             namespace: match non_empty(&args.leader_elect_namespace) {
                 Some(namespace) => namespace,
                 None => operator.client.default_namespace().to_owned(),
