@@ -7,17 +7,24 @@
 //! since: a ClusterAddon made for it would outlive it until garbage collection), then [`next_step`] (pure)
 //! says what to read or write next, and the driver here does it. A Cluster whose ClusterAddon cannot be
 //! made (its name is too long) is told so by a Warning event, once.
+//!
+//! Shards ([`cso_api::shard`]): a replica handles only the Clusters of its shard. The ClusterAddon carries its
+//! Cluster's shard label (set when it is made, moved when the Cluster's label moves, by the shard that owns
+//! the Cluster now), so that a named shard's ClusterAddon watch selects its own.
 
 use std::{collections::BTreeSet, sync::Arc};
 
 use cso_api::{
-    ClusterAddon, ClusterAddonSpec, ClusterStackRelease, capi::Cluster, cluster_addon::cluster_addon_name,
+    ClusterAddon, ClusterAddonSpec, ClusterStackRelease,
+    capi::Cluster,
+    cluster_addon::cluster_addon_name,
     common::ObjectReference,
+    shard::{SHARD_LABEL, Shard},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
-    api::{ObjectMeta, PostParams},
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
 
@@ -47,8 +54,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result
 pub(crate) struct Progress {
     /// Whether the ClusterStackRelease the Cluster's class names exists.
     pub(crate) release_exists: Option<bool>,
-    /// Whether the Cluster's ClusterAddon exists.
-    pub(crate) addon_exists: Option<bool>,
+    /// Whether the Cluster's ClusterAddon exists, and the shard its label names.
+    pub(crate) addon: Option<Option<Shard>>,
 }
 
 /// Why there is nothing (more) to do.
@@ -65,6 +72,8 @@ pub(crate) enum Idle {
     NoRelease,
     /// The ClusterAddon exists.
     Exists,
+    /// The Cluster is another shard's.
+    OtherShard,
 }
 
 /// The next thing to do for a Cluster.
@@ -83,6 +92,10 @@ pub(crate) enum Step {
     Create {
         name: String,
     },
+    /// The ClusterAddon exists with another shard's label: give it the Cluster's (its shard changed).
+    Relabel {
+        name: String,
+    },
     /// No ClusterAddon can be made for this Cluster: tell it (a Warning event with this reason and note).
     Refuse {
         reason: &'static str,
@@ -90,8 +103,8 @@ pub(crate) enum Step {
     },
 }
 
-/// What to do next for `cluster` (as the API server has it now; `None`: gone), given what was read.
-pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step {
+/// What to do next for `cluster` (as the API server has it now; `None`: gone) in `shard`, given what was read.
+pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress, shard: &Shard) -> Step {
     let Some(cluster) = cluster else {
         return Step::Idle(Idle::Gone);
     };
@@ -100,6 +113,9 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step 
     }
     if is_paused(cluster) {
         return Step::Idle(Idle::Paused);
+    }
+    if !shard.owns(cluster.meta().labels.as_ref()) {
+        return Step::Idle(Idle::OtherShard);
     }
     let Some((id, class_namespace)) = cluster.stack_release() else {
         return Step::Idle(Idle::NotAStackClass);
@@ -127,10 +143,11 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress) -> Step 
             ),
         };
     }
-    match progress.addon_exists {
+    match &progress.addon {
         None => Step::ReadAddon { name },
-        Some(true) => Step::Idle(Idle::Exists),
-        Some(false) => Step::Create { name },
+        Some(Some(labelled)) if labelled == shard => Step::Idle(Idle::Exists),
+        Some(Some(_)) => Step::Relabel { name },
+        Some(None) => Step::Create { name },
     }
 }
 
@@ -147,8 +164,9 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
             .map_err(|e| Error::kube(format!("read Cluster {}", queued.name_any()), e))?,
     };
     let mut progress = Progress::default();
+    let shard = &ctx.settings.shard;
     loop {
-        match next_step(cluster.as_ref(), &progress) {
+        match next_step(cluster.as_ref(), &progress, shard) {
             Step::Idle(why) => {
                 tracing::trace!(cluster = %queued.name_any(), ?why, "no ClusterAddon to create");
                 ctx.own.news(&key, BTreeSet::new());
@@ -171,19 +189,27 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 };
                 progress.release_exists = Some(exists);
             }
+            // A named shard's store holds its own ClusterAddons only: one it does not show may be another
+            // shard's (its Cluster moved here), which a read tells.
             Step::ReadAddon { name } => {
-                let exists = match ctx.stores().and_then(|s| s.addons()) {
-                    Some(store) => store.get(&ObjectRef::new(&name).within(&namespace)).is_some(),
-                    None => {
-                        let addons: Api<ClusterAddon> = Api::namespaced(ctx.client.clone(), &namespace);
-                        addons
-                            .get_opt(&name)
-                            .await
-                            .map_err(|e| Error::kube(format!("read ClusterAddon {name}"), e))?
-                            .is_some()
-                    }
+                let stored = ctx
+                    .stores()
+                    .and_then(|s| s.addons())
+                    .map(|store| store.get(&ObjectRef::new(&name).within(&namespace)));
+                let found = match stored {
+                    Some(Some(addon)) => Some(Shard::of(addon.meta().labels.as_ref())),
+                    Some(None) if *shard == Shard::Default => None,
+                    _ => Api::<ClusterAddon>::namespaced(ctx.client.clone(), &namespace)
+                        .get_opt(&name)
+                        .await
+                        .map_err(|e| Error::kube(format!("read ClusterAddon {name}"), e))?
+                        .map(|addon| Shard::of(addon.meta().labels.as_ref())),
                 };
-                progress.addon_exists = Some(exists);
+                progress.addon = Some(found);
+            }
+            Step::Relabel { name } => {
+                relabel(&ctx, &namespace, &name, shard).await?;
+                return Ok(Action::await_change());
             }
             Step::Create { name } => {
                 let Some(cluster) = &cluster else {
@@ -208,9 +234,31 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
     }
 }
 
+/// Gives ClusterAddon `name` the label of `shard`: its Cluster is this shard's now. The shard it was labelled
+/// for no longer selects it (and no longer owns its Cluster), so it stops acting on it.
+async fn relabel(ctx: &Context, namespace: &str, name: &str, shard: &Shard) -> Result<(), Error> {
+    let value = match shard {
+        Shard::Default => serde_json::Value::Null,
+        Shard::Named(name) => name.as_str().into(),
+    };
+    Api::<ClusterAddon>::namespaced(ctx.client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {SHARD_LABEL: value}}})),
+        )
+        .await
+        .map_err(|e| Error::kube(format!("move ClusterAddon {name} to shard {shard}"), e))?;
+    tracing::info!(cluster_addon = %name, %namespace, %shard, "took over a ClusterAddon whose Cluster moved to this shard");
+    Ok(())
+}
+
 async fn create(ctx: &Context, cluster: &Cluster, name: &str) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
-    let labels = propagated_labels(&ctx.settings);
+    let mut labels = propagated_labels(&ctx.settings);
+    if let Shard::Named(shard) = &ctx.settings.shard {
+        labels.insert(SHARD_LABEL.to_owned(), shard.clone());
+    }
     let addon = ClusterAddon {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -295,7 +343,7 @@ mod tests {
     fn read(release: Option<bool>, addon: Option<bool>) -> Progress {
         Progress {
             release_exists: release,
-            addon_exists: addon,
+            addon: addon.map(|exists| exists.then_some(Shard::Default)),
         }
     }
 
@@ -348,20 +396,78 @@ mod tests {
     // 239 characters: `cluster-addon-` makes 253, the most a name may have.
     #[case::longest(Some(cluster(&"a".repeat(239), CLASS)), read(Some(true), Some(false)), create(&"a".repeat(239)))]
     fn next_steps(#[case] cluster: Option<Cluster>, #[case] progress: Progress, #[case] expected: Step) {
-        assert_eq!(next_step(cluster.as_ref(), &progress), expected);
+        assert_eq!(next_step(cluster.as_ref(), &progress, &Shard::Default), expected);
+    }
+
+    /// A replica handles the Clusters of its shard only; a ClusterAddon labelled for another shard (its
+    /// Cluster moved) is given the Cluster's shard by the shard that owns the Cluster now.
+    #[test]
+    fn shards_create_and_take_over_their_own() {
+        let labelled = |shard: &str| {
+            let mut c = cluster("c1", CLASS);
+            c.metadata.labels = Some([(SHARD_LABEL.to_owned(), shard.to_owned())].into());
+            c
+        };
+        let a = Shard::Named("a".into());
+        let existing = |label: Shard| Progress {
+            release_exists: Some(true),
+            addon: Some(Some(label)),
+        };
+        let relabel = Step::Relabel {
+            name: "cluster-addon-c1".into(),
+        };
+        let cases = [
+            (
+                labelled("a"),
+                &Shard::Default,
+                read(None, None),
+                Step::Idle(Idle::OtherShard),
+            ),
+            (
+                cluster("c1", CLASS),
+                &a,
+                read(None, None),
+                Step::Idle(Idle::OtherShard),
+            ),
+            (labelled("b"), &a, read(None, None), Step::Idle(Idle::OtherShard)),
+            (
+                labelled(""),
+                &Shard::Default,
+                read(Some(true), Some(false)),
+                create("c1"),
+            ),
+            (labelled("a"), &a, read(Some(true), Some(false)), create("c1")),
+            (labelled("a"), &a, existing(a.clone()), Step::Idle(Idle::Exists)),
+            (labelled("a"), &a, existing(Shard::Default), relabel.clone()),
+            (
+                cluster("c1", CLASS),
+                &Shard::Default,
+                existing(a.clone()),
+                relabel,
+            ),
+        ];
+        for (cluster, shard, progress, expected) in cases {
+            assert_eq!(
+                next_step(Some(&cluster), &progress, shard),
+                expected,
+                "{:?} in shard {shard}",
+                cluster.metadata.labels
+            );
+        }
     }
 
     #[test]
     fn a_name_too_long_is_refused_with_the_reason_before_anything_is_read_of_the_addon() {
         let long = cluster(&"a".repeat(240), CLASS);
-        let Step::Refuse { reason, note } = next_step(Some(&long), &read(Some(true), None)) else {
+        let Step::Refuse { reason, note } = next_step(Some(&long), &read(Some(true), None), &Shard::Default)
+        else {
             panic!("refused")
         };
         assert_eq!(reason, cso_api::names::event::CLUSTER_ADDON_NOT_CREATED);
         assert!(note.contains("(254 characters)"), "{note}");
         assert!(note.contains("at most 239 characters"), "{note}");
         assert_eq!(
-            next_step(Some(&long), &read(Some(false), None)),
+            next_step(Some(&long), &read(Some(false), None), &Shard::Default),
             Step::Idle(Idle::NoRelease),
             "only Clusters of a cluster stack are told"
         );

@@ -79,6 +79,11 @@ pub struct Settings {
     /// available, DaemonSets rolled out, Jobs complete, CRDs established, ...), waited for up to
     /// `stage_timeout`, checked again at every periodic pass. Off: ready when applied, as the Go operator has it.
     pub addon_health_checks: bool,
+    /// `--shard`: the Clusters this replica handles (see [`cso_api::shard`]). A named shard runs only the
+    /// ClusterAddonCreate and ClusterAddon controllers, over the Clusters and ClusterAddons labelled with its
+    /// name (its watches select them, so it neither lists nor caches others); the default shard runs every
+    /// controller, watches every Cluster and ClusterAddon, and reconciles the addons of unlabelled Clusters.
+    pub shard: cso_api::shard::Shard,
 }
 
 impl Default for Settings {
@@ -96,6 +101,7 @@ impl Default for Settings {
             reconcile_timeout: Duration::from_secs(600),
             stage_timeout: Duration::from_secs(600),
             addon_health_checks: true,
+            shard: cso_api::shard::Shard::Default,
         }
     }
 }

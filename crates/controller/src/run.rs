@@ -30,7 +30,7 @@ use crate::{
     cluster_addon::{self, AddonContext},
     cluster_addon_create, cluster_stack,
     cluster_stack_release::{self, ReleaseContext},
-    filter::watcher_config,
+    filter::{sharded_config, watcher_config},
     fleet_status,
     provider_watch::ProviderWatches,
     stores::Stores,
@@ -135,7 +135,9 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let addon_ctx = AddonContext::new(ctx.clone());
     let shutdown = shutdown.boxed().shared();
     let config = watcher_config(&settings);
+    let sharded = sharded_config(&settings);
     let namespace = &settings.namespace;
+    let management = settings.shard == cso_api::shard::Shard::Default;
 
     // Each kind once: one watch, one store (what the reconcilers read), every controller subscribed.
     let mut stack_watch = SharedWatch::new(scoped::<ClusterStack>(&client, namespace), config.clone(), ());
@@ -144,11 +146,14 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         config.clone(),
         (),
     );
-    let mut addon_watch = SharedWatch::new(scoped::<ClusterAddon>(&client, namespace), config.clone(), ());
-    ctx.metrics.watch_addons(addon_watch.store());
+    let mut addon_watch = SharedWatch::new(scoped::<ClusterAddon>(&client, namespace), sharded.clone(), ());
+    if management {
+        // The fleet's gauges, from every ClusterAddon: counted by the default shard only.
+        ctx.metrics.watch_addons(addon_watch.store());
+    }
     let mut cluster_watch = SharedWatch::new(
         ctx.clusters(namespace.as_deref()),
-        config.clone(),
+        sharded,
         ctx.cluster_resource.clone(),
     );
     // Only Cluster API's Secrets, and only their metadata: a kubeconfig that appeared or changed.
@@ -163,136 +168,143 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         clusters: cluster_watch.cache(),
         cluster_resource: ctx.cluster_resource.clone(),
         capi_secrets: secret_watch.cache(),
-        all_clusters: settings.watch_filter.is_none(),
+        all_clusters: settings.watch_filter.is_none() && management,
     });
 
-    let stack_store = stack_watch.store();
-    let stacks = stack_watch
-        .controller(())
-        // A release changed or went away: its ClusterStack decides again. Not for its Cluster counts alone
-        // (the fleet status writer's): the ClusterStack's reconcile asks the release source.
-        .watches_stream(
-            changes_of(release_watch.subscribe(), fleet_status::apart_from_counts),
-            |release| {
-                let namespace = release.namespace().unwrap_or_default();
-                release
-                    .owner_references()
-                    .iter()
-                    .filter(|o| o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP))
-                    .map(|o| ObjectRef::new(&o.name).within(&namespace))
-                    .collect::<Vec<_>>()
-            },
-        )
-        // A Cluster moved to another class or went away: what is in use changed.
-        .watches_stream_with(
-            class_or_life_changes(cluster_watch.subscribe()),
-            move |cluster| {
-                let Some((id, class_namespace)) = cluster.stack_release() else {
-                    return Vec::new();
-                };
-                stack_store
-                    .state()
-                    .iter()
-                    .filter(|s| s.namespace().as_deref() == Some(class_namespace.as_str()))
-                    .filter(|s| cso_api::rules::StackSpec::parse(s).is_ok_and(|spec| spec.owns(&id)))
-                    .map(|s| ObjectRef::from_obj(s.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-            ctx.cluster_resource.clone(),
-        )
-        .with_config(Config::default().concurrency(settings.cluster_stack_concurrency))
-        .graceful_shutdown_on(shutdown.clone())
-        .run(
-            cluster_stack::reconcile,
-            cluster_stack::error_policy,
-            cluster_stack::StackContext::new(ctx.clone()),
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "ClusterStack controller");
-            }
-        });
-
-    // ClusterClasses in the version Clusters are read in: Cluster API serves its kinds in the same versions.
-    let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        CAPI_GROUP,
-        &ctx.cluster_resource.version,
-        "ClusterClass",
-    ));
-    let owned_classes = watcher::Config::default()
-        .any_semantic()
-        .labels(&cso_api::owned_selector());
-    let class_api: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
-        None => Api::all_with(client.clone(), &class_resource),
-    };
-    let release_store = release_watch.store();
-    let deleting_releases = release_watch.store();
-    let crd_triggers = crd_triggers(client.clone(), release_watch.store());
-    // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
-    // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
-    // it first listed) has no event of its own.
-    let engine = ctx.engine.clone();
-    let class_triggers = watcher(class_api, owned_classes)
-        .backoff(watch::backoff())
-        .flat_map(move |event| {
-            let triggered: Vec<ObjectRef<ClusterStackRelease>> = match event {
-                // Cluster API writes the status of every ClusterClass, and applying a v1beta1 class to Cluster
-                // API 1.11+ moves its generation: events that show a class as our last apply left it are no
-                // drift, and reacting to them would apply again and again.
-                Ok(watcher::Event::Apply(class)) if class_left_as_applied(&engine, &class) => Vec::new(),
-                Ok(
-                    watcher::Event::Apply(class)
-                    | watcher::Event::Delete(class)
-                    | watcher::Event::InitApply(class),
-                ) => release_of_class(&class).into_iter().collect(),
-                Ok(watcher::Event::InitDone) => release_store
-                    .state()
-                    .iter()
-                    .map(|r| ObjectRef::from_obj(r.as_ref()))
-                    .collect(),
-                Ok(watcher::Event::Init) => Vec::new(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "ClusterClass watch interrupted");
-                    Vec::new()
+    // The ClusterStacks and their releases are the default shard's alone.
+    let stacks = management.then(|| {
+        let stack_store = stack_watch.store();
+        stack_watch
+            .controller(())
+            // A release changed or went away: its ClusterStack decides again. Not for its Cluster counts alone
+            // (the fleet status writer's): the ClusterStack's reconcile asks the release source.
+            .watches_stream(
+                changes_of(release_watch.subscribe(), fleet_status::apart_from_counts),
+                |release| {
+                    let namespace = release.namespace().unwrap_or_default();
+                    release
+                        .owner_references()
+                        .iter()
+                        .filter(|o| {
+                            o.kind == "ClusterStack" && o.api_version.split('/').next() == Some(GROUP)
+                        })
+                        .map(|o| ObjectRef::new(&o.name).within(&namespace))
+                        .collect::<Vec<_>>()
+                },
+            )
+            // A Cluster moved to another class or went away: what is in use changed.
+            .watches_stream_with(
+                class_or_life_changes(cluster_watch.subscribe()),
+                move |cluster| {
+                    let Some((id, class_namespace)) = cluster.stack_release() else {
+                        return Vec::new();
+                    };
+                    stack_store
+                        .state()
+                        .iter()
+                        .filter(|s| s.namespace().as_deref() == Some(class_namespace.as_str()))
+                        .filter(|s| cso_api::rules::StackSpec::parse(s).is_ok_and(|spec| spec.owns(&id)))
+                        .map(|s| ObjectRef::from_obj(s.as_ref()))
+                        .collect::<Vec<_>>()
+                },
+                ctx.cluster_resource.clone(),
+            )
+            .with_config(Config::default().concurrency(settings.cluster_stack_concurrency))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(
+                cluster_stack::reconcile,
+                cluster_stack::error_policy,
+                cluster_stack::StackContext::new(ctx.clone()),
+            )
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "ClusterStack controller");
                 }
-            };
-            futures::stream::iter(triggered)
-        });
-    let releases = release_watch
-        .controller(())
-        // A Cluster moved on or went away: a release waiting to be deleted may go now. Only such a release
-        // cares (re-applying a ClusterClass for every Cluster created of it would be work for nothing).
-        .watches_stream_with(
-            class_or_life_changes(cluster_watch.subscribe()),
-            move |cluster| {
-                let (id, class_namespace) = cluster.stack_release()?;
-                let release = ObjectRef::new(&id.tag()).within(&class_namespace);
-                deleting_releases
-                    .get(&release)
-                    .is_some_and(|r| r.meta().deletion_timestamp.is_some())
-                    .then_some(release)
-            },
-            ctx.cluster_resource.clone(),
-        )
-        .reconcile_on(class_triggers)
-        // A CustomResourceDefinition appeared or changed (Established): releases that are not ready may
-        // have been waiting for its kind.
-        .reconcile_on(crd_triggers)
-        // A provider object changed (its status.ready).
-        .reconcile_on(provider_triggers)
-        .with_config(Config::default().concurrency(settings.cluster_stack_release_concurrency))
-        .graceful_shutdown_on(shutdown.clone())
-        .run(
-            cluster_stack_release::reconcile,
-            cluster_stack_release::error_policy,
-            release_ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "ClusterStackRelease controller");
-            }
-        });
+            })
+    });
+
+    let releases = management.then(|| {
+        // ClusterClasses in the version Clusters are read in: Cluster API serves its kinds in the same versions.
+        let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            CAPI_GROUP,
+            &ctx.cluster_resource.version,
+            "ClusterClass",
+        ));
+        let owned_classes = watcher::Config::default()
+            .any_semantic()
+            .labels(&cso_api::owned_selector());
+        let class_api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &class_resource),
+            None => Api::all_with(client.clone(), &class_resource),
+        };
+        let release_store = release_watch.store();
+        let deleting_releases = release_watch.store();
+        let crd_triggers = crd_triggers(client.clone(), release_watch.store());
+        // A ClusterClass of ours was changed or deleted: put it back now, not at the next resync. Each time the
+        // watch (re)lists, every release checks its objects: a change made while the watch was down (or before
+        // it first listed) has no event of its own.
+        let engine = ctx.engine.clone();
+        let class_triggers = watcher(class_api, owned_classes)
+            .backoff(watch::backoff())
+            .flat_map(move |event| {
+                let triggered: Vec<ObjectRef<ClusterStackRelease>> = match event {
+                    // Cluster API writes the status of every ClusterClass, and applying a v1beta1 class to Cluster
+                    // API 1.11+ moves its generation: events that show a class as our last apply left it are no
+                    // drift, and reacting to them would apply again and again.
+                    Ok(watcher::Event::Apply(class)) if class_left_as_applied(&engine, &class) => Vec::new(),
+                    Ok(
+                        watcher::Event::Apply(class)
+                        | watcher::Event::Delete(class)
+                        | watcher::Event::InitApply(class),
+                    ) => release_of_class(&class).into_iter().collect(),
+                    Ok(watcher::Event::InitDone) => release_store
+                        .state()
+                        .iter()
+                        .map(|r| ObjectRef::from_obj(r.as_ref()))
+                        .collect(),
+                    Ok(watcher::Event::Init) => Vec::new(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "ClusterClass watch interrupted");
+                        Vec::new()
+                    }
+                };
+                futures::stream::iter(triggered)
+            });
+        release_watch
+            .controller(())
+            // A Cluster moved on or went away: a release waiting to be deleted may go now. Only such a release
+            // cares (re-applying a ClusterClass for every Cluster created of it would be work for nothing).
+            .watches_stream_with(
+                class_or_life_changes(cluster_watch.subscribe()),
+                move |cluster| {
+                    let (id, class_namespace) = cluster.stack_release()?;
+                    let release = ObjectRef::new(&id.tag()).within(&class_namespace);
+                    deleting_releases
+                        .get(&release)
+                        .is_some_and(|r| r.meta().deletion_timestamp.is_some())
+                        .then_some(release)
+                },
+                ctx.cluster_resource.clone(),
+            )
+            .reconcile_on(class_triggers)
+            // A CustomResourceDefinition appeared or changed (Established): releases that are not ready may
+            // have been waiting for its kind.
+            .reconcile_on(crd_triggers)
+            // A provider object changed (its status.ready).
+            .reconcile_on(provider_triggers)
+            .with_config(Config::default().concurrency(settings.cluster_stack_release_concurrency))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(
+                cluster_stack_release::reconcile,
+                cluster_stack_release::error_policy,
+                release_ctx,
+            )
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "ClusterStackRelease controller");
+                }
+            })
+    });
 
     let cluster_store = cluster_watch.store();
     let cluster_resource = ctx.cluster_resource.clone();
@@ -377,15 +389,17 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     // The Cluster counts in the statuses of ClusterStacks and ClusterStackReleases, from the same watches.
     // Boxed: as a fifth unboxed future of the join below, rustc could not prove the join `Send` (a
     // "not general enough" error about the ClusterAddon controller's futures).
-    let fleet = fleet_status::writer(
-        ctx.clone(),
-        &mut stack_watch,
-        &mut release_watch,
-        &mut addon_watch,
-        &mut cluster_watch,
-        shutdown.clone(),
-    )
-    .boxed();
+    let fleet = management.then(|| {
+        fleet_status::writer(
+            ctx.clone(),
+            &mut stack_watch,
+            &mut release_watch,
+            &mut addon_watch,
+            &mut cluster_watch,
+            shutdown.clone(),
+        )
+        .boxed()
+    });
 
     // The watches run as long as the controllers do.
     let watches = async {
@@ -400,7 +414,16 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     tracing::info!(namespace = ?settings.namespace, "controllers started");
     let controllers = async {
         tokio::select! {
-            _ = async { futures::join!(stacks, releases, addon_create, addons, fleet) } => {}
+            _ = async {
+                // A controller this shard does not run counts as done at once.
+                futures::join!(
+                    optional(stacks),
+                    optional(releases),
+                    addon_create,
+                    addons,
+                    optional(fleet)
+                )
+            } => {}
             () = watches => {}
         }
     };
@@ -412,6 +435,13 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         () = controllers => tracing::info!("controllers stopped"),
         () = grace_over => tracing::error!(grace = ?STOP_GRACE, reconciling = ?ctx.reconciling(),
             "reconciles still in flight after the stop's grace period are dropped; the next start redoes them"),
+    }
+}
+
+/// A controller, or nothing to wait for when this shard does not run it.
+async fn optional(controller: Option<impl Future<Output = ()>>) {
+    if let Some(controller) = controller {
+        controller.await;
     }
 }
 

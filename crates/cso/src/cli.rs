@@ -195,6 +195,12 @@ pub struct RunArgs {
     /// The GitHub API (GitHub Enterprise, or a stand-in).
     #[arg(long, default_value = "https://api.github.com")]
     pub github_api_url: String,
+    /// This replica's shard (`NAME`, a DNS-1123 label): it handles the addons of the Clusters labelled
+    /// `clusterstack.x-k8s.io/shard=NAME` only (its watches select them) and elects its leader with a Lease of
+    /// its own (`clusterstack.x-k8s.io-shard-NAME`), so each shard can have standbys. Without it, the default
+    /// shard: unlabelled Clusters, and the ClusterStacks and ClusterStackReleases. Needs leader election.
+    #[arg(long, default_value = "", value_parser = parse_shard)]
+    pub shard: cso_api::shard::Shard,
     /// A cosign public key (`PUBLIC KEY` PEM, as `cosign generate-key-pair` writes `cosign.pub`). Repeatable:
     /// with any, every release fetched from OCI must carry a cosign signature (a Sigstore bundle referrer
     /// or a `sha256-<digest>.sig` tag) by one of these keys, checked before anything of it is cached;
@@ -215,6 +221,11 @@ pub struct RunArgs {
     /// Helm's registry config); credentials in a `--chart-mirror` URL come first.
     #[arg(long = "chart-mirror-credentials", value_name = "NAMESPACE/NAME")]
     pub chart_mirror_credentials: Option<String>,
+}
+
+/// `--shard`: a DNS-1123 label, or empty for the default shard.
+fn parse_shard(text: &str) -> Result<cso_api::shard::Shard, String> {
+    cso_api::shard::Shard::parse(text)
 }
 
 /// Go-style durations: `300ms`, `30s`, `5m`, `1h`, and sums such as `1m30s`.
@@ -281,6 +292,17 @@ mod tests {
             Command::Run(run) => Ok(*run),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_shard_is_a_dns_label_and_the_default_is_none() {
+        assert_eq!(parse_run(&[]).unwrap().shard, cso_api::shard::Shard::Default);
+        assert_eq!(
+            parse_run(&["--shard=eu-1"]).unwrap().shard,
+            cso_api::shard::Shard::Named("eu-1".into())
+        );
+        let refused = parse_run(&["--shard=EU_1"]).unwrap_err().to_string();
+        assert!(refused.contains("DNS-1123"), "{refused}");
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Decided once, here: the controllers and the admission webhooks read Clusters in the same version.
     let cluster_resource = cso_apply::cluster_resource(&client).await;
 
+    // A shard's replicas, and the default shard, know a shard runs only by its Lease.
+    anyhow::ensure!(
+        args.shard == cso_api::shard::Shard::Default || args.leader_elect,
+        "--shard={} needs leader election (--leader-elect=true): each shard elects its leader with its own Lease",
+        args.shard
+    );
     let kind: SourceKind = args.source.parse()?;
     let verify_keys = args
         .verify_key
@@ -157,6 +163,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             reconcile_timeout: args.reconcile_timeout,
             stage_timeout: args.stage_timeout,
             addon_health_checks: args.addon_health_checks,
+            shard: args.shard.clone(),
             ..Settings::default()
         },
     };
@@ -183,7 +190,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let leadership = if args.leader_elect {
         let settings = LeaseSettings {
-            name: cso_api::shard::Shard::Default.lease_name(),
+            name: args.shard.lease_name(),
             namespace: match non_empty(&args.leader_elect_namespace) {
                 Some(namespace) => namespace,
                 None => operator.client.default_namespace().to_owned(),
