@@ -14,6 +14,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 control-plane: {{ include "cso.fullname" . }}-controller-manager
 {{- end -}}
 
+{{- /* Labels every manager pod has, whichever shard it runs. */}}
+{{- define "cso.podLabels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller-manager
+{{- end -}}
+
+{{- /* What the Services select: the default Deployment's pods (as before shards), or the pods of every shard,
+which all serve webhooks, hooks and metrics. */}}
+{{- define "cso.serviceSelector" -}}
+{{- if .Values.shards -}}
+{{ include "cso.podLabels" . }}
+{{- else -}}
+{{ include "cso.selector" . }}
+{{- end -}}
+{{- end -}}
+
 {{- define "cso.variablesSecret" -}}
 {{- default (printf "%s-cluster-stack-variables" (include "cso.fullname" .)) .Values.existingVariablesSecret -}}
 {{- end -}}

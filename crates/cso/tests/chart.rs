@@ -195,6 +195,105 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         "options: refused by the API server: {refused:#?}"
     );
 
+    // Shards: one Deployment more per shard, selectors apart, each pod of each shard behind every Service.
+    let ns = cso_testenv::namespace(&client, "chart").await.unwrap();
+    let objects = render(&ns, &["--set", "shards={a,b}"]);
+    let refused = dry_run(&client, &objects).await;
+    assert!(
+        refused.is_empty(),
+        "shards: refused by the API server: {refused:#?}"
+    );
+    let deployments: Vec<Deployment> = of_kind(&objects, "Deployment")
+        .into_iter()
+        .map(|d| serde_json::from_value(serde_json::to_value(d).unwrap()).unwrap())
+        .collect();
+    let names: Vec<String> = deployments
+        .iter()
+        .map(|d| d.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cso-controller-manager",
+            "cso-controller-manager-a",
+            "cso-controller-manager-b"
+        ]
+    );
+    let pods: Vec<std::collections::BTreeMap<String, String>> = deployments
+        .iter()
+        .map(|d| {
+            d.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .clone()
+                .unwrap()
+        })
+        .collect();
+    let selects = |selector: &std::collections::BTreeMap<String, String>,
+                   pod: &std::collections::BTreeMap<String, String>| {
+        selector.iter().all(|(k, v)| pod.get(k) == Some(v))
+    };
+    for (i, deployment) in deployments.iter().enumerate() {
+        let selector = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .match_labels
+            .clone()
+            .unwrap();
+        for (j, pod) in pods.iter().enumerate() {
+            assert_eq!(
+                selects(&selector, pod),
+                i == j,
+                "the selector of {} and the pods of {}",
+                names[i],
+                names[j]
+            );
+        }
+        let args = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .args
+            .clone()
+            .unwrap();
+        let shard_args: Vec<&String> = args.iter().filter(|a| a.starts_with("--shard")).collect();
+        let expected: Vec<String> = ["", "a", "b"][i..=i]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| format!("--shard={s}"))
+            .collect();
+        assert_eq!(shard_args, expected.iter().collect::<Vec<_>>(), "{}", names[i]);
+    }
+    for service in of_kind(&objects, "Service") {
+        let selector: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(service.data["spec"]["selector"].clone()).unwrap();
+        assert!(
+            pods.iter().all(|pod| selects(&selector, pod)),
+            "Service {:?} reaches the pods of every shard",
+            service.metadata.name
+        );
+    }
+    let invalid = Command::new(cso_testenv::Tools::discover().unwrap().helm.unwrap())
+        .args(["template", "cso"])
+        .arg(chart())
+        .args(["--set", "shards={EU_1}"])
+        .output()
+        .unwrap();
+    assert!(!invalid.status.success());
+    assert!(String::from_utf8_lossy(&invalid.stderr).contains("DNS-1123"));
+
     // What the chart deploys is what the operator serves and accepts.
     let objects = render("cso-system", &[]);
     let configuration: ValidatingWebhookConfiguration = serde_json::from_value(
