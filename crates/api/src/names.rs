@@ -34,6 +34,10 @@ pub mod condition {
     /// (unsigned, signed by another key, a bad signature, a pinned tag that moved, or the check could not be
     /// made). Absent when nothing is checked (no key, no pin).
     pub const RELEASE_VERIFIED: &str = "ReleaseVerified";
+    /// *New.* On a ClusterAddon whose Cluster is labelled for a shard (`clusterstack.x-k8s.io/shard`) that no
+    /// replica has reconciled for `--shard-grace`: set False by the default shard, removed by the shard's
+    /// next reconcile. Absent otherwise.
+    pub const SHARD_RECONCILING: &str = "ShardReconciling";
 }
 
 /// Condition reasons.
@@ -101,6 +105,8 @@ pub mod reason {
     /// *New.* `ClusterStackReleaseDownloaded` False: the release was refused by verification (`ReleaseVerified`
     /// False says why).
     pub const RELEASE_NOT_VERIFIED: &str = "ReleaseNotVerified";
+    /// *New.* `ShardReconciling` False (Warning): no replica holds the Lease of the Cluster's shard.
+    pub const NO_SHARD_REPLICA: &str = "NoShardReplica";
 }
 
 /// Event reasons.

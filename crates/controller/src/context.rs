@@ -84,6 +84,12 @@ pub struct Settings {
     /// name (its watches select them, so it neither lists nor caches others); the default shard runs every
     /// controller, watches every Cluster and ClusterAddon, and reconciles the addons of unlabelled Clusters.
     pub shard: cso_api::shard::Shard,
+    /// `--shard-grace`: how long a named shard may go without a replica holding its Lease before the default
+    /// shard reports its Clusters (see `crate::unattended`).
+    pub shard_grace: Duration,
+    /// Where the shards' leader-election Leases are (`--leader-elect-namespace`); `None`: no leader election,
+    /// and no shard is reported.
+    pub lease_namespace: Option<String>,
 }
 
 impl Default for Settings {
@@ -102,6 +108,8 @@ impl Default for Settings {
             stage_timeout: Duration::from_secs(600),
             addon_health_checks: true,
             shard: cso_api::shard::Shard::Default,
+            shard_grace: Duration::from_secs(120),
+            lease_namespace: None,
         }
     }
 }

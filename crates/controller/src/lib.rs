@@ -24,6 +24,7 @@ mod provider_watch;
 pub mod rendering;
 mod run;
 mod stores;
+mod unattended;
 mod watch;
 
 pub use context::{Context, ControllerContext, EVENT_REPORTER, Settings};

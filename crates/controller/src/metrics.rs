@@ -105,6 +105,11 @@ struct SourceRequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabels {
+    shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerificationLabels {
     source: String,
     /// `bundle-v0.3` or `legacy-sig` for a verified release; empty for a refused one.
@@ -139,6 +144,7 @@ pub struct Metrics {
     cache: OnceLock<Arc<ReleaseCache>>,
     clusters: Family<FleetLabels, Gauge>,
     not_running: Family<NotRunningLabels, Gauge>,
+    unattended: Family<ShardLabels, Gauge>,
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
     fleet_status_writes: Family<KindLabels, Counter>,
@@ -202,6 +208,7 @@ impl Default for Metrics {
             cache: OnceLock::new(),
             clusters: Family::default(),
             not_running: Family::default(),
+            unattended: Family::default(),
             addons: OnceLock::new(),
             fleet_status_writes: Family::default(),
         };
@@ -264,6 +271,11 @@ impl Default for Metrics {
             "cso_clusters",
             "Clusters per release their addons are on, by state (ready, progressing, failing)",
             metrics.clusters.clone(),
+        );
+        registry.register(
+            "cso_unattended_clusters",
+            "Clusters labelled for a shard that no replica has reconciled for --shard-grace (default shard only)",
+            metrics.unattended.clone(),
         );
         registry.register(
             "cso_addons_not_running",
@@ -458,6 +470,15 @@ impl Metrics {
     /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).
     pub fn watch_cache(&self, cache: Arc<ReleaseCache>) {
         let _ = self.cache.set(cache);
+    }
+
+    /// How many Clusters of `shard` no replica reconciles (see `crate::unattended`).
+    pub(crate) fn set_unattended(&self, shard: &str, clusters: usize) {
+        self.unattended
+            .get_or_create(&ShardLabels {
+                shard: shard.to_owned(),
+            })
+            .set(i64::try_from(clusters).unwrap_or(i64::MAX));
     }
 
     /// Shows the counts of the ClusterAddons in `addons` (the watch's store) as `cso_clusters`.

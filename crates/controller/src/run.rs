@@ -389,6 +389,15 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     // The Cluster counts in the statuses of ClusterStacks and ClusterStackReleases, from the same watches.
     // Boxed: as a fifth unboxed future of the join below, rustc could not prove the join `Send` (a
     // "not general enough" error about the ClusterAddon controller's futures).
+    // Shards without a replica, told by the default shard, which watches every Cluster.
+    let unattended = management.then(|| {
+        crate::unattended::report(
+            ctx.clone(),
+            cluster_watch.store(),
+            addon_watch.store(),
+            shutdown.clone(),
+        )
+    });
     let fleet = management.then(|| {
         fleet_status::writer(
             ctx.clone(),
@@ -421,7 +430,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                     optional(releases),
                     addon_create,
                     addons,
-                    optional(fleet)
+                    optional(fleet),
+                    optional(unattended)
                 )
             } => {}
             () = watches => {}

@@ -201,6 +201,10 @@ pub struct RunArgs {
     /// shard: unlabelled Clusters, and the ClusterStacks and ClusterStackReleases. Needs leader election.
     #[arg(long, default_value = "", value_parser = parse_shard)]
     pub shard: cso_api::shard::Shard,
+    /// How long a shard may go without a replica holding its Lease before the default shard reports its
+    /// Clusters (gauge `cso_unattended_clusters`, condition `ShardReconciling` on their ClusterAddons).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub shard_grace: Duration,
     /// A cosign public key (`PUBLIC KEY` PEM, as `cosign generate-key-pair` writes `cosign.pub`). Repeatable:
     /// with any, every release fetched from OCI must carry a cosign signature (a Sigstore bundle referrer
     /// or a `sha256-<digest>.sig` tag) by one of these keys, checked before anything of it is cached;

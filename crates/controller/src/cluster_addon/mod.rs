@@ -189,6 +189,8 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     if applied_all {
         ctx.own.applied(&key);
     }
+    // Reconciled by its shard: whatever the default shard said about an unattended shard is over.
+    working.delete_condition(cso_api::names::condition::SHARD_RECONCILING);
     working.set_summary();
     let status = working.status.clone().unwrap_or_default();
     patch::status(&ctx.written, &api, &working, before.as_ref(), &status).await?;

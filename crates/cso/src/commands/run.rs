@@ -138,6 +138,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
 
+    let lease_namespace = match non_empty(&args.leader_elect_namespace) {
+        Some(namespace) => namespace,
+        None => client.default_namespace().to_owned(),
+    };
     let operator = Operator {
         client,
         releases,
@@ -164,6 +168,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             stage_timeout: args.stage_timeout,
             addon_health_checks: args.addon_health_checks,
             shard: args.shard.clone(),
+            shard_grace: args.shard_grace,
+            lease_namespace: args.leader_elect.then(|| lease_namespace.clone()),
             ..Settings::default()
         },
     };
@@ -191,10 +197,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let leadership = if args.leader_elect {
         let settings = LeaseSettings {
             name: args.shard.lease_name(),
-            namespace: match non_empty(&args.leader_elect_namespace) {
-                Some(namespace) => namespace,
-                None => operator.client.default_namespace().to_owned(),
-            },
+            namespace: lease_namespace,
             duration: args.leader_elect_lease_duration,
             identity: LeaseSettings::identity(),
         };
