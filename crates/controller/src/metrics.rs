@@ -145,6 +145,9 @@ pub struct Metrics {
     clusters: Family<FleetLabels, Gauge>,
     not_running: Family<NotRunningLabels, Gauge>,
     unattended: Family<ShardLabels, Gauge>,
+    /// Clusters this replica's shard handles, counted from its Cluster watch at scrape time.
+    shard_clusters: Family<ShardLabels, Gauge>,
+    shard_store: OnceLock<(reflector::Store<cso_api::capi::Cluster>, cso_api::shard::Shard)>,
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
     fleet_status_writes: Family<KindLabels, Counter>,
@@ -209,6 +212,8 @@ impl Default for Metrics {
             clusters: Family::default(),
             not_running: Family::default(),
             unattended: Family::default(),
+            shard_clusters: Family::default(),
+            shard_store: OnceLock::new(),
             addons: OnceLock::new(),
             fleet_status_writes: Family::default(),
         };
@@ -271,6 +276,11 @@ impl Default for Metrics {
             "cso_clusters",
             "Clusters per release their addons are on, by state (ready, progressing, failing)",
             metrics.clusters.clone(),
+        );
+        registry.register(
+            "cso_shard_clusters",
+            "Clusters whose addons this replica's shard handles (labelled for it; the default shard: unlabelled)",
+            metrics.shard_clusters.clone(),
         );
         registry.register(
             "cso_unattended_clusters",
@@ -342,6 +352,18 @@ impl Metrics {
     pub fn encode(&self) -> String {
         if let Some(cache) = self.cache.get() {
             self.releases_cached.set(cache.cached_tags().len() as i64);
+        }
+        if let Some((clusters, shard)) = self.shard_store.get() {
+            let own = clusters
+                .state()
+                .iter()
+                .filter(|c| shard.owns(kube::Resource::meta(c.as_ref()).labels.as_ref()))
+                .count();
+            self.shard_clusters
+                .get_or_create(&ShardLabels {
+                    shard: shard.name().to_owned(),
+                })
+                .set(i64::try_from(own).unwrap_or(i64::MAX));
         }
         if let Some(addons) = self.addons.get() {
             let addons = addons.state();
@@ -470,6 +492,15 @@ impl Metrics {
     /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).
     pub fn watch_cache(&self, cache: Arc<ReleaseCache>) {
         let _ = self.cache.set(cache);
+    }
+
+    /// Counts the Clusters of `shard` in `clusters` (the watch's store) at scrape time as `cso_shard_clusters`.
+    pub(crate) fn watch_shard_clusters(
+        &self,
+        clusters: reflector::Store<cso_api::capi::Cluster>,
+        shard: cso_api::shard::Shard,
+    ) {
+        let _ = self.shard_store.set((clusters, shard));
     }
 
     /// How many Clusters of `shard` no replica reconciles (see `crate::unattended`).

@@ -162,6 +162,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         watcher::Config::default().fields(CAPI_SECRET_SELECTOR),
         (),
     );
+    ctx.metrics
+        .watch_shard_clusters(cluster_watch.store(), settings.shard.clone());
     ctx.use_stores(Stores {
         releases: release_watch.cache(),
         addons: addon_watch.cache(),

@@ -228,18 +228,6 @@ async fn killed_mid_work_and_restarted_with_an_empty_cache_it_converges() {
 }
 
 /// The JSON log lines of one replica.
-fn log_lines(log: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
-    log_lines(log).into_iter().find(|l| l["message"] == message)
-}
-
 /// What the leader-election tests start from: a namespace, GitHub with ferrol, serving certificates.
 struct LeaderScene {
     client: Client,

@@ -341,3 +341,17 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         })
         .sum()
 }
+
+/// The JSON lines of a `cso run` log.
+pub fn log_lines(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The first line of a `cso run` log with `message`.
+pub fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
+    log_lines(log).into_iter().find(|l| l["message"] == message)
+}
