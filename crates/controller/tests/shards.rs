@@ -21,7 +21,7 @@ use cso_release::source::local::LocalSource;
 use k8s_openapi::api::{apps::v1::Deployment, coordination::v1::Lease};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use support::*;
@@ -38,19 +38,7 @@ async fn create_sharded_cluster(
     shard: Option<&str>,
 ) {
     let labels = shard.map(|s| json!({SHARD_LABEL: s})).unwrap_or(json!({}));
-    let cluster: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "topology": {"class": class, "version": "v1.27.3"},
-            "controlPlaneEndpoint": {"host": format!("{name}.example.test"), "port": 6443},
-        },
-    }))
-    .unwrap();
-    dynamic(client, namespace, &capi("Cluster"))
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
+    create_labelled_cluster(client, namespace, name, class, labels).await;
 }
 
 /// An operator in this process for `shard`, on the local releases in `release_dir`; shards' Leases in

@@ -281,9 +281,20 @@ pub async fn cluster_classes(client: &Client, namespace: &str) -> Vec<String> {
 
 /// Creates a Cluster (v1beta1) of `class`, its API server at `<name>.example.test:6443`.
 pub async fn create_cluster(client: &Client, namespace: &str, name: &str, class: &str) {
+    create_labelled_cluster(client, namespace, name, class, json!({})).await;
+}
+
+/// [`create_cluster`] with `labels` (a JSON object).
+pub async fn create_labelled_cluster(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    class: &str,
+    labels: Value,
+) {
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "topology": {"class": class, "version": "v1.27.3"},
             "controlPlaneEndpoint": {"host": format!("{name}.example.test"), "port": 6443},
