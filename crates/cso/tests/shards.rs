@@ -46,6 +46,35 @@ struct Replica {
     process: KillOnDrop,
     log: PathBuf,
     metrics_port: u16,
+    hook_port: u16,
+}
+
+/// The answer of the hook server on `port` to `BeforeClusterUpgrade` for Cluster `cluster`, staying on
+/// `class` (nothing to wait for once its addons are applied).
+async fn before_upgrade(
+    https: &reqwest::Client,
+    port: u16,
+    namespace: &str,
+    cluster: &str,
+    class: &str,
+) -> serde_json::Value {
+    https
+        .post(format!(
+            "https://127.0.0.1:{port}/hooks.runtime.cluster.x-k8s.io/v1alpha1/beforeclusterupgrade/before-cluster-upgrade"
+        ))
+        .json(&json!({
+            "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "BeforeClusterUpgradeRequest",
+            "cluster": {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+                        "metadata": {"name": cluster, "namespace": namespace},
+                        "spec": {"topology": {"class": class, "version": "v1.27.3"}}},
+            "fromKubernetesVersion": "v1.27.3", "toKubernetesVersion": "v1.27.4",
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 async fn ready_addons(addons: &Api<ClusterAddon>, class: &str) -> usize {
@@ -67,7 +96,7 @@ async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_r
     let fake = github_with_ferrol().await;
     let scratch = tempfile::Builder::new().prefix("cso-shards").tempdir().unwrap();
     let certs = scratch.path().join("certs");
-    cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let ca = cso_testenv::pki::write_serving_certificate(&certs).unwrap();
     let tools = cso_testenv::Tools::discover().unwrap();
     // Every Cluster's addons carry the same endpoint, so the Clusters that share a workload cluster apply the
     // same objects there; the two that are upgraded have one of their own.
@@ -102,6 +131,7 @@ async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_r
             process,
             log,
             metrics_port: instance.metrics_port,
+            hook_port: instance.hook_port,
         }
     };
     let default_shard = start("default", None);
@@ -204,6 +234,20 @@ async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_r
         logged(&b.log, "controllers started").is_some(),
         "the log line the standby check relies on is there"
     );
+
+    // A hook about an `a` Cluster gets the same answer from every replica of every shard: it comes from the
+    // ClusterAddon, read from the API server, not from a shard's caches.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let a_hooks = [a_first.hook_port, a_second.hook_port];
+    let from_owner = before_upgrade(&https, a_hooks[a_leader], &ns, "c-6", V1).await;
+    assert_eq!(from_owner["status"], "Success", "{from_owner}");
+    for port in [b.hook_port, a_hooks[a_standby], default_shard.hook_port] {
+        assert_eq!(before_upgrade(&https, port, &ns, "c-6", V1).await, from_owner);
+    }
 
     // The leader of `a` dies; its standby takes over and converges an upgrade of an `a` Cluster.
     let leader = if a_leader == 0 {
