@@ -9,8 +9,9 @@
 //! made (its name is too long) is told so by a Warning event, once.
 //!
 //! Shards ([`cso_api::shard`]): a replica handles only the Clusters of its shard. The ClusterAddon carries its
-//! Cluster's shard label (set when it is made, moved when the Cluster's label moves, by the shard that owns
-//! the Cluster now), so that a named shard's ClusterAddon watch selects its own.
+//! Cluster's shard label (set when it is made; when the Cluster's label moves, the old shard hands it over, or
+//! the new one takes it over from a shard no replica runs: `crate::shard`), so that a named shard's
+//! ClusterAddon watch selects its own.
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -24,7 +25,7 @@ use cso_api::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ObjectMeta, PostParams},
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
 
@@ -35,6 +36,10 @@ use crate::{
     events::Announced,
     filter::{is_paused, propagated_labels},
 };
+
+/// How long a shard taking over a moved Cluster waits before looking again whether the old shard handed its
+/// ClusterAddon over (or stopped running).
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The longest object name the API server accepts (a DNS subdomain).
 pub(crate) const MAX_NAME_LENGTH: usize = 253;
@@ -92,9 +97,11 @@ pub(crate) enum Step {
     Create {
         name: String,
     },
-    /// The ClusterAddon exists with another shard's label: give it the Cluster's (its shard changed).
-    Relabel {
+    /// The ClusterAddon exists labelled for shard `from`: the Cluster moved to this shard. Taken over when no
+    /// replica of `from` runs; otherwise `from` hands it over itself (after any reconcile of it in flight).
+    TakeOver {
         name: String,
+        from: Shard,
     },
     /// No ClusterAddon can be made for this Cluster: tell it (a Warning event with this reason and note).
     Refuse {
@@ -146,7 +153,10 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress, shard: &
     match &progress.addon {
         None => Step::ReadAddon { name },
         Some(Some(labelled)) if labelled == shard => Step::Idle(Idle::Exists),
-        Some(Some(_)) => Step::Relabel { name },
+        Some(Some(labelled)) => Step::TakeOver {
+            name,
+            from: labelled.clone(),
+        },
         Some(None) => Step::Create { name },
     }
 }
@@ -207,8 +217,12 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 };
                 progress.addon = Some(found);
             }
-            Step::Relabel { name } => {
-                relabel(&ctx, &namespace, &name, shard).await?;
+            Step::TakeOver { name, from } => {
+                if crate::shard::runs(&ctx, &from).await? {
+                    tracing::debug!(cluster_addon = %name, %from, "waiting for the shard to hand the ClusterAddon over");
+                    return Ok(Action::requeue(HANDOVER_WAIT));
+                }
+                crate::shard::label(&ctx, &namespace, &name, shard).await?;
                 return Ok(Action::await_change());
             }
             Step::Create { name } => {
@@ -232,25 +246,6 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
             }
         }
     }
-}
-
-/// Gives ClusterAddon `name` the label of `shard`: its Cluster is this shard's now. The shard it was labelled
-/// for no longer selects it (and no longer owns its Cluster), so it stops acting on it.
-async fn relabel(ctx: &Context, namespace: &str, name: &str, shard: &Shard) -> Result<(), Error> {
-    let value = match shard {
-        Shard::Default => serde_json::Value::Null,
-        Shard::Named(name) => name.as_str().into(),
-    };
-    Api::<ClusterAddon>::namespaced(ctx.client.clone(), namespace)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {SHARD_LABEL: value}}})),
-        )
-        .await
-        .map_err(|e| Error::kube(format!("move ClusterAddon {name} to shard {shard}"), e))?;
-    tracing::info!(cluster_addon = %name, %namespace, %shard, "took over a ClusterAddon whose Cluster moved to this shard");
-    Ok(())
 }
 
 async fn create(ctx: &Context, cluster: &Cluster, name: &str) -> Result<(), Error> {
@@ -413,8 +408,9 @@ mod tests {
             release_exists: Some(true),
             addon: Some(Some(label)),
         };
-        let relabel = Step::Relabel {
+        let take_over = |from: &Shard| Step::TakeOver {
             name: "cluster-addon-c1".into(),
+            from: from.clone(),
         };
         let cases = [
             (
@@ -438,12 +434,17 @@ mod tests {
             ),
             (labelled("a"), &a, read(Some(true), Some(false)), create("c1")),
             (labelled("a"), &a, existing(a.clone()), Step::Idle(Idle::Exists)),
-            (labelled("a"), &a, existing(Shard::Default), relabel.clone()),
+            (
+                labelled("a"),
+                &a,
+                existing(Shard::Default),
+                take_over(&Shard::Default),
+            ),
             (
                 cluster("c1", CLASS),
                 &Shard::Default,
                 existing(a.clone()),
-                relabel,
+                take_over(&a),
             ),
         ];
         for (cluster, shard, progress, expected) in cases {

@@ -23,6 +23,7 @@ pub mod preview;
 mod provider_watch;
 pub mod rendering;
 mod run;
+mod shard;
 mod stores;
 mod unattended;
 mod watch;

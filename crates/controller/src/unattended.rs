@@ -54,21 +54,6 @@ pub(crate) fn unattended(
         .collect()
 }
 
-/// Whether `lease` is held now: a holder, renewed less than its duration ago.
-fn held(lease: &Lease) -> bool {
-    let Some(spec) = &lease.spec else { return false };
-    let holder = spec.holder_identity.as_deref().is_some_and(|h| !h.is_empty());
-    let renewed = spec.renew_time.as_ref().map(|t| t.0);
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    match (holder, renewed) {
-        (true, Some(renewed)) => {
-            let expires = renewed.as_second() + duration;
-            expires > k8s_openapi::jiff::Timestamp::now().as_second()
-        }
-        _ => false,
-    }
-}
-
 /// Runs the rounds until `shutdown` completes (default shard only).
 pub(crate) async fn report(
     ctx: Arc<Context>,
@@ -99,7 +84,7 @@ pub(crate) async fn report(
                 Ok(list) => list
                     .items
                     .iter()
-                    .filter(|lease| held(lease))
+                    .filter(|lease| crate::shard::held(lease))
                     .filter_map(|lease| {
                         let name = lease.name_any();
                         labelled

@@ -92,32 +92,17 @@ impl ResyncClock {
 /// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
-    // Another shard's: not touched, and not counted as a reconcile here.
-    if !in_this_shard(&addon, &ctx).await? {
+    // Another shard's: not touched, and not counted as a reconcile here; handed over if it was ours.
+    let owner = crate::shard::owner_of(&addon, &ctx).await?;
+    if owner != ctx.settings.shard {
+        if ctx.settings.shard.owns(addon.meta().labels.as_ref()) {
+            let namespace = addon.namespace().unwrap_or_default();
+            crate::shard::label(&ctx, &namespace, &addon.name_any(), &owner).await?;
+            ctx.workloads.forget(&namespace, &addon.cluster_name());
+        }
         return Ok(Action::await_change());
     }
     ctx.bounded("clusteraddon", addon, reconcile_object).await
-}
-
-/// Whether this replica's shard acts on `addon`: its Cluster's shard label decides (from the watch cache, else
-/// read: a Cluster that moved to another shard has left a named shard's cache); once the Cluster is gone, the
-/// ClusterAddon's own label does (its clean-up is the shard it was labelled for).
-async fn in_this_shard(addon: &ClusterAddon, ctx: &AddonContext) -> Result<bool, Error> {
-    let shard = &ctx.settings.shard;
-    let namespace = addon.namespace().unwrap_or_default();
-    let cluster_name = addon.cluster_name();
-    if let Some(Some(cluster)) = ctx.stores().and_then(|s| s.cluster(&namespace, &cluster_name)) {
-        return Ok(shard.owns(cluster.meta().labels.as_ref()));
-    }
-    let cluster = ctx
-        .clusters(Some(&namespace))
-        .get_opt(&cluster_name)
-        .await
-        .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?;
-    Ok(match cluster {
-        Some(cluster) => shard.owns(cluster.meta().labels.as_ref()),
-        None => shard.owns(addon.meta().labels.as_ref()),
-    })
 }
 
 async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
