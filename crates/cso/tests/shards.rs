@@ -299,11 +299,24 @@ async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_r
         })
     })
     .await;
-    assert!(
-        log_lines(&b.log).iter().any(|l| l["context"]
+    let mentions_c3 = |l: &serde_json::Value| {
+        l["context"]
             .as_str()
-            .is_some_and(|c| c.contains("cluster-addon-c-3"))),
-        "b reconciled c-3"
+            .is_some_and(|c| c.contains("cluster-addon-c-3"))
+    };
+    assert!(log_lines(&b.log).iter().any(mentions_c3), "b reconciled c-3");
+    // `a` (alive) handed it over from its own reconcile, and reconciled it no more after that.
+    let a_lines = log_lines(&a_logs[a_standby]);
+    let handed_over = a_lines
+        .iter()
+        .position(|l| {
+            l["message"] == "ClusterAddon moved to the shard of its Cluster"
+                && l["cluster_addon"] == "cluster-addon-c-3"
+        })
+        .expect("a handed c-3 over");
+    assert!(
+        !a_lines[handed_over + 1..].iter().any(mentions_c3),
+        "a touched c-3 after handing it over"
     );
 
     // No replica of `b` any more: after the grace period, the default shard reports its eleven Clusters.
