@@ -51,6 +51,10 @@ pub type CreateContext = ControllerContext<Announced>;
 /// Reconciles one Cluster (recorded in the reconcile metrics as `clusteraddoncreate`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<CreateContext>) -> Result<Action, Error> {
+    // Another shard's Cluster (in the default shard's whole-fleet watch): not counted as a reconcile here.
+    if !ctx.settings.shard.owns(cluster.meta().labels.as_ref()) {
+        return Ok(Action::await_change());
+    }
     ctx.bounded("clusteraddoncreate", cluster, reconcile_object).await
 }
 
@@ -218,7 +222,7 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 progress.addon = Some(found);
             }
             Step::TakeOver { name, from } => {
-                if crate::shard::runs(&ctx, &from).await? {
+                if !crate::shard::may_take_over(&ctx, &namespace, &name, &from).await? {
                     tracing::debug!(cluster_addon = %name, %from, "waiting for the shard to hand the ClusterAddon over");
                     return Ok(Action::requeue(HANDOVER_WAIT));
                 }

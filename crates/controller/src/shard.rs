@@ -65,16 +65,49 @@ pub(crate) fn held(lease: &Lease) -> bool {
         && renewed.is_some_and(|renewed| renewed + duration > k8s_openapi::jiff::Timestamp::now().as_second())
 }
 
-/// Whether a replica of `shard` holds its Lease (in `--leader-elect-namespace`; without leader election no
-/// shard is known to run).
-pub(crate) async fn runs(ctx: &Context, shard: &Shard) -> Result<bool, Error> {
-    let Some(namespace) = &ctx.settings.lease_namespace else {
+/// Whether a ClusterAddon labelled for shard `from` may be taken over rather than waited for: no replica of
+/// `from` holds its Lease (in `--leader-elect-namespace`). The default shard may run without leader election
+/// (no Lease at all): it is then waited for, as it hands its ClusterAddons over itself; a named shard always
+/// elects, so a missing Lease means none of its replicas ever ran. Asks the owner to hand over meanwhile.
+pub(crate) async fn may_take_over(
+    ctx: &Context,
+    namespace: &str,
+    addon: &str,
+    from: &Shard,
+) -> Result<bool, Error> {
+    let Some(lease_namespace) = &ctx.settings.lease_namespace else {
         return Ok(false);
     };
-    let name = shard.lease_name();
-    Ok(Api::<Lease>::namespaced(ctx.client.clone(), namespace)
+    let name = from.lease_name();
+    let lease = Api::<Lease>::namespaced(ctx.client.clone(), lease_namespace)
         .get_opt(&name)
         .await
-        .map_err(|e| Error::kube(format!("read Lease {name}"), e))?
-        .is_some_and(|lease| held(&lease)))
+        .map_err(|e| Error::kube(format!("read Lease {name}"), e))?;
+    let free = match (&lease, from) {
+        (Some(lease), _) => !held(lease),
+        (None, Shard::Named(_)) => true,
+        (None, Shard::Default) => false,
+    };
+    if !free {
+        request_handover(ctx, namespace, addon, &ctx.settings.shard).await?;
+    }
+    Ok(free)
 }
+
+/// Annotates ClusterAddon `name` with the shard that now owns its Cluster: a change of the ClusterAddon, which
+/// wakes the shard it is labelled for (whose Cluster watch may have missed the Cluster leaving it) to hand it
+/// over. Written once: the same value again changes nothing.
+async fn request_handover(ctx: &Context, namespace: &str, name: &str, to: &Shard) -> Result<(), Error> {
+    Api::<ClusterAddon>::namespaced(ctx.client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {HANDOVER_ANNOTATION: to.name()}}})),
+        )
+        .await
+        .map_err(|e| Error::kube(format!("ask for ClusterAddon {name}"), e))?;
+    Ok(())
+}
+
+/// On a ClusterAddon: the shard that owns its Cluster now and waits for it to be handed over.
+pub(crate) const HANDOVER_ANNOTATION: &str = "clusterstack.x-k8s.io/handover-to";

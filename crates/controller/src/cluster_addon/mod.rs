@@ -92,17 +92,21 @@ impl ResyncClock {
 /// Reconciles one ClusterAddon (recorded in the reconcile metrics as `clusteraddon`, bounded by
 /// the reconcile timeout).
 pub async fn reconcile(addon: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
-    // Another shard's: not touched, and not counted as a reconcile here; handed over if it was ours.
+    // Acted on only where its Cluster's shard and its own label agree (so never by two shards at once: a moved
+    // Cluster's ClusterAddon waits for its label to move); otherwise not counted as a reconcile here, and
+    // handed over if it is labelled for this shard.
     let owner = crate::shard::owner_of(&addon, &ctx).await?;
-    if owner != ctx.settings.shard {
-        if ctx.settings.shard.owns(addon.meta().labels.as_ref()) {
+    let labelled_here = ctx.settings.shard.owns(addon.meta().labels.as_ref());
+    match (owner == ctx.settings.shard, labelled_here) {
+        (true, true) => ctx.bounded("clusteraddon", addon, reconcile_object).await,
+        (false, true) => {
             let namespace = addon.namespace().unwrap_or_default();
             crate::shard::label(&ctx, &namespace, &addon.name_any(), &owner).await?;
             ctx.workloads.forget(&namespace, &addon.cluster_name());
+            Ok(Action::await_change())
         }
-        return Ok(Action::await_change());
+        (_, false) => Ok(Action::await_change()),
     }
-    ctx.bounded("clusteraddon", addon, reconcile_object).await
 }
 
 async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> Result<Action, Error> {
