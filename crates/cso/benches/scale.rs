@@ -40,6 +40,7 @@
 //! | `CSO_BENCH_ARGS` | more flags for `cso run`, space-separated (e.g. `--clusteraddon-concurrency=1`) | none |
 //! | `CSO_BENCH_HELM_RUNS` | sequential `helm template` runs of the reference | `50` |
 //! | `CSO_BENCH_BINARY` | another `cso` binary to run (e.g. a release build of an older commit, to compare) | this package's |
+//! | `CSO_BENCH_SHARDS` | `1`: one `cso run` as above; `3`: three (the default shard, `--shard=a`, `--shard=b`, each with `--leader-elect=true`, its own ports, release directory and log), the Clusters labelled `clusterstack.x-k8s.io/shard` round robin none/a/b at creation, and the cost reported per process and summed (issue 18) | `1` |
 //!
 //! With `CSO_BENCH_HOSTS=cluster` and more Clusters than workload API servers, Clusters sharing a server write
 //! different labels into the same objects (the addons go to fixed names in `kube-system`), so each apply
@@ -93,6 +94,17 @@ struct Settings {
     helm_runs: usize,
     /// The `cso` binary: this package's, or `CSO_BENCH_BINARY` (another build, to compare).
     binary: PathBuf,
+    /// `CSO_BENCH_SHARDS`: 1 or 3 `cso run` processes.
+    shards: usize,
+}
+
+/// The shard label of Cluster `i`: with 3 shards round robin none (the default shard), `a`, `b`.
+fn shard_of(settings: &Settings, i: usize) -> Option<&'static str> {
+    if settings.shards == 3 {
+        [None, Some("a"), Some("b")][i % 3]
+    } else {
+        None
+    }
 }
 
 /// `600s`, `10m`, `1h`, `500ms` or plain seconds.
@@ -146,6 +158,11 @@ impl Settings {
             helm_runs: var("CSO_BENCH_HELM_RUNS").map_or(50, |v| v.parse().unwrap()),
             binary: var("CSO_BENCH_BINARY")
                 .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cso")), PathBuf::from),
+            shards: match var("CSO_BENCH_SHARDS").as_deref() {
+                None | Some("1") => 1,
+                Some("3") => 3,
+                Some(other) => panic!("CSO_BENCH_SHARDS={other}: `1` or `3`"),
+            },
         }
     }
 }
@@ -439,6 +456,8 @@ struct Operator {
     last_usage: Usage,
     metrics_addr: String,
     log: PathBuf,
+    /// Its name in the report: `cso`, or with 3 shards `default`, `a`, `b`.
+    name: String,
 }
 
 fn free_port() -> u16 {
@@ -464,7 +483,27 @@ impl Operator {
     /// `cso run` with its default flags, except what this environment needs: the kubeconfig, the local
     /// releases, loopback ports for metrics and probes, free ports and an empty certificate directory for the
     /// webhook and hook servers (they wait for certificates that never come: nothing here calls them).
-    async fn start(tools: &Tools, kubeconfig: &Path, dir: &Path, settings: &Settings) -> Self {
+    ///
+    /// `shard`: `None` for the single process (as before shards); with 3 shards `Some("")` for the default
+    /// shard and `Some(name)` for `--shard=name`, each with leader election on (its Lease in `default`) and a
+    /// directory of its own under `dir`.
+    async fn start(
+        tools: &Tools,
+        kubeconfig: &Path,
+        dir: &Path,
+        settings: &Settings,
+        shard: Option<&str>,
+    ) -> Self {
+        let name = match shard {
+            None => "cso".to_owned(),
+            Some("") => "default".to_owned(),
+            Some(name) => name.to_owned(),
+        };
+        let dir = &match shard {
+            None => dir.to_path_buf(),
+            Some(_) => dir.join(format!("shard-{name}")),
+        };
+        std::fs::create_dir_all(dir).unwrap();
         let release_dir = dir.join("releases");
         for tag in [V1, V2] {
             copy_release(&release_dir, tag);
@@ -486,6 +525,13 @@ impl Operator {
             // The workload clusters are bare API servers: nothing they hold ever runs.
             "--addon-health-checks=false".to_owned(),
         ];
+        if let Some(shard) = shard {
+            args.push("--leader-elect=true".to_owned());
+            args.push("--leader-elect-namespace=default".to_owned());
+            if !shard.is_empty() {
+                args.push(format!("--shard={shard}"));
+            }
+        }
         if let Some(resync) = settings.resync {
             args.push(format!("--resync-interval={}s", resync.as_secs()));
         }
@@ -495,7 +541,7 @@ impl Operator {
             .renderer
             .clone()
             .expect("cso-renderer not found: run `make tools`");
-        println!("  operator: {} {}", binary.display(), args.join(" "));
+        println!("  operator {name}: {} {}", binary.display(), args.join(" "));
         println!(
             "            CSO_RENDERER={}, everything else at its default (leader election on, \
              --clusteraddon-concurrency=10, --qps=200, --burst=400, --resync-interval=5m unless given above)",
@@ -531,6 +577,7 @@ impl Operator {
             last_usage: Usage::default(),
             metrics_addr,
             log,
+            name,
         }
     }
 
@@ -618,6 +665,7 @@ async fn snapshot(env: &Environment, operator: &Operator) -> Snapshot {
                     "cso_objects_applied_total",
                     "cso_objects_pruned_total",
                     "cso_objects_drift_corrected_total",
+                    "cso_shard_clusters",
                 ],
             )
         })
@@ -936,9 +984,13 @@ fn kubeconfig_secret(name: &str, kubeconfig: &str) -> DynamicObject {
 }
 
 /// A Cluster of the ferrol v1 class whose control plane is at `host`.
-fn cluster_object(name: &str, host: &str) -> DynamicObject {
+fn cluster_object(name: &str, host: &str, shard: Option<&str>) -> DynamicObject {
+    let metadata = match shard {
+        Some(shard) => json!({"name": name, "labels": {"clusterstack.x-k8s.io/shard": shard}}),
+        None => json!({"name": name}),
+    };
     serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "metadata": {"name": name},
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "metadata": metadata,
         "spec": {"topology": {"class": V1, "version": "v1.27.3"},
                  "controlPlaneEndpoint": {"host": host, "port": 6443}}}))
     .unwrap()
@@ -947,8 +999,9 @@ fn cluster_object(name: &str, host: &str) -> DynamicObject {
 async fn run_size(n: usize, tools: &Tools, settings: &Settings) -> Row {
     println!();
     println!(
-        "=== N = {n}: {} workload API servers, hosts per {} ===",
+        "=== N = {n}: {} workload API servers, {} cso process(es), hosts per {} ===",
         settings.workloads,
+        settings.shards,
         if settings.shared_hosts {
             "workload server"
         } else {
@@ -970,14 +1023,89 @@ async fn run_size(n: usize, tools: &Tools, settings: &Settings) -> Row {
         );
     }
     let dir = tempfile::Builder::new().prefix("cso-scale-").tempdir().unwrap();
-    let mut operator = Operator::start(tools, env.management.kubeconfig_path(), dir.path(), settings).await;
-    let row = measure(n, &env, &mut operator, settings).await;
-    println!("  operator log: {}", operator.log_summary());
+    let kubeconfig = env.management.kubeconfig_path();
+    let (mut operator, mut others) = if settings.shards == 3 {
+        let default = Operator::start(tools, kubeconfig, dir.path(), settings, Some("")).await;
+        let mut others = Vec::new();
+        for shard in ["a", "b"] {
+            others.push(Operator::start(tools, kubeconfig, dir.path(), settings, Some(shard)).await);
+        }
+        (default, others)
+    } else {
+        (
+            Operator::start(tools, kubeconfig, dir.path(), settings, None).await,
+            Vec::new(),
+        )
+    };
+    let row = measure(n, &env, &mut operator, &mut others, settings).await;
+    println!("  operator {} log: {}", operator.name, operator.log_summary());
+    for other in &others {
+        println!("  operator {} log: {}", other.name, other.log_summary());
+    }
     operator.process.stop(Duration::from_secs(10));
+    for other in &mut others {
+        other.process.stop(Duration::from_secs(10));
+    }
     row
 }
 
-async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings: &Settings) -> Row {
+/// With 3 shards: the cost of each process, the shard processes' own lines, then their sums.
+fn print_shards(n: usize, operators: &[&Operator], before: &[Snapshot], after: &[Snapshot]) {
+    if operators.len() < 2 {
+        return;
+    }
+    let (mut cpu, mut children_cpu, mut rss, mut children_rss, mut requests, mut reconciles) =
+        (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for ((operator, before), after) in operators.iter().zip(before).zip(after) {
+        let cost = cost(before, after);
+        let owned = after
+            .operator
+            .iter()
+            .filter(|s| s.name == "cso_shard_clusters")
+            .map(|s| format!("{}={:.0}", label(&s.labels, "shard"), s.value))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "    shard {}: cso_shard_clusters {{{owned}}}; cso CPU {:.2} s, peak RSS {:.1} MiB; renderer CPU {:.2} s, \
+             peak RSS {:.1} MiB; management requests {:.0}; reconciles {:.0} ({})",
+            operator.name,
+            cost.cso_cpu.as_secs_f64(),
+            mib(cost.cso_peak_kib),
+            cost.children_cpu.as_secs_f64(),
+            mib(cost.children_peak_kib),
+            total(&cost.operator_requests),
+            total(&cost.reconciles),
+            breakdown(&cost.reconciles, 6)
+        );
+        cpu += cost.cso_cpu.as_secs_f64();
+        children_cpu += cost.children_cpu.as_secs_f64();
+        rss += mib(cost.cso_peak_kib);
+        children_rss += mib(cost.children_peak_kib);
+        requests += total(&cost.operator_requests);
+        reconciles += total(&cost.reconciles);
+    }
+    println!(
+        "    shards summed: cso CPU {cpu:.2} s, peak RSS {rss:.1} MiB; renderer CPU {children_cpu:.2} s, peak RSS \
+         {children_rss:.1} MiB; management requests {requests:.0} ({:.1} per Cluster); reconciles {reconciles:.0}",
+        requests / n.max(1) as f64
+    );
+}
+
+async fn snapshots(env: &Environment, operators: &[&Operator]) -> Vec<Snapshot> {
+    let mut all = Vec::new();
+    for operator in operators {
+        all.push(snapshot(env, operator).await);
+    }
+    all
+}
+
+async fn measure(
+    n: usize,
+    env: &Environment,
+    operator: &mut Operator,
+    others: &mut [Operator],
+    settings: &Settings,
+) -> Row {
     let client = &env.client;
     let mut row = Row { n, ..Row::default() };
     let ns = cso_testenv::namespace(client, "scale").await.unwrap();
@@ -1041,7 +1169,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
         .await
         .unwrap();
     clusters
-        .create(&dry_run, &cluster_object("warm-up", "warm-up.example.test"))
+        .create(&dry_run, &cluster_object("warm-up", "warm-up.example.test", None))
         .await
         .unwrap();
     println!(
@@ -1049,9 +1177,11 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
         warm.elapsed().as_secs_f64()
     );
     let before = snapshot(env, operator).await;
+    let before_all = snapshots(env, &all_operators(operator, others)).await;
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
+            let shard = shard_of(settings, i);
             let (secrets, clusters, kubeconfigs) = (&secrets, &clusters, &kubeconfigs);
             let name = format!("c{i}");
             let host = host(settings, i);
@@ -1059,7 +1189,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
                 let secret = kubeconfig_secret(&name, &kubeconfigs[i % kubeconfigs.len()]);
                 secrets.create(&PostParams::default(), &secret).await?;
                 clusters
-                    .create(&PostParams::default(), &cluster_object(&name, &host))
+                    .create(&PostParams::default(), &cluster_object(&name, &host, shard))
                     .await?;
                 Ok::<_, kube::Error>(())
             }
@@ -1083,6 +1213,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
     )
     .await;
     let after = snapshot(env, operator).await;
+    let after_all = snapshots(env, &all_operators(operator, others)).await;
     row.install_cost = cost(&before, &after);
     match row.install.1 {
         Some(took) => println!(
@@ -1096,6 +1227,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
         ),
     }
     print_cost(n, &row.install_cost, after.at - before.at);
+    print_shards(n, &all_operators(operator, others), &before_all, &after_all);
     if row.install.1.is_none() {
         watch.abort();
         row.failure = operator.exited();
@@ -1118,6 +1250,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
         started_v2.elapsed().as_secs_f64()
     );
     let before = snapshot(env, operator).await;
+    let before_all = snapshots(env, &all_operators(operator, others)).await;
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
@@ -1150,6 +1283,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
     )
     .await;
     let after = snapshot(env, operator).await;
+    let after_all = snapshots(env, &all_operators(operator, others)).await;
     let upgrade_cost = cost(&before, &after);
     match upgrade.1 {
         Some(took) => println!(
@@ -1163,6 +1297,7 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
         ),
     }
     print_cost(n, &upgrade_cost, after.at - before.at);
+    print_shards(n, &all_operators(operator, others), &before_all, &after_all);
     // What v2 left in the workload clusters: `web` pruned, metrics-server labelled v2.
     let mut pruned = 0;
     let mut labelled = 0;
@@ -1195,6 +1330,11 @@ async fn measure(n: usize, env: &Environment, operator: &mut Operator, settings:
     watch.abort();
     row.failure = operator.exited();
     row
+}
+
+/// The operator and, with 3 shards, the shard processes `a` and `b`.
+fn all_operators<'a>(operator: &'a Operator, others: &'a [Operator]) -> Vec<&'a Operator> {
+    std::iter::once(operator).chain(others).collect()
 }
 
 async fn idle(
