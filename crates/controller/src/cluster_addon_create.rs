@@ -16,7 +16,7 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use cso_api::{
-    ClusterAddon, ClusterAddonSpec, ClusterStackRelease,
+    ClusterAddon, ClusterAddonSpec,
     capi::Cluster,
     cluster_addon::cluster_addon_name,
     common::ObjectReference,
@@ -189,19 +189,7 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
             // From the stores when they run: a release that appears triggers its Clusters again, and a
             // ClusterAddon the store does not show yet is created once more and found to exist (409).
             Step::ReadRelease { name, namespace } => {
-                let exists = match ctx.stores().and_then(|s| s.releases()) {
-                    Some(store) => store.get(&ObjectRef::new(&name).within(&namespace)).is_some(),
-                    None => {
-                        let releases: Api<ClusterStackRelease> =
-                            Api::namespaced(ctx.client.clone(), &namespace);
-                        releases
-                            .get_opt(&name)
-                            .await
-                            .map_err(|e| Error::kube(format!("read ClusterStackRelease {name}"), e))?
-                            .is_some()
-                    }
-                };
-                progress.release_exists = Some(exists);
+                progress.release_exists = Some(ctx.cluster_stack_release(&namespace, &name).await?.is_some());
             }
             // A named shard's store holds its own ClusterAddons only: one it does not show may be another
             // shard's (its Cluster moved here), which a read tells.

@@ -212,6 +212,23 @@ impl Context {
         let _ = self.stores.set(stores);
     }
 
+    /// ClusterStackRelease `name` in `namespace`: from the watch cache when the controllers run (a release
+    /// that appears triggers what waits for it), else read.
+    pub(crate) async fn cluster_stack_release(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<std::sync::Arc<cso_api::ClusterStackRelease>>, crate::Error> {
+        if let Some(store) = self.stores().and_then(|s| s.releases()) {
+            return Ok(store.get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace)));
+        }
+        Api::<cso_api::ClusterStackRelease>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map(|found| found.map(std::sync::Arc::new))
+            .map_err(|e| crate::Error::kube(format!("read ClusterStackRelease {name}"), e))
+    }
+
     /// The Clusters in `namespace` (in every namespace with `None`), in the version they are read in.
     pub(crate) fn clusters(&self, namespace: Option<&str>) -> Api<Cluster> {
         match namespace {

@@ -34,14 +34,17 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
-use reqwest::{StatusCode, Url};
+use reqwest::StatusCode;
 use ring::{
     rand::SystemRandom,
     signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair as _},
 };
 use sha2::{Digest, Sha256};
 
-use crate::{Error, registry::sha256_digest};
+use crate::{
+    Error,
+    registry::{RepositoryClient, sha256_digest},
+};
 
 /// The media type of a Sigstore bundle v0.3, the layer and the artifact type of a bundle referrer.
 pub const BUNDLE_MEDIA_TYPE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
@@ -53,9 +56,8 @@ pub const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
 /// The annotation of a legacy signature layer holding the base64 of the DER signature.
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
-/// The OCI image index (the referrers tag schema's tag holds one).
-pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
-const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+use crate::registry::IMAGE_MANIFEST_MEDIA_TYPE as MANIFEST_MEDIA_TYPE;
+pub use crate::registry::INDEX_MEDIA_TYPE;
 const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 
 /// Where a signature is stored: see the module doc.
@@ -455,7 +457,7 @@ pub async fn push_bundle(
     subject: &Subject,
     bundle: Vec<u8>,
 ) -> Result<PushedBundle, Error> {
-    let registry = Plain::new(registry_host, repository)?;
+    let registry = RepositoryClient::new(registry_host, repository, None)?;
     let empty = registry.push_blob(b"{}").await?;
     let layer = registry.push_blob(&bundle).await?;
     let created = k8s_openapi::jiff::Timestamp::now()
@@ -515,7 +517,7 @@ pub async fn push_bundle(
 
 /// The tags of `repository` (all of them: distribution 2.8 does not page).
 pub async fn list_tags(registry_host: &str, repository: &str) -> Result<Vec<String>, Error> {
-    let registry = Plain::new(registry_host, repository)?;
+    let registry = RepositoryClient::new(registry_host, repository, None)?;
     let url = registry.url("tags/list")?;
     let response = registry
         .http
@@ -536,14 +538,14 @@ pub async fn get_manifest(
     repository: &str,
     reference: &str,
 ) -> Result<Option<Vec<u8>>, Error> {
-    Plain::new(registry_host, repository)?
+    RepositoryClient::new(registry_host, repository, None)?
         .get_manifest(reference)
         .await
 }
 
 /// The blob `digest` of `repository`.
 pub async fn get_blob(registry_host: &str, repository: &str, digest: &str) -> Result<Vec<u8>, Error> {
-    let registry = Plain::new(registry_host, repository)?;
+    let registry = RepositoryClient::new(registry_host, repository, None)?;
     let response = registry
         .http
         .get(registry.url(&format!("blobs/{digest}"))?)
@@ -558,138 +560,6 @@ pub async fn get_blob(registry_host: &str, repository: &str, digest: &str) -> Re
         .await
         .map_err(|e| Error::Kube(format!("blob {digest}: {e}")))?;
     Ok(body.to_vec())
-}
-
-/// Anonymous plain-HTTP access to one repository.
-struct Plain {
-    http: reqwest::Client,
-    base: Url,
-    repository: String,
-}
-
-impl Plain {
-    fn new(host: &str, repository: &str) -> Result<Plain, Error> {
-        crate::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .build()
-            .map_err(|e| Error::Kube(format!("HTTP client: {e}")))?;
-        let base = Url::parse(&format!("http://{host}/v2/{repository}/"))
-            .map_err(|e| Error::Kube(format!("registry URL: {e}")))?;
-        Ok(Plain {
-            http,
-            base,
-            repository: repository.to_owned(),
-        })
-    }
-
-    fn url(&self, path: &str) -> Result<Url, Error> {
-        self.base
-            .join(path)
-            .map_err(|e| Error::Kube(format!("registry URL {path}: {e}")))
-    }
-
-    async fn push_blob(&self, data: &[u8]) -> Result<String, Error> {
-        let digest = sha256_digest(data);
-        let fail = |what: String| Error::Kube(format!("push blob {digest} to {}: {what}", self.repository));
-        let head = self
-            .http
-            .head(self.url(&format!("blobs/{digest}"))?)
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if head.status() == StatusCode::OK {
-            return Ok(digest);
-        }
-        let started = self
-            .http
-            .post(self.url("blobs/uploads/")?)
-            .header(reqwest::header::CONTENT_LENGTH, "0")
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if started.status() != StatusCode::ACCEPTED {
-            return Err(fail(format!("start upload answered {}", started.status())));
-        }
-        let location = started
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|l| l.to_str().ok())
-            .ok_or_else(|| fail("the upload has no Location".into()))?;
-        let mut upload = self.url(location)?;
-        upload.query_pairs_mut().append_pair("digest", &digest);
-        let put = self
-            .http
-            .put(upload)
-            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-            .body(data.to_vec())
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if put.status() != StatusCode::CREATED {
-            let status = put.status();
-            return Err(fail(format!(
-                "{status}: {}",
-                put.text().await.unwrap_or_default()
-            )));
-        }
-        Ok(digest)
-    }
-
-    async fn put_manifest(&self, reference: &str, media_type: &str, body: &[u8]) -> Result<(), Error> {
-        let fail =
-            |what: String| Error::Kube(format!("put manifest {}:{reference}: {what}", self.repository));
-        let put = self
-            .http
-            .put(self.url(&format!("manifests/{reference}"))?)
-            .header(reqwest::header::CONTENT_TYPE, media_type)
-            .body(body.to_vec())
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if put.status() != StatusCode::CREATED {
-            let status = put.status();
-            return Err(fail(format!(
-                "{status}: {}",
-                put.text().await.unwrap_or_default()
-            )));
-        }
-        Ok(())
-    }
-
-    async fn get_manifest(&self, reference: &str) -> Result<Option<Vec<u8>>, Error> {
-        let fail =
-            |what: String| Error::Kube(format!("get manifest {}:{reference}: {what}", self.repository));
-        let response = self
-            .http
-            .get(self.url(&format!("manifests/{reference}"))?)
-            .header(
-                reqwest::header::ACCEPT,
-                format!("{MANIFEST_MEDIA_TYPE}, {INDEX_MEDIA_TYPE}"),
-            )
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        match response.status() {
-            StatusCode::NOT_FOUND => Ok(None),
-            StatusCode::OK => Ok(Some(
-                response.bytes().await.map_err(|e| fail(e.to_string()))?.to_vec(),
-            )),
-            status => Err(fail(format!("{status}"))),
-        }
-    }
-
-    /// Whether `GET /v2/<repository>/referrers/<digest>` answers with an index (distribution 3, most hosted
-    /// registries) rather than 404 (distribution 2.8).
-    async fn answers_referrers(&self, digest: &str) -> Result<bool, Error> {
-        let response = self
-            .http
-            .get(self.url(&format!("referrers/{digest}"))?)
-            .header(reqwest::header::ACCEPT, INDEX_MEDIA_TYPE)
-            .send()
-            .await
-            .map_err(|e| Error::Kube(format!("referrers of {digest}: {e}")))?;
-        Ok(response.status() == StatusCode::OK)
-    }
 }
 
 #[cfg(test)]

@@ -218,6 +218,8 @@ impl Registry {
 pub const ORAS_ARTIFACT_TYPE: &str = "application/vnd.clusterstack.release";
 /// The OCI image manifest, which `oras push` writes (image-spec 1.1: `artifactType`, empty config).
 pub const IMAGE_MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// The OCI image index (the referrers tag schema's tag holds one).
+pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 /// The empty config of an artifact (image-spec 1.1), the two bytes `{}`.
 pub const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 
@@ -291,104 +293,179 @@ pub async fn push_files_like_oras(
     tag: &str,
     files: &[(String, Vec<u8>)],
 ) -> Result<String, Error> {
-    crate::install_crypto_provider();
-    let fail = |what: String| Error::Kube(format!("oras-style push of {repository}:{tag}: {what}"));
-    let http = reqwest::Client::builder()
-        .build()
-        .map_err(|e| fail(format!("HTTP client: {e}")))?;
-    let base = Url::parse(&format!("http://{}/v2/{repository}/", registry.host))
-        .map_err(|e| fail(format!("URL: {e}")))?;
-    let authorize = |request: reqwest::RequestBuilder| match &registry.auth {
-        RegistryAuth::Basic(user, password) => request.basic_auth(user, Some(password)),
-        _ => request,
+    let basic = match &registry.auth {
+        RegistryAuth::Basic(user, password) => Some((user.clone(), password.clone())),
+        _ => None,
     };
-
-    let push_blob = async |data: &[u8]| -> Result<serde_json::Value, Error> {
-        let digest = sha256_digest(data);
-        let blob = base
-            .join(&format!("blobs/{digest}"))
-            .map_err(|e| fail(format!("URL: {e}")))?;
-        let head = authorize(http.head(blob))
-            .send()
-            .await
-            .map_err(|e| fail(format!("HEAD blob {digest}: {e}")))?;
-        if head.status() != StatusCode::OK {
-            let start = base
-                .join("blobs/uploads/")
-                .map_err(|e| fail(format!("URL: {e}")))?;
-            let started = authorize(http.post(start))
-                .header(reqwest::header::CONTENT_LENGTH, "0")
-                .send()
-                .await
-                .map_err(|e| fail(format!("start upload: {e}")))?;
-            if started.status() != StatusCode::ACCEPTED {
-                return Err(fail(format!("start upload answered {}", started.status())));
-            }
-            let location = started
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .and_then(|l| l.to_str().ok())
-                .ok_or_else(|| fail("the upload has no Location".into()))?;
-            // The location may be relative and may already carry a query (the registry's upload state).
-            let mut upload = base
-                .join(location)
-                .map_err(|e| fail(format!("upload location {location:?}: {e}")))?;
-            upload.query_pairs_mut().append_pair("digest", &digest);
-            let put = authorize(http.put(upload))
-                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-                .body(data.to_vec())
-                .send()
-                .await
-                .map_err(|e| fail(format!("upload {digest}: {e}")))?;
-            if put.status() != StatusCode::CREATED {
-                let status = put.status();
-                let body = put.text().await.unwrap_or_default();
-                return Err(fail(format!("upload {digest} answered {status}: {body}")));
-            }
-        }
-        Ok(serde_json::json!({ "digest": digest, "size": data.len() }))
-    };
-
+    let client = RepositoryClient::new(&registry.host, repository, basic)?;
     let mut layers = Vec::new();
     for (name, data) in files {
-        let blob = push_blob(data).await?;
         layers.push(serde_json::json!({
             "mediaType": FILE_MEDIA_TYPE,
-            "digest": blob["digest"],
-            "size": blob["size"],
+            "digest": client.push_blob(data).await?,
+            "size": data.len(),
             "annotations": { TITLE_ANNOTATION: name },
         }));
     }
-    let empty = push_blob(b"{}").await?;
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": IMAGE_MANIFEST_MEDIA_TYPE,
         "artifactType": ORAS_ARTIFACT_TYPE,
         "config": {
             "mediaType": EMPTY_MEDIA_TYPE,
-            "digest": empty["digest"],
-            "size": empty["size"],
+            "digest": client.push_blob(b"{}").await?,
+            "size": 2,
             "data": "e30=",
         },
         "layers": layers,
     });
-    let body = serde_json::to_vec(&manifest).map_err(|e| fail(format!("manifest: {e}")))?;
-    let digest = sha256_digest(&body);
-    let url = base
-        .join(&format!("manifests/{tag}"))
-        .map_err(|e| fail(format!("URL: {e}")))?;
-    let put = authorize(http.put(url))
-        .header(reqwest::header::CONTENT_TYPE, IMAGE_MANIFEST_MEDIA_TYPE)
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| fail(format!("manifest: {e}")))?;
-    if put.status() != StatusCode::CREATED {
-        let status = put.status();
-        let body = put.text().await.unwrap_or_default();
-        return Err(fail(format!("manifest answered {status}: {body}")));
+    let body = serde_json::to_vec(&manifest)
+        .map_err(|e| Error::Kube(format!("manifest of {repository}:{tag}: {e}")))?;
+    client.put_manifest(tag, IMAGE_MANIFEST_MEDIA_TYPE, &body).await?;
+    Ok(sha256_digest(&body))
+}
+
+/// Plain-HTTP access to one repository of a registry (with basic credentials, or anonymous), speaking the
+/// distribution API as `oras` and cosign do: what the pushes of these tests are made of.
+pub(crate) struct RepositoryClient {
+    pub(crate) http: reqwest::Client,
+    base: Url,
+    repository: String,
+    basic: Option<(String, String)>,
+}
+
+impl RepositoryClient {
+    pub(crate) fn new(host: &str, repository: &str, basic: Option<(String, String)>) -> Result<Self, Error> {
+        crate::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .build()
+            .map_err(|e| Error::Kube(format!("HTTP client: {e}")))?;
+        let base = Url::parse(&format!("http://{host}/v2/{repository}/"))
+            .map_err(|e| Error::Kube(format!("registry URL: {e}")))?;
+        Ok(RepositoryClient {
+            http,
+            base,
+            repository: repository.to_owned(),
+            basic,
+        })
     }
-    Ok(digest)
+
+    /// `path` below `/v2/<repository>/`; a location the registry answered (relative, possibly with a query)
+    /// resolves the same way.
+    pub(crate) fn url(&self, path: &str) -> Result<Url, Error> {
+        self.base
+            .join(path)
+            .map_err(|e| Error::Kube(format!("registry URL {path}: {e}")))
+    }
+
+    fn authorize(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.basic {
+            Some((user, password)) => request.basic_auth(user, Some(password)),
+            None => request,
+        }
+    }
+
+    /// Pushes `data` as a blob unless the registry has it (`HEAD`), with `POST .../blobs/uploads/` and a
+    /// monolithic `PUT <location>?digest=`; its digest.
+    pub(crate) async fn push_blob(&self, data: &[u8]) -> Result<String, Error> {
+        let digest = sha256_digest(data);
+        let fail = |what: String| Error::Kube(format!("push blob {digest} to {}: {what}", self.repository));
+        let head = self
+            .authorize(self.http.head(self.url(&format!("blobs/{digest}"))?))
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if head.status() == StatusCode::OK {
+            return Ok(digest);
+        }
+        let started = self
+            .authorize(self.http.post(self.url("blobs/uploads/")?))
+            .header(reqwest::header::CONTENT_LENGTH, "0")
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if started.status() != StatusCode::ACCEPTED {
+            return Err(fail(format!("start upload answered {}", started.status())));
+        }
+        let location = started
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .ok_or_else(|| fail("the upload has no Location".into()))?;
+        let mut upload = self.url(location)?;
+        upload.query_pairs_mut().append_pair("digest", &digest);
+        let put = self
+            .authorize(self.http.put(upload))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(data.to_vec())
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        created(put, fail).await?;
+        Ok(digest)
+    }
+
+    /// `PUT .../manifests/<reference>` of `body` as `media_type`.
+    pub(crate) async fn put_manifest(
+        &self,
+        reference: &str,
+        media_type: &str,
+        body: &[u8],
+    ) -> Result<(), Error> {
+        let fail =
+            |what: String| Error::Kube(format!("put manifest {}:{reference}: {what}", self.repository));
+        let put = self
+            .authorize(self.http.put(self.url(&format!("manifests/{reference}"))?))
+            .header(reqwest::header::CONTENT_TYPE, media_type)
+            .body(body.to_vec())
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        created(put, fail).await
+    }
+    /// The manifest (or index) at `reference`; `None` when the registry has none.
+    pub(crate) async fn get_manifest(&self, reference: &str) -> Result<Option<Vec<u8>>, Error> {
+        let fail =
+            |what: String| Error::Kube(format!("get manifest {}:{reference}: {what}", self.repository));
+        let response = self
+            .authorize(self.http.get(self.url(&format!("manifests/{reference}"))?))
+            .header(
+                reqwest::header::ACCEPT,
+                format!("{IMAGE_MANIFEST_MEDIA_TYPE}, {INDEX_MEDIA_TYPE}"),
+            )
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::OK => Ok(Some(
+                response.bytes().await.map_err(|e| fail(e.to_string()))?.to_vec(),
+            )),
+            status => Err(fail(format!("{status}"))),
+        }
+    }
+
+    /// Whether `GET /v2/<repository>/referrers/<digest>` answers with an index (distribution 3, most hosted
+    /// registries) rather than 404 (distribution 2.8).
+    pub(crate) async fn answers_referrers(&self, digest: &str) -> Result<bool, Error> {
+        let response = self
+            .authorize(self.http.get(self.url(&format!("referrers/{digest}"))?))
+            .header(reqwest::header::ACCEPT, INDEX_MEDIA_TYPE)
+            .send()
+            .await
+            .map_err(|e| Error::Kube(format!("referrers of {digest}: {e}")))?;
+        Ok(response.status() == StatusCode::OK)
+    }
+}
+
+/// The answer when it is `201 Created`; else the error `fail` makes of its status and body.
+async fn created(response: reqwest::Response, fail: impl Fn(String) -> Error) -> Result<(), Error> {
+    if response.status() == StatusCode::CREATED {
+        return Ok(());
+    }
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    Err(fail(format!("{status}: {body}")))
 }
 
 /// A front for a [`Registry`] that pages the tag list as the distribution spec says (see the module doc).

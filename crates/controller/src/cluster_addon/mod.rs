@@ -433,17 +433,8 @@ impl Driver<'_> {
         let Some((_, namespace)) = self.cluster.as_ref().and_then(Cluster::stack_release) else {
             return Ok(None);
         };
-        let name = id.tag();
-        Ok(match self.ctx.stores().and_then(|s| s.releases()) {
-            Some(store) => store
-                .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace))
-                .and_then(|release| release.spec.digest.clone()),
-            None => Api::<cso_api::ClusterStackRelease>::namespaced(self.ctx.client.clone(), &namespace)
-                .get_opt(&name)
-                .await
-                .map_err(|e| Error::kube(format!("read ClusterStackRelease {name}"), e))?
-                .and_then(|release| release.spec.digest),
-        })
+        let release = self.ctx.cluster_stack_release(&namespace, &id.tag()).await?;
+        Ok(release.and_then(|release| release.spec.digest.clone()))
     }
 
     fn parts(&self) -> Result<(&Cluster, &WorkloadCluster, &Release), Error> {
