@@ -72,9 +72,10 @@ pub struct RenderArgs {
     /// The GitHub API (GitHub Enterprise, or a stand-in).
     #[arg(long, default_value = "https://api.github.com")]
     pub github_api_url: String,
-    /// The `helm` binary.
-    #[arg(long, default_value = "helm", env = "CSO_HELM")]
-    pub helm: PathBuf,
+    /// The `helm` binary: a path, or a name looked up on `PATH`. Default: the `helm` beside `cso`, else on
+    /// `PATH`.
+    #[arg(long, env = "CSO_HELM")]
+    pub helm: Option<PathBuf>,
     /// Where chart dependencies the release does not vendor are fetched from, as for `cso run`: `URL` (an
     /// HTTP(S) chart repository or an `oci://` prefix) for all, `FROM=URL` for one repository. Repeatable.
     /// Without it they come from the repositories their `Chart.yaml` names.
@@ -183,12 +184,15 @@ pub struct RunArgs {
     /// own engine (no process per render), or `helm`, a `helm template` process per render.
     #[arg(long, default_value = "engine", env = "CSO_RENDER_WITH", value_parser = ["engine", "helm"])]
     pub renderer: String,
-    /// The `cso-renderer` binary (with `--renderer=engine`).
-    #[arg(long, default_value = "cso-renderer", env = "CSO_RENDERER")]
-    pub renderer_binary: PathBuf,
-    /// The `helm` binary (with `--renderer=helm`).
-    #[arg(long, default_value = "helm", env = "CSO_HELM")]
-    pub helm: PathBuf,
+    /// The `cso-renderer` binary (with `--renderer=engine`): a path, or a name looked up on `PATH`. Default:
+    /// the `cso-renderer` beside `cso` (as in the image), else on `PATH`. Checked at start: `cso run` refuses
+    /// to start without a renderer that answers.
+    #[arg(long, env = "CSO_RENDERER")]
+    pub renderer_binary: Option<PathBuf>,
+    /// The `helm` binary (with `--renderer=helm`): a path, or a name looked up on `PATH`. Default: the `helm`
+    /// beside `cso`, else on `PATH`.
+    #[arg(long, env = "CSO_HELM")]
+    pub helm: Option<PathBuf>,
     /// How long one render may take.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub helm_timeout: Duration,

@@ -6,6 +6,7 @@ mod commands;
 mod endpoints;
 mod leader;
 mod logging;
+mod renderer_binary;
 
 use clap::Parser;
 

@@ -20,7 +20,7 @@
 //! [`ValuesTemplater::with_engine`](crate::ValuesTemplater::with_engine)).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},
     process::Stdio,
     sync::{
@@ -59,6 +59,9 @@ struct Inner {
     next_id: AtomicU64,
     /// The process new requests go to; `None` before the first request and after one died or was retired.
     current: tokio::sync::Mutex<Option<Arc<Process>>>,
+    /// The process ids of every program started by this handle that has not exited yet: the current one and
+    /// any retired one still finishing its requests (what the operator's memory metrics add up).
+    running: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 /// One running program.
@@ -132,6 +135,7 @@ impl Engine {
                 output_limit: MAX_OUTPUT_BYTES,
                 next_id: AtomicU64::new(1),
                 current: tokio::sync::Mutex::new(None),
+                running: Arc::default(),
             }),
         }
     }
@@ -147,6 +151,7 @@ impl Engine {
                 output_limit: bytes,
                 next_id: AtomicU64::new(1),
                 current: tokio::sync::Mutex::new(None),
+                running: Arc::default(),
             }),
         }
     }
@@ -163,6 +168,13 @@ impl Engine {
             .as_ref()
             .filter(|p| p.shared.is_open())
             .and_then(|p| p.pid)
+    }
+
+    /// The process ids of the programs running now: the current one and any retired one still finishing its
+    /// requests. Cheap and not async, for scrape-time metrics.
+    pub fn process_ids(&self) -> Vec<u32> {
+        let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.iter().copied().collect()
     }
 
     /// What `helm template` prints for cso's values helper chart (crates/render/src/values.rs) with the values
@@ -289,6 +301,7 @@ impl Engine {
 
     fn spawn(&self) -> Result<Process, RenderError> {
         let spawn_error = |source| RenderError::Spawn {
+            program: "cso-renderer",
             binary: self.inner.binary.clone(),
             source,
         };
@@ -312,6 +325,10 @@ impl Engine {
             ..Shared::default()
         });
         let (exited_tx, exited) = oneshot::channel();
+        let running = self.inner.running.clone();
+        if let Some(pid) = pid {
+            running.lock().unwrap_or_else(|p| p.into_inner()).insert(pid);
+        }
         tokio::spawn(async move {
             // Killed when told to, or when every handle is gone (the sender dropped).
             let told = tokio::select! {
@@ -322,6 +339,9 @@ impl Engine {
                 let _ = child.start_kill();
             }
             let status = child.wait().await;
+            if let Some(pid) = pid {
+                running.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
+            }
             let _ = exited_tx.send(status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()));
         });
         let stderr_done = tokio::spawn(keep_tail(stderr, shared.clone()));
@@ -623,9 +643,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_running_programs_are_listed_until_they_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        // Answers every request with "ok" under its id (the id is the first field of a request).
+        let answering = r#"while read line; do
+  id=$(printf '%s' "$line" | sed 's/^{"id":\([0-9]*\).*/\1/')
+  echo "{\"id\":$id,\"output\":\"ok\"}"
+done"#;
+        let engine = Engine::new(fake(dir.path(), answering), Duration::from_secs(30));
+        assert!(
+            engine.process_ids().is_empty(),
+            "nothing starts before the first request"
+        );
+        assert_eq!(engine.render(request()).await.unwrap(), "ok");
+        let pid = engine.process_id().await.unwrap();
+        assert_eq!(engine.process_ids(), [pid]);
+
+        let running = engine.inner.running.clone();
+        drop(engine);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !running.lock().unwrap().is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{pid} still listed after its engine is gone"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
     async fn a_program_that_cannot_start_is_a_spawn_error() {
         let engine = Engine::new("/nonexistent/cso-renderer", Duration::from_secs(5));
         let err = engine.render(request()).await.unwrap_err();
         assert!(matches!(err, RenderError::Spawn { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("failed to run cso-renderer (/nonexistent/cso-renderer): "),
+            "names the renderer, not helm: {err}"
+        );
     }
 }

@@ -49,8 +49,13 @@ pub struct RenderRequest {
 /// Why a chart could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error("failed to run helm ({binary}): {source}")]
-    Spawn { binary: PathBuf, source: std::io::Error },
+    /// The program could not be started or its output read: `program` is `helm` or `cso-renderer`.
+    #[error("failed to run {program} ({binary}): {source}")]
+    Spawn {
+        program: &'static str,
+        binary: PathBuf,
+        source: std::io::Error,
+    },
     #[error("helm template of {chart} failed: {stderr}")]
     Failed { chart: PathBuf, stderr: String },
     #[error("helm template of {chart} took longer than {timeout:?} and was stopped")]
@@ -218,6 +223,7 @@ impl ChartRenderer for Helm {
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|source| RenderError::Spawn {
+                    program: "helm",
                     binary: self.binary.clone(),
                     source,
                 })?;
@@ -226,6 +232,7 @@ impl ChartRenderer for Helm {
             let stderr = child.stderr.take();
             let values = request.values;
             let spawn_error = |source| RenderError::Spawn {
+                program: "helm",
                 binary: self.binary.clone(),
                 source,
             };

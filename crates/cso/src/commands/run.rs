@@ -23,10 +23,13 @@ use tokio::{
 use crate::{
     cli::RunArgs,
     leader::{self, LeaseSettings},
+    renderer_binary::{self, RendererProgram},
 };
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting manager");
+    // First: without a renderer that answers, every release would fail later, after the process said ready.
+    let renderer_binary = checked_renderer_binary(&args).await?;
     let limits = cso_apply::ClientLimits {
         qps: args.qps,
         burst: args.burst,
@@ -108,7 +111,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let (renderer, values): (Arc<dyn ChartRenderer>, Arc<ValuesTemplater>) = match args.renderer.as_str() {
         "helm" => {
-            let helm = || Helm::new(&args.helm, args.helm_timeout).context("failed to prepare helm");
+            let helm = || Helm::new(&renderer_binary, args.helm_timeout).context("failed to prepare helm");
             (
                 Arc::new(CachingRenderer::new(helm()?, DEFAULT_CAPACITY_BYTES)),
                 Arc::new(ValuesTemplater::new(helm()?).context("failed to prepare the values templater")?),
@@ -116,7 +119,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         _ => {
             // One process renders charts and values templates alike.
-            let engine = Engine::new(&args.renderer_binary, args.helm_timeout);
+            let engine = Engine::new(&renderer_binary, args.helm_timeout);
+            metrics.watch_renderer(engine.clone());
             (
                 Arc::new(CachingRenderer::new(engine.clone(), DEFAULT_CAPACITY_BYTES)),
                 Arc::new(ValuesTemplater::with_engine(engine)),
@@ -236,6 +240,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     stop_tls_servers([webhooks, hooks]).await;
     Ok(())
+}
+
+/// The program of `--renderer`, found as `renderer_binary` says and checked to run; the error says where it was
+/// looked for and how to point at it.
+async fn checked_renderer_binary(args: &RunArgs) -> anyhow::Result<PathBuf> {
+    let (program, explicit) = match args.renderer.as_str() {
+        "helm" => (RendererProgram::Helm, args.helm.as_deref()),
+        _ => (RendererProgram::Engine, args.renderer_binary.as_deref()),
+    };
+    let found = renderer_binary::locate_here(program, explicit)?;
+    match program {
+        RendererProgram::Engine => {
+            renderer_binary::check_engine_answers(&found.path, renderer_binary::START_CHECK_TIMEOUT).await?
+        }
+        RendererProgram::Helm => {
+            renderer_binary::check_helm_runs(&found.path, renderer_binary::START_CHECK_TIMEOUT).await?
+        }
+    }
+    tracing::info!(
+        program = program.file_name(),
+        path = %found.path.display(),
+        found = %found.origin,
+        "renderer checked: it answers"
+    );
+    Ok(found.path)
 }
 
 /// Becomes `true` on SIGTERM or SIGINT.
