@@ -5,7 +5,9 @@
 //! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time), those
 //! whose addons do not run (`cso_addons_not_running`, the same way) and the
 //! writes of those counts into the statuses (`cso_fleet_status_writes`); and
-//! leader election (client-go's `leader_election_master_status`, plus failed renewals).
+//! leader election (client-go's `leader_election_master_status`, plus failed renewals); the process's own
+//! memory, CPU and file descriptors under Prometheus' `process_*` names, and the renderer processes' memory
+//! ([`process`], read from `/proc` at scrape time).
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
 use std::{
@@ -28,6 +30,8 @@ use prometheus_client::{
 };
 
 use crate::Error;
+
+pub mod process;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {
@@ -151,6 +155,8 @@ pub struct Metrics {
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
     fleet_status_writes: Family<KindLabels, Counter>,
+    /// The long-lived renderer whose processes' memory `cso_renderer_resident_memory_bytes` shows.
+    renderer: Arc<OnceLock<cso_render::Engine>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -216,7 +222,11 @@ impl Default for Metrics {
             shard_store: OnceLock::new(),
             addons: OnceLock::new(),
             fleet_status_writes: Family::default(),
+            renderer: Arc::default(),
         };
+        registry.register_collector(Box::new(process::ProcessCollector {
+            renderer: metrics.renderer.clone(),
+        }));
         registry.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
@@ -492,6 +502,12 @@ impl Metrics {
     /// Shows the size of `cache` as `cso_releases_cached` (the first cache given wins).
     pub fn watch_cache(&self, cache: Arc<ReleaseCache>) {
         let _ = self.cache.set(cache);
+    }
+
+    /// Shows the resident memory of `engine`'s processes as `cso_renderer_resident_memory_bytes` (the first
+    /// renderer given wins; without one, with `--renderer=helm`, the metric is left out).
+    pub fn watch_renderer(&self, engine: cso_render::Engine) {
+        let _ = self.renderer.set(engine);
     }
 
     /// Counts the Clusters of `shard` in `clusters` (the watch's store) at scrape time as `cso_shard_clusters`.
