@@ -30,7 +30,8 @@
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
 #   docker-registry Debian's CNCF distribution registry, for the OCI tests
 #   cso-renderer    hack/renderer: cso's long-lived renderer on Helm's own engine (helm.sh/helm/v3 $HELM_VERSION's
-#                   packages), what the image ships beside helm; rebuilt when its sources change; ~1 minute cold
+#                   packages), what the image ships beside helm; rebuilt when its sources change; ~1 minute cold;
+#                   linked into target/debug/ and target/release/, beside the cso cargo builds (where `cso run` looks)
 #   yaml2json       a few lines of Go over sigs.k8s.io/yaml (go-yaml v2) and k8s.io/apimachinery's YAMLReader, the
 #                   YAML parsing of Helm 3, kubectl and the Go operator: the reference of the manifest parser's
 #                   differential test (crates/render/tests/yaml_parity.rs); ~15 s cold, modules from the proxy
@@ -307,6 +308,21 @@ build_renderer() {
   say "cso-renderer: built in $((SECONDS - start))s"
 }
 
+# link_renderer: cso-renderer beside the cso that cargo builds (target/debug/ and target/release/), where `cso run`
+# looks for it when neither --renderer-binary nor CSO_RENDERER is given, as it finds it beside cso in the image:
+# after `make tools`, `cargo build` and `target/debug/cso run ...` render with nothing else to set. A symbolic link
+# to the cached binary, pointed at the current build by each `make tools`; `cargo clean` removes it and the
+# next `make tools` puts it back.
+link_renderer() {
+  local target_dir="${CARGO_TARGET_DIR:-$ROOT/target}" profile
+  [[ "$target_dir" = /* ]] || target_dir="$ROOT/$target_dir"
+  for profile in debug release; do
+    mkdir -p "$target_dir/$profile"
+    ln -sfn "$RENDERER" "$target_dir/$profile/cso-renderer"
+  done
+  say "cso-renderer: linked beside cso in $target_dir/debug/ and $target_dir/release/"
+}
+
 fetch_capi() {
   say "cluster-api $CAPI_VERSION CRDs: downloading into the Go module cache (if missing)"
   # The checksum database has no entry for the test module of some releases: skip the lookup for it alone.
@@ -335,6 +351,7 @@ case "${1:-install}" in
     build_helm "$HELM4_VERSION" "$HELM4"
     build_yaml2json
     build_renderer
+    link_renderer
     install_registry
     build_kubernetes
     build_kwok

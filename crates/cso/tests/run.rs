@@ -517,6 +517,11 @@ fn an_unreachable_api_server_is_a_clear_failure_not_a_hang() {
             "--log-format=text",
         ])
         .args(["--metrics-bind-address=0", "--health-probe-bind-address=0"])
+        // The renderer is checked before leader election: a working one, so that the Lease is what fails.
+        .env(
+            "CSO_RENDERER",
+            cso_testenv::Tools::discover().unwrap().renderer.unwrap(),
+        )
         .output()
         .unwrap();
     assert!(!output.status.success());

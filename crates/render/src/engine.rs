@@ -475,6 +475,11 @@ impl Shared {
         }
     }
 
+    /// Whether [`Self::kill`] was called.
+    fn kill_requested(&self) -> bool {
+        self.kill.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
     fn kill(&self) {
         let kill = self.kill.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(kill) = kill {
@@ -535,6 +540,9 @@ async fn read_answers(
             Err(e) => break format!("reading its answers failed: {e}"),
         }
     };
+    // Ended on purpose (every handle gone, as after the start-up check of `cso run`, or retired after a timeout,
+    // which is warned about there): not news.
+    let ended_on_purpose = shared.kill_requested();
     // Not waiting for an exit that is not coming: the reasons above but the first leave it running.
     shared.kill();
     let status = tokio::time::timeout(Duration::from_secs(5), exited)
@@ -550,7 +558,11 @@ async fn read_answers(
     if !tail.is_empty() {
         message.push_str(&format!("; its stderr ends with: {tail}"));
     }
-    tracing::warn!(%message, "renderer process ended");
+    if ended_on_purpose {
+        tracing::debug!(%message, "renderer process ended");
+    } else {
+        tracing::warn!(%message, "renderer process ended");
+    }
     shared.close(message);
 }
 

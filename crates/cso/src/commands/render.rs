@@ -30,8 +30,6 @@ use crate::{
 const HELM_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
-    // Found as `cso run` finds it (`--helm`/`CSO_HELM`, else beside cso, else on PATH), before any work.
-    let helm_binary = renderer_binary::locate_here(RendererProgram::Helm, args.helm.as_deref())?.path;
     let scratch = tempfile::Builder::new().prefix("cso-render-").tempdir()?;
     let release = load_release(&args, scratch.path()).await?;
     let live_cluster = args.cluster.as_deref().and_then(live_cluster_name);
@@ -55,6 +53,8 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
         .or_else(|| cluster.cluster.metadata.namespace.clone())
         .unwrap_or_else(|| "default".to_owned());
 
+    // Found as `cso run` finds it: `--helm`/`CSO_HELM`, else beside cso, else on PATH.
+    let helm_binary = renderer_binary::locate_here(RendererProgram::Helm, args.helm.as_deref())?.path;
     let helm = || Helm::new(&helm_binary, HELM_TIMEOUT).context("failed to prepare helm");
     let templater = ValuesTemplater::new(helm()?).context("failed to prepare the values templater")?;
     let parts = preview::render(&helm()?, &templater, &release, &namespace, &cluster)

@@ -28,8 +28,6 @@ use crate::{
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting manager");
-    // First: without a renderer that answers, every release would fail later, after the process said ready.
-    let renderer_binary = checked_renderer_binary(&args).await?;
     let limits = cso_apply::ClientLimits {
         qps: args.qps,
         burst: args.burst,
@@ -41,6 +39,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(metrics.kube_request_observer()),
     )
     .await?;
+    // Before anything serves or leads: without a renderer that answers, every release would fail later, after
+    // the process said ready.
+    let renderer_binary = checked_renderer_binary(&args).await?;
     // An API-server outage is said in the log (readiness does not follow it: see `endpoints`).
     tokio::spawn(crate::endpoints::watch_api_server(
         client.clone(),

@@ -98,12 +98,41 @@ pub fn start_operator_with(
     instance: &Instance<'_>,
     extra: &[&str],
 ) -> KillOnDrop {
+    let mut command = operator_command(
+        Path::new(env!("CARGO_BIN_EXE_cso")),
+        kubeconfig,
+        release_dir,
+        namespace,
+        source,
+        log,
+        instance,
+        extra,
+    );
+    KillOnDrop(command.spawn().unwrap())
+}
+
+/// The command [`start_operator_with`] spawns, running the `cso` binary at `program`: a test may change its
+/// environment first (`CSO_RENDERER` and `CSO_HELM` are set to the tools of `make tools`).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the same arguments as start_operator_with, and the binary"
+)]
+pub fn operator_command(
+    program: &Path,
+    kubeconfig: &Path,
+    release_dir: &Path,
+    namespace: Option<&str>,
+    source: &Source<'_>,
+    log: &Path,
+    instance: &Instance<'_>,
+    extra: &[&str],
+) -> Command {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cso"));
+    let mut command = Command::new(program);
     command
         .arg("run")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -137,36 +166,33 @@ pub fn start_operator_with(
                 .env("OCI_PLAIN_HTTP", "true");
         }
     }
-    KillOnDrop(
-        command
-            .arg(format!("--release-dir={}", release_dir.display()))
-            .arg("--clusterstackrelease-concurrency=2")
-            .arg(format!("--hook-port={}", instance.hook_port))
-            .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
-            .arg(format!("--webhook-port={}", instance.webhook_port))
-            .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
-            .arg(format!(
-                "--metrics-bind-address=127.0.0.1:{}",
-                instance.metrics_port
-            ))
-            .arg(format!(
-                "--health-probe-bind-address=127.0.0.1:{}",
-                instance.health_port
-            ))
-            .args(["--log-level=debug", "--log-format=json"])
-            .args(extra)
-            .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
-            .env(
-                "CSO_RENDERER",
-                cso_testenv::Tools::discover().unwrap().renderer.unwrap(),
-            )
-            // Its scratch directories (helm's home, kubeconfigs) go with the test's, even after a SIGKILL.
-            .env("TMPDIR", release_dir)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
+    command
+        .arg(format!("--release-dir={}", release_dir.display()))
+        .arg("--clusterstackrelease-concurrency=2")
+        .arg(format!("--hook-port={}", instance.hook_port))
+        .arg(format!("--hook-cert-dir={}", instance.cert_dir.display()))
+        .arg(format!("--webhook-port={}", instance.webhook_port))
+        .arg(format!("--webhook-cert-dir={}", instance.cert_dir.display()))
+        .arg(format!(
+            "--metrics-bind-address=127.0.0.1:{}",
+            instance.metrics_port
+        ))
+        .arg(format!(
+            "--health-probe-bind-address=127.0.0.1:{}",
+            instance.health_port
+        ))
+        .args(["--log-level=debug", "--log-format=json"])
+        .args(extra)
+        .env("CSO_HELM", cso_testenv::Tools::discover().unwrap().helm.unwrap())
+        .env(
+            "CSO_RENDERER",
+            cso_testenv::Tools::discover().unwrap().renderer.unwrap(),
+        )
+        // Its scratch directories (helm's home, kubeconfigs) go with the test's, even after a SIGKILL.
+        .env("TMPDIR", release_dir)
+        .stdout(Stdio::null())
+        .stderr(log);
+    command
 }
 
 pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
