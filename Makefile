@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CRD_FILE := config/crd/clusterstack.x-k8s.io.yaml
-CHART_CRD_FILE := charts/cluster-stack-operator/crds/clusterstack.x-k8s.io.yaml
+CHART_CRD_FILE := charts/cluster-stack-operator/templates/crds.yaml
 DEMO_DIR ?= $(CURDIR)/target/demo
 
 .PHONY: tools build test fmt-check clippy crds crds-check unit demo
@@ -20,17 +20,17 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## crds: regenerate the committed CRD YAML (config/ and the Helm chart) from the Rust types
+## crds: regenerate the committed CRD YAML (config/ and the Helm chart's template) from the Rust types
 crds:
 	$(CARGO) run --quiet -p cso -- crds > $(CRD_FILE)
-	cp $(CRD_FILE) $(CHART_CRD_FILE)
+	bash hack/chart-crds.sh < $(CRD_FILE) > $(CHART_CRD_FILE)
 
 ## crds-check: fail when the committed CRD YAML differs from what the types produce
 crds-check:
-	@for file in $(CRD_FILE) $(CHART_CRD_FILE); do \
-	  $(CARGO) run --quiet -p cso -- crds | diff -u $$file - \
-	    || { echo "$$file is stale: run 'make crds' and commit it" >&2; exit 1; }; \
-	done
+	@$(CARGO) run --quiet -p cso -- crds | diff -u $(CRD_FILE) - \
+	  || { echo "$(CRD_FILE) is stale: run 'make crds' and commit it" >&2; exit 1; }
+	@$(CARGO) run --quiet -p cso -- crds | bash hack/chart-crds.sh | diff -u $(CHART_CRD_FILE) - \
+	  || { echo "$(CHART_CRD_FILE) is stale: run 'make crds' and commit it" >&2; exit 1; }
 
 # The tests that run helm, run again with Helm 4. (`--workspace` with `--test` filters: selecting packages
 # instead would resolve features differently and rebuild the dependencies.)

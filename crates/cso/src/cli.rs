@@ -13,7 +13,10 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 #[command(
     name = "cso",
     version,
-    about = "Cluster stack operator: cluster stacks for Cluster API, in Rust"
+    about = "Cluster stack operator: cluster stacks for Cluster API, in Rust",
+    // Like Go's flag package, a flag given twice takes its last value: the chart appends the Go chart's
+    // `controllerManager.manager.args` after its own, and they win.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -386,6 +389,23 @@ mod tests {
             "like Go, a boolean takes its value only with ="
         );
         assert!(parse_run(&["--clusterstack-concurrency=0"]).is_err());
+        let repeated = parse_run(&[
+            "--leader-elect=true",
+            "--log-level=info",
+            "--leader-elect=false",
+            "-log-level=debug",
+        ])
+        .unwrap();
+        assert!(
+            !repeated.leader_elect && repeated.log_level == "debug",
+            "like Go, the last of a repeated flag wins"
+        );
+        let keys = parse_run(&["--verify-key=a.pub", "--verify-key=b.pub"]).unwrap();
+        assert_eq!(
+            keys.verify_key.len(),
+            2,
+            "a repeatable flag still collects every value"
+        );
     }
 
     #[test]

@@ -6,10 +6,12 @@
 //! webhooks) on a control plane of its own; [`stand_in::StandIn`] plays the providers' part where machines
 //! would be needed. [`workloads`] makes a control plane run workloads (kube-controller-manager, kube-scheduler
 //! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]). [`cosign`] signs releases with cosign and
-//! with a signer of its own, for the tests of release verification.
+//! with a signer of its own, for the tests of release verification. [`cert_manager`] issues what cert-manager would
+//! for the chart tests.
 
 pub mod archive;
 pub mod capi;
+pub mod cert_manager;
 pub mod chart_repo;
 pub mod control_plane;
 pub mod cosign;
@@ -63,6 +65,17 @@ pub(crate) fn install_crypto_provider() {
 
 /// Starts a management control plane: our CRDs plus the Cluster API `v1beta1` CRDs, installed and Established.
 pub async fn start_management(tools: &Tools, dir: Option<&Path>) -> Result<ControlPlane, Error> {
+    let plane = start_management_without_our_crds(tools, dir).await?;
+    crds::install(&plane.client().await?, &cso_api::crd::all()).await?;
+    Ok(plane)
+}
+
+/// Starts a management control plane with the Cluster API `v1beta1` CRDs and without ours: for installing ours
+/// the way a site does, with a Helm chart that owns them.
+pub async fn start_management_without_our_crds(
+    tools: &Tools,
+    dir: Option<&Path>,
+) -> Result<ControlPlane, Error> {
     if tools.capi_crd_dirs.is_empty() {
         return Err(Error::Tools(
             "no Cluster API CRD directories: run `make tools` or set CSO_CAPI_CRD_DIRS".into(),
@@ -70,9 +83,7 @@ pub async fn start_management(tools: &Tools, dir: Option<&Path>) -> Result<Contr
     }
     let capi_crds = crds::read_dirs(&tools.capi_crd_dirs)?;
     let plane = ControlPlane::start(tools, "management", dir).await?;
-    let client = plane.client().await?;
-    crds::install(&client, &cso_api::crd::all()).await?;
-    crds::install(&client, &capi_crds).await?;
+    crds::install(&plane.client().await?, &capi_crds).await?;
     Ok(plane)
 }
 
