@@ -93,11 +93,24 @@ pub(crate) enum ClusterState {
 pub(crate) enum WorkloadState {
     #[default]
     Unknown,
+    /// Cluster API has not set the Cluster's `spec.controlPlaneEndpoint` yet: normal in a new Cluster's first
+    /// seconds. There is no control plane to reach before it, and values templates read it
+    /// (`.Cluster.spec.controlPlaneEndpoint.host`), so nothing is templated until it is there.
+    NoEndpoint,
     /// No (usable) kubeconfig Secret yet.
     NoKubeconfig(String),
     /// The API server does not answer `/readyz` yet.
     NotReady(String),
     Ready,
+}
+
+/// Whether Cluster API has set the Cluster's control-plane endpoint (a host; the port may be defaulted).
+pub(crate) fn has_control_plane_endpoint(cluster: &cso_api::capi::Cluster) -> bool {
+    cluster
+        .spec
+        .control_plane_endpoint
+        .as_ref()
+        .is_some_and(|endpoint| !endpoint.host.is_empty())
 }
 
 /// The release of the Cluster's class.
@@ -154,7 +167,9 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
     };
     match &progress.workload {
         WorkloadState::Unknown => return Step::ConnectWorkload,
-        WorkloadState::NoKubeconfig(_) | WorkloadState::NotReady(_) => return Step::Conclude,
+        WorkloadState::NoEndpoint | WorkloadState::NoKubeconfig(_) | WorkloadState::NotReady(_) => {
+            return Step::Conclude;
+        }
         WorkloadState::Ready => {}
     }
     let (addon_version, staged) = match &progress.release {
@@ -277,6 +292,16 @@ pub(crate) fn conclude_prefix(
     let waiting = Outcome::Requeue(Some(intervals.workload_retry));
     match &progress.workload {
         WorkloadState::Unknown => return Some(Conclusion::new(waiting)),
+        WorkloadState::NoEndpoint => {
+            // Not a failure (no Warning, no event): Cluster API sets it once the infrastructure is provisioned.
+            addon.mark_false(
+                condition::CLUSTER_READY,
+                reason::CONTROL_PLANE_NOT_READY,
+                Severity::Info,
+                "waiting for Cluster API to set the Cluster's control-plane endpoint (spec.controlPlaneEndpoint)",
+            );
+            return Some(Conclusion::new(waiting));
+        }
         WorkloadState::NoKubeconfig(error) => {
             addon.mark_false(
                 condition::CLUSTER_READY,
@@ -488,6 +513,7 @@ mod tests {
     use cso_api::{common::Resource, conditions::ConditionStatus};
     use cso_apply::{Failure, ObjectKey};
     use rstest::rstest;
+    use serde_json::json;
 
     use super::*;
     use crate::cluster_addon::decision::Decision;
@@ -603,6 +629,10 @@ mod tests {
         Step::Conclude
     )]
     #[case::workload_unknown(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::Unknown), Step::ConnectWorkload)]
+    #[case::no_endpoint_yet(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NoEndpoint),
+        Step::Conclude
+    )]
     #[case::no_kubeconfig(
         with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NoKubeconfig("no Secret".into())),
         Step::Conclude
@@ -851,6 +881,11 @@ mod tests {
         (ConditionStatus::False, reason::NO_CLUSTER_STACK_CLASS),
         Outcome::Requeue(None)
     )]
+    #[case::no_endpoint_yet(
+        with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NoEndpoint),
+        (ConditionStatus::False, reason::CONTROL_PLANE_NOT_READY),
+        Outcome::Requeue(Some(INTERVALS.workload_retry))
+    )]
     #[case::no_kubeconfig(
         with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.workload = WorkloadState::NoKubeconfig("no Secret".into())),
         (ConditionStatus::False, reason::CONTROL_PLANE_NOT_READY),
@@ -875,6 +910,47 @@ mod tests {
         );
         assert!(conclusion.events.0.is_empty());
         assert_eq!(conclusion.spec, SpecUpdate::default(), "nothing recorded");
+    }
+
+    #[test]
+    fn a_cluster_without_its_endpoint_yet_is_waited_for_not_reported_as_a_failure() {
+        let progress = with(ready("docker-ferrol-1-27-v1", "v1", false), |p| {
+            p.workload = WorkloadState::NoEndpoint;
+        });
+        let mut a = addon("", "", false);
+        let conclusion = conclude(&progress, &mut a, INTERVALS);
+        assert!(
+            !matches!(conclusion.outcome, Outcome::Retry(_)),
+            "no retry with backoff (logged as a failed reconcile): {:?}",
+            conclusion.outcome
+        );
+        let ready = a.get_condition(condition::CLUSTER_READY).unwrap();
+        assert_eq!(ready.severity, Some(Severity::Info));
+        assert!(
+            ready
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("spec.controlPlaneEndpoint")),
+            "{ready:?}"
+        );
+        assert!(
+            a.get_condition(condition::HELM_CHART_TEMPLATED).is_none(),
+            "nothing was templated"
+        );
+    }
+
+    #[rstest]
+    #[case::none(json!({}), false)]
+    #[case::empty_host(json!({"controlPlaneEndpoint": {"host": "", "port": 0}}), false)]
+    #[case::set(json!({"controlPlaneEndpoint": {"host": "10.0.0.1", "port": 6443}}), true)]
+    #[case::host_without_port(json!({"controlPlaneEndpoint": {"host": "api.example.test"}}), true)]
+    fn the_endpoint_is_there_once_it_has_a_host(#[case] spec: serde_json::Value, #[case] expected: bool) {
+        let cluster: cso_api::capi::Cluster = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "ns"}, "spec": spec,
+        }))
+        .unwrap();
+        assert_eq!(has_control_plane_endpoint(&cluster), expected);
     }
 
     #[test]

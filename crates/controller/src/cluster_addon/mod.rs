@@ -295,6 +295,16 @@ impl Driver<'_> {
                 self.cluster = cluster;
             }
             Step::ConnectWorkload => {
+                // Cluster API sets the endpoint once the infrastructure is provisioned; the control plane, its
+                // kubeconfig and values templates reading the endpoint come after it.
+                if !self
+                    .cluster
+                    .as_ref()
+                    .is_some_and(decide::has_control_plane_endpoint)
+                {
+                    progress.workload = WorkloadState::NoEndpoint;
+                    return Ok(());
+                }
                 let known_secret = self.ctx.stores().and_then(|stores| {
                     stores.capi_secret_version(&namespace, &kubeconfig_secret_name(&cluster_name))
                 });
