@@ -5,11 +5,15 @@ CRD_FILE := config/crd/clusterstack.x-k8s.io.yaml
 CHART_CRD_FILE := charts/cluster-stack-operator/templates/crds.yaml
 DEMO_DIR ?= $(CURDIR)/target/demo
 
-.PHONY: tools build test fmt-check clippy crds crds-check unit demo
+.PHONY: tools demo-tools build test fmt-check clippy crds crds-check unit demo
 
-## tools: build or fetch kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm, etcd, Cluster API and the registry (cached; cold: minutes)
+## tools: build or fetch everything the tests need: kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm 3 and 4, cso-renderer, yaml2json, cosign, Cluster API and the registry (cached; cold: ~18 minutes on 2 cores)
 tools:
 	@bash hack/tools.sh install
+
+## demo-tools: only what `make demo` runs: kube-apiserver, kube-controller-manager, kube-scheduler, kwok, Cluster API's managers and cso-renderer (cached; cold: ~12.5 minutes on 2 cores)
+demo-tools:
+	@bash hack/tools.sh install --for demo
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -44,6 +48,6 @@ test: tools fmt-check clippy crds-check
 	CSO_HELM="$$(sed -n 's/^CSO_HELM4=//p' "$${CSO_TOOLS_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cso}/env")" \
 	  $(CARGO) test --workspace --no-fail-fast $(HELM4_TESTS)
 
-## demo: the quick start: install what is missing, then the operator on the bundled stack with a management and a workload control plane; a summary; clean-up
-demo: tools
+## demo: the quick start: install what the demo needs and is missing (demo-tools), then the operator on the bundled stack with a management and a workload control plane; a summary; clean-up
+demo: demo-tools
 	@bash hack/demo.sh "$(DEMO_DIR)"

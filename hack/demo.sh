@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quick start (after `make tools` installed what was missing): `cso-dev demo` starts a local management
+# The quick start (after `make demo-tools` installed what was missing): `cso-dev demo` starts a local management
 # and a workload control plane, runs the operator with the bundled ferrol stack, creates a ClusterStack and a
 # Cluster, waits for the ClusterClasses and for the addons in the workload cluster, prints what was created
 # where and how long each step took, and stops everything; the state directory is removed afterwards.

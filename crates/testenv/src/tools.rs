@@ -5,6 +5,11 @@
 //!
 //! `make tools` (hack/tools.sh) builds them into a cache outside the repository and writes their paths to
 //! `<cache>/env` as `KEY=value` lines. Environment variables of the same names override that file.
+//!
+//! Only kube-apiserver (and etcd, which comes with a crate) must be there: `make demo` (`hack/tools.sh install
+//! --for demo`) builds kube-apiserver, kube-controller-manager, kube-scheduler, kwok, cso-renderer and Cluster
+//! API's managers and lists only what is built, so helm, the registry, yaml2json and the CRD directories of
+//! Cluster API v1.10 and cert-manager are then `None` (empty), and only the tests that use them need `make tools`.
 
 use std::{
     collections::HashMap,
@@ -41,18 +46,24 @@ pub struct Tools {
 impl Tools {
     /// Finds the tools from the environment and the cache's `env` file.
     pub fn discover() -> Result<Self, Error> {
-        let cache = cache_dir();
-        let from_file = read_env_file(&cache.join("env"));
+        let env_file = cache_dir().join("env");
+        let from_file = read_env_file(&env_file);
         let lookup = |key: &str| {
             std::env::var(key)
                 .ok()
                 .filter(|v| !v.is_empty())
                 .or_else(|| from_file.get(key).cloned())
         };
+        Self::from_lookup(lookup, &env_file)
+    }
+
+    /// The tools `lookup` names (`CSO_KUBE_APISERVER`, ...); `env_file` is where `make tools` writes them, for
+    /// the message when kube-apiserver is missing.
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>, env_file: &Path) -> Result<Self, Error> {
         let kube_apiserver = lookup("CSO_KUBE_APISERVER").map(PathBuf::from).ok_or_else(|| {
             Error::Tools(format!(
                 "kube-apiserver not found: run `make tools` (writes {}) or set CSO_KUBE_APISERVER",
-                cache.join("env").display()
+                env_file.display()
             ))
         })?;
         if !kube_apiserver.is_file() {
@@ -118,4 +129,55 @@ fn read_env_file(path: &Path) -> HashMap<String, String> {
         .filter_map(|line| line.split_once('='))
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    #[test]
+    fn what_make_demo_builds_is_enough_and_the_rest_is_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let kube_apiserver = dir.path().join("kube-apiserver");
+        std::fs::write(&kube_apiserver, "").unwrap();
+        let env_file = dir.path().join("env");
+        // What `hack/tools.sh install --for demo` lists on a machine that has nothing else.
+        std::fs::write(
+            &env_file,
+            format!(
+                "CSO_KUBE_APISERVER={}\nCSO_KUBE_CONTROLLER_MANAGER=/c/kcm\nCSO_KUBE_SCHEDULER=/c/ks\n\
+                 CSO_KWOK=/c/kwok\nCSO_RENDERER=/c/cso-renderer\nCSO_CAPI_MANAGER_VERSION=v1.14.2\n",
+                kube_apiserver.display()
+            ),
+        )
+        .unwrap();
+        let listed = read_env_file(&env_file);
+        let tools = Tools::from_lookup(|key| listed.get(key).cloned(), &env_file).unwrap();
+        assert_eq!(tools.kube_apiserver, kube_apiserver);
+        assert_eq!(tools.renderer, Some(PathBuf::from("/c/cso-renderer")));
+        assert_eq!(tools.kwok, Some(PathBuf::from("/c/kwok")));
+        assert_eq!(tools.kube_scheduler, Some(PathBuf::from("/c/ks")));
+        assert_eq!(tools.kube_controller_manager, Some(PathBuf::from("/c/kcm")));
+        assert_eq!(
+            (
+                &tools.helm,
+                &tools.registry,
+                &tools.yaml2json,
+                &tools.cert_manager_crd_dir
+            ),
+            (&None, &None, &None, &None)
+        );
+        assert!(tools.capi_crd_dirs.is_empty());
+    }
+
+    #[test]
+    fn without_kube_apiserver_discovery_says_to_run_make_tools() {
+        let error = Tools::from_lookup(|_| None, Path::new("/cache/env")).unwrap_err();
+        assert!(
+            error.to_string().contains("run `make tools` (writes /cache/env)"),
+            "{error}"
+        );
+    }
 }
