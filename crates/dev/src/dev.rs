@@ -5,22 +5,26 @@
 //! provider stand-in for machines ([`cso_testenv::stand_in`]) pointing every Cluster at the workload control
 //! plane, hook-server certificates in `DIR/hook-certs` and an `ExtensionConfig` for
 //! `https://127.0.0.1:<hook port>`, so that `cso run --hook-cert-dir DIR/hook-certs --hook-port 9442` is
-//! discovered and called by Cluster API. `cso-dev status`: what they serve.
+//! discovered and called by Cluster API. A Cluster API manager that exits is started again with back-off (see
+//! [`crate::restarts`]); any other process that stops on its own stops `up`. `cso-dev status`: what they serve,
+//! and the managers' restart counts.
 
 use std::{
     path::Path,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Context;
 use cso_testenv::{
     ControlPlane, NodeSpec, Tools,
-    capi::{ClusterApiTools, Options, start_management_with_cluster_api},
+    capi::{ClusterApi, ClusterApiTools, Options, Provider, start_management_with_cluster_api},
     stand_in::{StandIn, Workload},
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use tokio::signal::unix::{SignalKind, signal};
+
+use crate::restarts::{self, Action, BACKOFF, ManagerReport, Supervision};
 
 /// The name of the `ExtensionConfig` `cso-dev up` registers.
 pub const EXTENSION_NAME: &str = "cso";
@@ -50,6 +54,8 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
                 .with_context(|| format!("failed to clean {}", state.display()))?;
         }
     }
+    // Restart counts of an earlier run are not this one's.
+    let _ = std::fs::remove_file(dir.join(restarts::STATUS_FILE));
     let (management_dir, workload_dir) = (dir.join("management"), dir.join("workload"));
     // The workload cluster runs workloads: kube-controller-manager, kube-scheduler and kwok's simulated nodes.
     let nodes = NodeSpec::numbered("node", WORKLOAD_NODES);
@@ -128,6 +134,10 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         workload_kubeconfig.display()
     );
 
+    let mut managers = cluster_api
+        .as_ref()
+        .map(|c| ManagerSupervisor::new(&dir, c))
+        .transpose()?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut health = tokio::time::interval(Duration::from_secs(1));
@@ -136,17 +146,20 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
             _ = terminate.recv() => break Ok(()),
             _ = interrupt.recv() => break Ok(()),
             _ = health.tick() => {
-                let capi_running = cluster_api.as_mut().map_or(Ok(()), |c| c.check_running());
                 if let Err(e) = management
                     .check_running()
                     .and_then(|()| workload.control_plane.check_running())
                     .and_then(|()| workload.runtime.check_running())
-                    .and(capi_running)
                 {
                     // Not restarted: see `cso-dev up --help`.
                     break Err(anyhow::Error::new(e).context(
                         "a control plane stopped on its own; both are stopped (a killed process is not restarted: run `cso-dev up` again)",
                     ));
+                }
+                if let (Some(supervisor), Some(cluster_api)) = (managers.as_mut(), cluster_api.as_mut())
+                    && let Err(e) = supervisor.tick(cluster_api)
+                {
+                    break Err(e.context("a Cluster API manager could not be started again; both control planes are stopped"));
                 }
             }
         }
@@ -161,7 +174,8 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
     outcome
 }
 
-/// Prints, for each control plane of `dir`, its server, Kubernetes version and the CRDs it serves.
+/// Prints, for each control plane of `dir`, its server, Kubernetes version and the CRDs it serves; then the
+/// Cluster API managers with their restart counts (from [`restarts::STATUS_FILE`]).
 pub async fn status(dir: &Path) -> anyhow::Result<()> {
     for plane in ["management", "workload"] {
         let path = dir.join(format!("{plane}.kubeconfig"));
@@ -195,7 +209,107 @@ pub async fn status(dir: &Path) -> anyhow::Result<()> {
             println!("  {name}");
         }
     }
+    let managers = dir.join(restarts::STATUS_FILE);
+    if let Ok(text) = std::fs::read_to_string(&managers) {
+        let status: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not JSON", managers.display()))?;
+        println!("cluster-api managers (started again with back-off when they exit):");
+        for line in restarts::status_lines(&status, SystemTime::now()) {
+            println!("  {line}");
+        }
+    }
     Ok(())
+}
+
+/// Observes the Cluster API managers at each health tick, decides with [`restarts::next`] and acts: reports an
+/// exit (status and the end of its log) on stderr, starts a manager again once its back-off is over, and keeps
+/// [`restarts::STATUS_FILE`] up to date.
+struct ManagerSupervisor {
+    status_dir: std::path::PathBuf,
+    managers: Vec<(Provider, ManagerReport)>,
+}
+
+impl ManagerSupervisor {
+    fn new(dir: &Path, cluster_api: &ClusterApi) -> anyhow::Result<Self> {
+        let now = Instant::now();
+        let supervisor = ManagerSupervisor {
+            status_dir: dir.to_path_buf(),
+            managers: cluster_api
+                .providers()
+                .into_iter()
+                .map(|provider| {
+                    let report = ManagerReport {
+                        name: provider.name().to_owned(),
+                        supervision: Supervision::started(now, &BACKOFF),
+                        last_exit: None,
+                    };
+                    (provider, report)
+                })
+                .collect(),
+        };
+        supervisor.write_status(now)?;
+        Ok(supervisor)
+    }
+
+    fn tick(&mut self, cluster_api: &mut ClusterApi) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let mut changed = false;
+        for (provider, report) in &mut self.managers {
+            let exit = cluster_api.exit_status(*provider);
+            let (supervision, action) = restarts::next(report.supervision, exit.is_some(), now, &BACKOFF);
+            report.supervision = supervision;
+            match action {
+                Action::Nothing => continue,
+                Action::Exited { ran_for, wait } => {
+                    let exit = exit.map_or_else(|| "exited".to_owned(), |status| status.to_string());
+                    eprintln!(
+                        "cluster-api {} exited ({exit}) after {}s; starting it again in {}s (restart {}); the end of \
+                         its log:\n{}",
+                        provider.name(),
+                        ran_for.as_secs(),
+                        wait.as_secs(),
+                        report.supervision.restarts + 1,
+                        indent(&cluster_api.log_tail(*provider)),
+                    );
+                    report.last_exit = Some(exit);
+                }
+                Action::Restart => {
+                    cluster_api
+                        .restart(*provider)
+                        .with_context(|| format!("failed to start cluster-api {} again", provider.name()))?;
+                    eprintln!(
+                        "cluster-api {} started again (restart {})",
+                        provider.name(),
+                        report.supervision.restarts
+                    );
+                }
+            }
+            changed = true;
+        }
+        if changed {
+            self.write_status(now)?;
+        }
+        Ok(())
+    }
+
+    fn write_status(&self, now: Instant) -> anyhow::Result<()> {
+        let reports: Vec<ManagerReport> = self.managers.iter().map(|(_, r)| r.clone()).collect();
+        let status = restarts::status_json(&reports, now, SystemTime::now());
+        restarts::write_status(&self.status_dir, &status).with_context(|| {
+            format!(
+                "failed to write {}",
+                self.status_dir.join(restarts::STATUS_FILE).display()
+            )
+        })
+    }
+}
+
+/// `text` with every line indented, for log tails inside a message.
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|line| format!("    {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Resident memory of a control plane's processes (etcd + kube-apiserver), from /proc.

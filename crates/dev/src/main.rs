@@ -4,6 +4,7 @@
 
 mod demo;
 mod dev;
+mod restarts;
 
 use std::path::PathBuf;
 
@@ -25,15 +26,23 @@ enum Command {
     /// Start a management and a workload control plane (etcd + kube-apiserver on loopback) and keep them
     /// running until SIGINT or SIGTERM.
     ///
-    /// If any of their processes dies (a killed kube-apiserver or etcd), both control planes are stopped and
-    /// `up` exits non-zero: a killed process cannot be restarted (the test environment starts a control
-    /// plane only as a whole, and the next `up` starts afresh, without the old state). For fault tests, cut
-    /// the connection with a proxy in front of the API server instead of killing it.
+    /// If etcd, a kube-apiserver or a workload process (kube-controller-manager, kube-scheduler, kwok) stops
+    /// on its own (killed, crashed), both control planes are stopped and `up` exits non-zero: such a process
+    /// is not restarted (the test environment starts a control plane only as a whole, and the next `up` starts
+    /// afresh, without the old state). For fault tests, cut the connection with a proxy in front of the API
+    /// server instead of killing it.
     ///
     /// By default Cluster API v1.14 (built by `make tools`) runs on the management control plane: its managers,
     /// a stand-in for the machine providers (every Cluster's control plane is reported initialised and at its
     /// version, with the workload control plane as its API server), certificates for the hook server in
     /// `DIR/hook-certs` and an `ExtensionConfig` `cso` for `https://127.0.0.1:<hook-port>`.
+    ///
+    /// A Cluster API manager that exits is started again, as a Deployment restarts its pod: after 10 s, then
+    /// twice as long after each exit up to 5 minutes, back to 10 s after a run of 10 minutes. Each exit is
+    /// reported on stderr with its status and the end of the manager's log (`DIR/management/cluster-api/`);
+    /// `cso-dev status` shows the restart counts. The core manager exits a minute after each start while
+    /// nothing serves the hook port (its ExtensionConfig warm-up gives up): start `cso run` and it is
+    /// discovered at its next start at the latest.
     Up {
         /// Where to keep their files; `management.kubeconfig` and `workload.kubeconfig` are written here.
         #[arg(long)]
@@ -45,7 +54,8 @@ enum Command {
         #[arg(long, default_value_t = 9442)]
         hook_port: u16,
     },
-    /// Show what the control planes started by `cso-dev up --dir DIR` serve: version and CRDs.
+    /// Show what the control planes started by `cso-dev up --dir DIR` serve (version and CRDs) and the Cluster
+    /// API managers with their restart counts.
     Status {
         #[arg(long)]
         dir: PathBuf,

@@ -36,6 +36,10 @@
 //! the Docker/Dev provider always starts the debug server of its in-memory backend on port 19000 (all
 //! interfaces, not configurable): one Docker/Dev provider per machine at a time.
 //!
+//! A manager that exits stays exited unless its owner restarts it ([`ClusterApi::exit_status`],
+//! [`ClusterApi::restart`]): the core manager exits when it cannot discover every registered runtime extension
+//! within a minute of starting (its `ExtensionConfig` warm-up), which in a cluster its pod's restart would mend.
+//!
 //! The admission webhooks apply to the whole control plane: start Cluster API on a control plane of its own
 //! ([`start_management_with_cluster_api`], [`shared_management_with_cluster_api`]), not on the shared one
 //! that carries the Cluster API v1.10 CRDs.
@@ -221,7 +225,24 @@ struct Manager {
     webhook_port: u16,
     health_port: u16,
     metrics_port: u16,
+    launch: Launch,
     process: Supervised,
+}
+
+/// How a manager is started: kept to start it again the same way (same ports, certificates and flags).
+#[derive(Clone, Debug)]
+struct Launch {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).envs(self.env.iter().cloned());
+        command
+    }
 }
 
 /// Cluster API's managers running against a control plane. Dropping it stops them (the CRDs and webhook
@@ -271,8 +292,7 @@ impl ClusterApi {
                 continue;
             };
             let [webhook_port, health_port, metrics_port] = ports[&provider];
-            let mut command = Command::new(&tools.binary);
-            command.args([
+            let mut args = vec![
                 format!("--kubeconfig={}", plane.kubeconfig_path().display()),
                 "--leader-elect=false".into(),
                 format!("--feature-gates={FEATURE_GATES}"),
@@ -281,22 +301,31 @@ impl ClusterApi {
                 format!("--health-addr=127.0.0.1:{health_port}"),
                 format!("--diagnostics-address=127.0.0.1:{metrics_port}"),
                 "--insecure-diagnostics".into(),
-            ]);
+            ];
             if provider == Provider::Core {
-                command.args(&options.core_args);
+                args.extend(options.core_args.iter().cloned());
             } else if options.provider_controllers == ProviderControllers::WebhooksOnly {
-                command.arg(format!("--namespace={WEBHOOKS_ONLY_NAMESPACE}"));
+                args.push(format!("--namespace={WEBHOOKS_ONLY_NAMESPACE}"));
             }
-            // The Docker provider's in-memory backend advertises this address for its workload API servers.
-            command.env("POD_IP", "127.0.0.1");
+            let launch = Launch {
+                program: tools.binary.clone(),
+                args,
+                // The Docker provider's in-memory backend advertises this address for its workload API servers.
+                env: vec![("POD_IP".into(), "127.0.0.1".into())],
+            };
             let log = dir.join(format!("{}.log", provider.name()));
-            let process =
-                Supervised::spawn(&format!("cluster-api {}", provider.name()), command, &log, None)?;
+            let process = Supervised::spawn(
+                &format!("cluster-api {}", provider.name()),
+                launch.command(),
+                &log,
+                None,
+            )?;
             managers.push(Manager {
                 provider,
                 webhook_port,
                 health_port,
                 metrics_port,
+                launch,
                 process,
             });
         }
@@ -368,6 +397,26 @@ impl ClusterApi {
             .unwrap_or_default()
     }
 
+    /// The providers whose managers run (or ran), in start order.
+    pub fn providers(&self) -> Vec<Provider> {
+        self.managers.iter().map(|m| m.provider).collect()
+    }
+
+    /// How a provider's manager ended, once it has (`None` while it runs).
+    pub fn exit_status(&mut self, provider: Provider) -> Option<std::process::ExitStatus> {
+        self.manager_mut(provider)?.process.exit_status()
+    }
+
+    /// Starts a provider's manager again after it exited, with the same flags, ports and certificates; its
+    /// log goes on in the same file. Returns at once (no wait for `/readyz`): the caller decides when (see
+    /// `cso-dev up`, which restarts with back-off as a Deployment restarts its pod).
+    pub fn restart(&mut self, provider: Provider) -> Result<(), Error> {
+        let manager = self
+            .manager_mut(provider)
+            .ok_or_else(|| Error::Process(format!("no cluster-api {} manager", provider.name())))?;
+        manager.process.restart(manager.launch.command())
+    }
+
     /// An error describing the first manager that has exited, if any.
     pub fn check_running(&mut self) -> Result<(), Error> {
         match self.managers.iter_mut().find_map(|m| m.process.exited()) {
@@ -385,6 +434,10 @@ impl ClusterApi {
 
     fn manager(&self, provider: Provider) -> Option<&Manager> {
         self.managers.iter().find(|m| m.provider == provider)
+    }
+
+    fn manager_mut(&mut self, provider: Provider) -> Option<&mut Manager> {
+        self.managers.iter_mut().find(|m| m.provider == provider)
     }
 }
 

@@ -4,11 +4,15 @@
 //! watchdog (`sh`, also in its own group) kills it when the parent process dies without dropping the guard:
 //! a panicking test or a `static` control plane leaves nothing behind, neither processes nor (when asked)
 //! their data directory. (A parent-death signal would need `unsafe` `pre_exec`, which this workspace forbids.)
+//!
+//! A child that exited can be started again in its place ([`Supervised::restart`], as a Deployment restarts its
+//! pod's container): its output goes on in the same log, after a line that marks the restart.
 
 use std::{
     fs::File,
+    io::Write,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     time::Duration,
 };
 
@@ -21,38 +25,56 @@ pub struct Supervised {
     child: Child,
     watchdog: Option<Child>,
     log: PathBuf,
+    orphan_dir: Option<PathBuf>,
 }
 
 impl Supervised {
     /// Starts `command`, with stdout and stderr going to `log`. When the parent dies without dropping the
     /// guard, the watchdog kills the child and then removes `orphan_dir` (the child's temporary data
     /// directory, which a `static` owner's destructor never gets to remove).
-    pub fn spawn(
-        name: &str,
-        mut command: Command,
-        log: &Path,
-        orphan_dir: Option<&Path>,
-    ) -> Result<Self, Error> {
+    pub fn spawn(name: &str, command: Command, log: &Path, orphan_dir: Option<&Path>) -> Result<Self, Error> {
         let out = File::create(log).map_err(|e| Error::io(log, e))?;
-        let err = out.try_clone().map_err(|e| Error::io(log, e))?;
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| Error::Process(format!("failed to start {name}: {e}")))?;
-        let watchdog = spawn_watchdog(std::process::id(), child.id(), orphan_dir).ok();
+        let (child, watchdog) = launch(name, command, out, orphan_dir)?;
         Ok(Supervised {
             name: name.to_owned(),
             child,
             watchdog,
             log: log.to_path_buf(),
+            orphan_dir: orphan_dir.map(Path::to_path_buf),
         })
+    }
+
+    /// Starts `command` in place of the process, which must have exited: its output is appended to the same
+    /// log after a line `--- <name> restarted ---`, and a new watchdog guards it. (The old watchdog removes
+    /// the `orphan_dir` a few seconds after the old process exited: restart only processes that keep no state
+    /// there, such as Cluster API's managers, which have none.)
+    pub fn restart(&mut self, command: Command) -> Result<(), Error> {
+        if self.exit_status().is_none() {
+            return Err(Error::Process(format!("{} still runs: not restarted", self.name)));
+        }
+        if let Some(mut watchdog) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&self.log)
+            .map_err(|e| Error::io(&self.log, e))?;
+        writeln!(out, "--- {} restarted ---", self.name).map_err(|e| Error::io(&self.log, e))?;
+        let (child, watchdog) = launch(&self.name, command, out, self.orphan_dir.as_deref())?;
+        self.child = child;
+        self.watchdog = watchdog;
+        Ok(())
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// How the process ended, once it has.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Whether the process has exited, and if so a description with the end of its log.
@@ -130,6 +152,27 @@ impl Drop for Supervised {
             self.stop(Duration::from_secs(5));
         }
     }
+}
+
+/// Starts `command` in a process group of its own with stdout and stderr going to `out`, and its watchdog.
+fn launch(
+    name: &str,
+    mut command: Command,
+    out: File,
+    orphan_dir: Option<&Path>,
+) -> Result<(Child, Option<Child>), Error> {
+    let err = out
+        .try_clone()
+        .map_err(|e| Error::Process(format!("failed to start {name}: {e}")))?;
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| Error::Process(format!("failed to start {name}: {e}")))?;
+    let watchdog = spawn_watchdog(std::process::id(), child.id(), orphan_dir).ok();
+    Ok((child, watchdog))
 }
 
 fn signal_group(pgid: u32, signal: &str) {
@@ -215,6 +258,43 @@ mod tests {
         );
         assert!(eventually(|| !dir.exists()), "{} was left behind", dir.display());
         watchdog.wait().unwrap();
+    }
+
+    fn shell(script: &str) -> Command {
+        let mut command = Command::new("sh");
+        command.args(["-c", script]);
+        command
+    }
+
+    #[test]
+    fn an_exited_process_is_restarted_in_place_and_its_log_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("flaky.log");
+        let mut process = Supervised::spawn("flaky", shell("echo first run; exit 3"), &log, None).unwrap();
+        assert!(
+            eventually(|| process.exit_status().is_some()),
+            "the first run ends on its own"
+        );
+        assert_eq!(process.exit_status().unwrap().code(), Some(3));
+
+        process.restart(shell("echo second run; exec sleep 600")).unwrap();
+        assert!(
+            eventually(|| process.log_tail().contains("second run")),
+            "{}",
+            process.log_tail()
+        );
+        assert_eq!(process.exit_status(), None, "the second run goes on");
+        assert_eq!(
+            process.log_tail(),
+            "first run\n--- flaky restarted ---\nsecond run",
+            "one log for both runs"
+        );
+        let refused = process.restart(shell("echo third run")).unwrap_err();
+        assert!(refused.to_string().contains("still runs"), "{refused}");
+
+        let pid = process.pid();
+        drop(process);
+        assert!(!alive(pid), "dropping the guard stops the restarted process");
     }
 
     #[test]
