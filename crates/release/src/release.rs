@@ -41,16 +41,55 @@ pub struct Release {
 }
 
 /// Copies the files of the release directory `from` into `to`, creating it (a release is flat: its
-/// files only; what unpacking wrote beside them is left behind).
+/// files only; what unpacking wrote beside them is left behind). Links to files are followed, as reading a
+/// release follows them, so a release whose archives are links into a build directory copies whole.
 pub fn copy_release_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
-        }
+    for (name, path) in release_files(from)? {
+        std::fs::copy(path, to.join(name))?;
     }
     Ok(())
+}
+
+/// The digest of a release directory's files, `sha256:<hex>`: over the name, length and bytes of every file
+/// [`copy_release_dir`] copies, in name order, leaving out the cache's own provenance record. It names a
+/// `--local` release's resolved copy, so a rebuilt release (any byte of any file changed, a file added or
+/// removed) gets a copy of its own, while a restart, a `touch` or a copy with new times finds the copy made
+/// before. Blocking: reads every file.
+pub fn files_digest(dir: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (name, path) in release_files(dir)? {
+        if name == crate::source::PROVENANCE_FILE {
+            continue;
+        }
+        let mut file = std::fs::File::open(&path)?;
+        let length = file.metadata()?.len();
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+        hasher.update(length.to_le_bytes());
+        let copied = std::io::copy(&mut file, &mut hasher)?;
+        if copied != length {
+            return Err(std::io::Error::other(format!(
+                "{} changed while it was read",
+                path.display()
+            )));
+        }
+    }
+    Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
+}
+
+/// The regular files at the top of `dir` (links followed), as (name, path), in name order.
+fn release_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if std::fs::metadata(entry.path()).is_ok_and(|meta| meta.is_file()) {
+            files.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 impl Release {
@@ -192,5 +231,104 @@ fn check_single_chart(archive: &Path, top_level: &[String]) -> Result<(), Releas
             path: archive.to_path_buf(),
             what: format!("a chart archive must hold exactly one chart directory, found {top_level:?}"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test: a failed unwrap is a failed test")]
+
+    use super::*;
+
+    fn release_dir(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in files {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        dir
+    }
+
+    const BUILT: &[(&str, &[u8])] = &[
+        ("metadata.yaml", b"versions: v1"),
+        ("x-cluster-addon-v1.tgz", b"addons"),
+    ];
+
+    #[test]
+    fn the_files_digest_follows_names_and_bytes_not_times_or_what_lies_beside_them() {
+        let built = release_dir(BUILT);
+        let digest = files_digest(built.path()).unwrap();
+        assert!(
+            digest.starts_with("sha256:") && digest.len() == 7 + 64,
+            "{digest}"
+        );
+        assert_eq!(
+            files_digest(release_dir(BUILT).path()).unwrap(),
+            digest,
+            "the same files elsewhere, written at another time"
+        );
+
+        let beside = release_dir(BUILT);
+        std::fs::create_dir(beside.path().join("x-cluster-addon-v1")).unwrap();
+        std::fs::write(beside.path().join("x-cluster-addon-v1/unpacked"), "x").unwrap();
+        std::fs::write(beside.path().join(crate::source::PROVENANCE_FILE), "{}").unwrap();
+        assert_eq!(
+            files_digest(beside.path()).unwrap(),
+            digest,
+            "an unpacked directory and the provenance record are not the release's files"
+        );
+
+        let rebuilt: &[(&str, &[u8])] = &[
+            ("metadata.yaml", b"versions: v1"),
+            ("x-cluster-addon-v1.tgz", b"addonz"),
+        ];
+        let renamed: &[(&str, &[u8])] = &[
+            ("metadata.yaml", b"versions: v1"),
+            ("x-cluster-addon-v2.tgz", b"addons"),
+        ];
+        let added: &[(&str, &[u8])] = &[
+            ("metadata.yaml", b"versions: v1"),
+            ("x-cluster-addon-v1.tgz", b"addons"),
+            ("hashes.json", b"{}"),
+        ];
+        // Names and contents that run together alike: `ab` + `c` is not `a` + `bc`.
+        let shifted: &[(&str, &[u8])] = &[
+            ("metadata.yam", b"lversions: v1"),
+            ("x-cluster-addon-v1.tgz", b"addons"),
+        ];
+        for (what, files) in [
+            ("one byte of an archive", rebuilt),
+            ("a file renamed", renamed),
+            ("a file added", added),
+            ("a name's end moved into the content", shifted),
+        ] {
+            assert_ne!(files_digest(release_dir(files).path()).unwrap(), digest, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_copy_follows_links_to_files_and_has_the_same_digest() {
+        let built = release_dir(BUILT);
+        let elsewhere = release_dir(&[("addons.tgz", b"addons")]);
+        let linked = release_dir(&[("metadata.yaml", b"versions: v1")]);
+        std::os::unix::fs::symlink(
+            elsewhere.path().join("addons.tgz"),
+            linked.path().join("x-cluster-addon-v1.tgz"),
+        )
+        .unwrap();
+        assert_eq!(
+            files_digest(linked.path()).unwrap(),
+            files_digest(built.path()).unwrap()
+        );
+        let copy = tempfile::tempdir().unwrap();
+        copy_release_dir(linked.path(), &copy.path().join("release")).unwrap();
+        assert_eq!(
+            files_digest(&copy.path().join("release")).unwrap(),
+            files_digest(built.path()).unwrap()
+        );
+        assert!(
+            !std::fs::symlink_metadata(copy.path().join("release/x-cluster-addon-v1.tgz"))
+                .unwrap()
+                .is_symlink()
+        );
     }
 }
