@@ -136,7 +136,16 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
 
     let mut managers = cluster_api
         .as_ref()
-        .map(|c| ManagerSupervisor::new(&dir, c))
+        .map(|c| {
+            let hint = format!(
+                "the core manager gives up its warm-up when nothing answers on the hook port: once `cso run \
+                 --kubeconfig {} --hook-cert-dir {} --hook-port {}` runs, it is discovered at the next start",
+                management_kubeconfig.display(),
+                dir.join("hook-certs").display(),
+                options.hook_port
+            );
+            ManagerSupervisor::new(&dir, c, hint)
+        })
         .transpose()?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -227,13 +236,19 @@ pub async fn status(dir: &Path) -> anyhow::Result<()> {
 struct ManagerSupervisor {
     status_dir: std::path::PathBuf,
     managers: Vec<(Provider, ManagerReport)>,
+    /// Said after a core manager exit whose log ends with the warm-up's time-out.
+    warm_up_hint: String,
 }
 
+/// How the core manager's log says that its warm-up could not discover a runtime extension in time.
+const WARM_UP_TIMED_OUT: &str = "ExtensionConfig registry warmup timed out";
+
 impl ManagerSupervisor {
-    fn new(dir: &Path, cluster_api: &ClusterApi) -> anyhow::Result<Self> {
+    fn new(dir: &Path, cluster_api: &ClusterApi, warm_up_hint: String) -> anyhow::Result<Self> {
         let now = Instant::now();
         let supervisor = ManagerSupervisor {
             status_dir: dir.to_path_buf(),
+            warm_up_hint,
             managers: cluster_api
                 .providers()
                 .into_iter()
@@ -262,6 +277,7 @@ impl ManagerSupervisor {
                 Action::Nothing => continue,
                 Action::Exited { ran_for, wait } => {
                     let exit = exit.map_or_else(|| "exited".to_owned(), |status| status.to_string());
+                    let log_tail = cluster_api.log_tail(*provider);
                     eprintln!(
                         "cluster-api {} exited ({exit}) after {}s; starting it again in {}s (restart {}); the end of \
                          its log:\n{}",
@@ -269,8 +285,11 @@ impl ManagerSupervisor {
                         ran_for.as_secs(),
                         wait.as_secs(),
                         report.supervision.restarts + 1,
-                        indent(&cluster_api.log_tail(*provider)),
+                        indent(&log_tail),
                     );
+                    if *provider == Provider::Core && log_tail.contains(WARM_UP_TIMED_OUT) {
+                        eprintln!("({})", self.warm_up_hint);
+                    }
                     report.last_exit = Some(exit);
                 }
                 Action::Restart => {
