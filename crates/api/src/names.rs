@@ -38,6 +38,10 @@ pub mod condition {
     /// replica has reconciled for `--shard-grace`: set False by the default shard, removed by the shard's
     /// next reconcile. Absent otherwise.
     pub const SHARD_RECONCILING: &str = "ShardReconciling";
+    /// *New.* On a ClusterAddon: False (Warning, reason `DriftFight`) while something else keeps changing
+    /// objects it applied, so that they are put back again and again (with back-off); the message names each
+    /// object, the field manager that changes it and the fields. Absent otherwise.
+    pub const DRIFT_SETTLED: &str = "DriftSettled";
 }
 
 /// Condition reasons.
@@ -107,6 +111,9 @@ pub mod reason {
     pub const RELEASE_NOT_VERIFIED: &str = "ReleaseNotVerified";
     /// *New.* `ShardReconciling` False (Warning): no replica holds the Lease of the Cluster's shard.
     pub const NO_SHARD_REPLICA: &str = "NoShardReplica";
+    /// *New.* `DriftSettled` False (Warning): objects were put back several times in a row, each soon after the
+    /// last (a drift fight).
+    pub const DRIFT_FIGHT: &str = "DriftFight";
 }
 
 /// Event reasons.
@@ -135,6 +142,9 @@ pub mod event {
     pub const FAILED_TO_APPLY_OBJECTS: &str = "FailedToApplyObjects";
     /// *New.* Objects of a release were re-applied because they had been changed or deleted.
     pub const DRIFT_CORRECTED: &str = "DriftCorrected";
+    /// *New.* Warning, once per fight: an object is being changed by something else again and again, and put
+    /// back with back-off (`DriftSettled` False says by whom).
+    pub const DRIFT_FIGHT: &str = "DriftFight";
     /// *New.*
     pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
     /// *New.*

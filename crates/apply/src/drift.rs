@@ -5,7 +5,8 @@
 //! ([`DriftNotifier`]) at once; so does a (re)list that finds such an object. The watches' caches answer
 //! [`DriftWatch::verdict`]: whether every object of an inventory is as applied, so that a periodic pass
 //! writes nothing when nothing drifted, and whether that can be told at all (a kind not watched or not
-//! listed yet: the pass re-applies, as before).
+//! listed yet: the pass re-applies, as before). Who changed a drifted object, and which fields, is kept from
+//! the event's `managedFields` before our next apply takes them back ([`DriftWatch::cause`]).
 //!
 //! The watches use the workload cluster's own client, over its one HTTP/2 connection (`connection.rs`: its
 //! timeout bounds the start of each response, never a quiet watch; the API server ends each watch after its
@@ -29,7 +30,12 @@ use kube::{
     core::{GroupVersionKind, PartialObjectMeta},
 };
 
-use crate::{ApplyEngine, ClusterDiscovery, engine::LiveMeta, inventory::ObjectKey};
+use crate::{
+    ApplyEngine, ClusterDiscovery,
+    engine::LiveMeta,
+    inventory::ObjectKey,
+    managed_fields::{Writer, last_writer},
+};
 
 /// How long one watch request lasts before the watcher resumes with another. kube's default (290 s) is
 /// sized for a client whose read timeout ends quiet connections; these watches ride a connection kept alive
@@ -37,9 +43,30 @@ use crate::{ApplyEngine, ClusterDiscovery, engine::LiveMeta, inventory::ObjectKe
 /// workload clusters, 290 s meant about 35 new watch requests a second from an idle operator.
 const WATCH_TIMEOUT_SECONDS: u32 = 1800;
 
-/// Told `(namespace, cluster)` when an object the operator applied to that Cluster's workload cluster
-/// drifted.
-pub type DriftNotifier = Arc<dyn Fn(&str, &str) + Send + Sync>;
+/// Told `(namespace, cluster, object)` when an object the operator applied to that Cluster's workload
+/// cluster drifted.
+pub type DriftNotifier = Arc<dyn Fn(&str, &str, &ObjectKey) + Send + Sync>;
+
+/// What the watch saw of an object's last drift.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriftCause {
+    /// Changed; by this writer, as its `managedFields` tell.
+    Written(Writer),
+    /// Deleted, or its label taken away.
+    Gone,
+}
+
+impl std::fmt::Display for DriftCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriftCause::Written(writer) => write!(f, "changed by {writer}"),
+            DriftCause::Gone => write!(f, "deleted or unlabelled"),
+        }
+    }
+}
+
+/// The last drift cause of each drifted object of a workload cluster.
+type Causes = Arc<Mutex<HashMap<ObjectKey, DriftCause>>>;
 
 /// What the watches tell about an inventory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +145,7 @@ pub struct DriftWatch {
     notify: DriftNotifier,
     /// By `(group, kind)`.
     kinds: Mutex<HashMap<(String, String), KindWatch>>,
+    causes: Causes,
 }
 
 impl std::fmt::Debug for DriftWatch {
@@ -153,7 +181,17 @@ impl DriftWatch {
             engine,
             notify,
             kinds: Mutex::default(),
+            causes: Causes::default(),
         }
+    }
+
+    /// What the watch saw of `key`'s last drift: who changed it and which fields, or that it went.
+    pub fn cause(&self, key: &ObjectKey) -> Option<DriftCause> {
+        self.causes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
     }
 
     /// Starts watching the kinds of `resources` not watched yet (a kind the cluster does not serve is
@@ -205,6 +243,7 @@ impl DriftWatch {
                 engine: self.engine.clone(),
                 owner: self.owner.clone(),
                 notify: self.notify.clone(),
+                causes: self.causes.clone(),
             };
             let task = tokio::spawn(follower.follow(from));
             kinds.insert(
@@ -282,6 +321,7 @@ struct KindFollower {
     engine: ApplyEngine,
     owner: (String, String),
     notify: DriftNotifier,
+    causes: Causes,
 }
 
 impl KindFollower {
@@ -344,9 +384,22 @@ impl KindFollower {
         }
     }
 
-    fn tell(&self, why: &str, key: &ObjectKey) {
-        tracing::info!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key, "{why}: drift");
-        (self.notify)(&self.owner.0, &self.owner.1);
+    fn tell(&self, why: &str, key: &ObjectKey, cause: Option<DriftCause>) {
+        tracing::info!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key,
+            cause = cause.as_ref().map(tracing::field::display), "{why}: drift");
+        if let Some(cause) = cause {
+            self.causes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone(), cause);
+        }
+        (self.notify)(&self.owner.0, &self.owner.1, key);
+    }
+
+    /// Who last wrote `meta`'s object, other than us if anyone.
+    fn writer(&self, meta: &kube::api::ObjectMeta) -> Option<DriftCause> {
+        let entries = meta.managed_fields.as_deref().unwrap_or_default();
+        last_writer(entries, &self.engine.field_manager).map(DriftCause::Written)
     }
 
     /// Lists the kind's objects of ours (metadata only) into the cache, tells what changed while no watch
@@ -367,7 +420,7 @@ impl KindFollower {
                 ((key.namespace, key.name), LiveMeta::of(&object.metadata))
             })
             .collect();
-        let changed = self
+        let changed: Option<ObjectKey> = self
             .engine
             .applied_of_kind(&self.group, &self.kind)
             .into_iter()
@@ -379,7 +432,11 @@ impl KindFollower {
         *self.cache.objects() = listed;
         self.cache.known.store(true, Ordering::Release);
         if let Some(key) = changed {
-            self.tell("listed changed or missing", &key);
+            let cause = match list.items.iter().find(|o| self.key_of(&o.metadata) == key) {
+                Some(object) => self.writer(&object.metadata),
+                None => Some(DriftCause::Gone),
+            };
+            self.tell("listed changed or missing", &key, cause);
         }
         list.metadata
             .resource_version
@@ -449,6 +506,11 @@ impl KindFollower {
                 let key = self.key_of(&object.metadata);
                 let live = LiveMeta::of(&object.metadata);
                 let drifted = self.engine.has_applied(&key) && !self.engine.left_as_applied(&key, &live);
+                let cause = if drifted {
+                    self.writer(&object.metadata)
+                } else {
+                    None
+                };
                 self.cache
                     .objects()
                     .insert((key.namespace.clone(), key.name.clone()), live);
@@ -456,7 +518,7 @@ impl KindFollower {
                     *last = version;
                 }
                 if drifted {
-                    self.tell("changed", &key);
+                    self.tell("changed", &key, cause);
                 }
             }
             WatchEvent::Deleted(object) => {
@@ -468,7 +530,7 @@ impl KindFollower {
                     *last = version;
                 }
                 if self.engine.has_applied(&key) {
-                    self.tell("deleted or unlabelled", &key);
+                    self.tell("deleted or unlabelled", &key, Some(DriftCause::Gone));
                 }
             }
             WatchEvent::Bookmark(bookmark) => *last = bookmark.metadata.resource_version,

@@ -3,6 +3,11 @@
 //! operator's; an inventory of the result; and pruning of what the previous inventory has and the new
 //! render does not, never touching an object that does not carry the operator's label.
 //!
+//! What is forced (decisions.md, "What the operator forces and what it leaves"): each object is applied
+//! first without force; on a conflict, the fields another manager last wrote through a subresource (an
+//! autoscaler's `spec.replicas`, written through `scale`) are left out of this and later applies of the
+//! object, and the rest is applied with force, taking every other field back.
+//!
 //! Objects keep their own `metadata.namespace`; only namespaced objects without one get the default (the
 //! release) namespace. Server-side apply of unchanged content is a no-op on the server: re-applying the
 //! same render changes no `resourceVersion`, except for a kind served through a conversion that does not
@@ -138,8 +143,14 @@ struct Observed {
     generation: Option<i64>,
     /// See [`LiveMeta::writes`].
     writes: u64,
+    /// See [`LiveMeta::ours`].
+    ours: u64,
     /// The object's resourceVersion as our apply (or read) left it.
     resource_version: Option<String>,
+    /// Fields of the render left out of our applies of the object: another manager last wrote them through a
+    /// subresource (`.spec.replicas` through `scale`: an autoscaler's), so they are its (see
+    /// [`ApplyEngine::apply`]). The spec's generation then moves without drift; its other writers tell.
+    left_out: Vec<String>,
 }
 
 /// What a watch (or a read) shows of an object: which object it is, the version of its spec, and who wrote
@@ -148,30 +159,40 @@ struct Observed {
 pub struct LiveMeta {
     pub uid: Option<String>,
     pub generation: Option<i64>,
-    /// A fingerprint of the object's `managedFields` entries, those of the `status` subresource aside: each
-    /// write outside `status` by any manager changes the entry's time or fields.
+    /// A fingerprint of the object's `managedFields` entries, those of subresources (`status`, `scale`) aside:
+    /// each write outside them by any manager changes the entry's time or fields.
     pub writes: u64,
+    /// A fingerprint of the operator's own apply entry ([`DEFAULT_FIELD_MANAGER`]): it changes when another
+    /// manager takes or removes a field the operator set (any change of such a field moves its ownership),
+    /// or something else applies with the operator's field manager; never by writes of other fields.
+    pub ours: u64,
 }
 
 impl LiveMeta {
     pub fn of(meta: &kube::api::ObjectMeta) -> Self {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let mut ours = std::collections::hash_map::DefaultHasher::new();
         for entry in meta.managed_fields.iter().flatten() {
-            if entry.subresource.as_deref() == Some("status") {
+            if entry.subresource.as_deref().is_some_and(|s| !s.is_empty()) {
                 continue;
             }
-            entry.manager.hash(&mut hasher);
-            entry.operation.hash(&mut hasher);
-            entry.api_version.hash(&mut hasher);
-            entry.time.as_ref().map(|t| t.0.to_string()).hash(&mut hasher);
-            entry
-                .fields_v1
-                .as_ref()
-                .map(|f| f.0.to_string())
-                .hash(&mut hasher);
+            let hash = |hasher: &mut std::collections::hash_map::DefaultHasher| {
+                entry.manager.hash(hasher);
+                entry.operation.hash(hasher);
+                entry.api_version.hash(hasher);
+                entry.time.as_ref().map(|t| t.0.to_string()).hash(hasher);
+                entry.fields_v1.as_ref().map(|f| f.0.to_string()).hash(hasher);
+            };
+            hash(&mut hasher);
+            if entry.manager.as_deref() == Some(DEFAULT_FIELD_MANAGER)
+                && entry.operation.as_deref() == Some("Apply")
+            {
+                hash(&mut ours);
+            }
         }
         LiveMeta {
+            ours: ours.finish(),
             uid: meta.uid.clone(),
             generation: meta.generation,
             writes: hasher.finish(),
@@ -182,11 +203,18 @@ impl LiveMeta {
 /// Whether `live` is as the apply recorded in `observed` left it: the same object (uid) with the same spec
 /// (generation: status and metadata writes of controllers do not count); for kinds without a generation
 /// (ConfigMaps, Secrets, RBAC, APIServices, ...) not written since outside its status (see
-/// [`LiveMeta::writes`]: an aggregator or load balancer controller writing the status is no drift).
+/// [`LiveMeta::writes`]: an aggregator or load balancer controller writing the status is no drift). An
+/// object with fields left to a subresource's writer (`Observed::left_out`: an autoscaler's replicas) moves
+/// its generation at each of their writes: not written since outside the subresources, then.
+///
+/// Whatever the kind, a change of the operator's own apply entry ([`LiveMeta::ours`]) is drift: someone took
+/// a field it set (a label of a Deployment, which moves no generation) or applied with its field manager.
 fn left_as(observed: &Observed, live: &LiveMeta) -> bool {
     observed.uid == live.uid
+        && observed.ours == live.ours
         && match observed.generation {
-            Some(_) => observed.generation == live.generation,
+            Some(_) if observed.left_out.is_empty() => observed.generation == live.generation,
+            Some(_) => observed.generation == live.generation || observed.writes == live.writes,
             None => observed.writes == live.writes,
         }
 }
@@ -197,8 +225,11 @@ fn left_as(observed: &Observed, live: &LiveMeta) -> bool {
 /// no edit: applying the same content to a kind served through a conversion webhook that does not round-trip
 /// (Cluster API's `v1beta1` ClusterClass on 1.11+, whose conversion data carries the status) moves the
 /// generation at every apply.
+/// With fields left to a subresource's writer, their writes move the generation too: written outside the
+/// subresources in between, then.
 fn undid_a_change(before: &Observed, now: &Observed) -> bool {
     let moved = match (before.generation, now.generation) {
+        _ if !now.left_out.is_empty() => before.writes != now.writes,
         (Some(before), Some(now)) => now - before >= 2 || now < before,
         (before, now) => before != now,
     };
@@ -229,6 +260,7 @@ fn applied_since<'a>(observed: impl Iterator<Item = (&'a ObjectKey, &'a Observed
                 uid: o.uid.clone(),
                 generation: o.generation,
                 writes: o.writes,
+                ours: o.ours,
             },
         ));
     }
@@ -236,6 +268,16 @@ fn applied_since<'a>(observed: impl Iterator<Item = (&'a ObjectKey, &'a Observed
         resource_version: version.to_owned(),
         objects,
     })
+}
+
+/// What [`ApplyEngine::send`] did.
+struct Sent {
+    /// The object as applied.
+    applied: DynamicObject,
+    /// Fields left to the managers that write them through a subresource.
+    left_out: Vec<String>,
+    /// Fields another manager had taken were taken back (with force).
+    took_back: bool,
 }
 
 /// A rendered object made ready to apply.
@@ -750,40 +792,57 @@ impl ApplyEngine {
             && let Some(live) = self.live_if_unchanged(&api, &item).await
         {
             tracing::debug!(object = %item.key, "as our last apply of this content left it: not written");
+            let seen = LiveMeta::of(&live.metadata);
             self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
                 item.key.clone(),
                 Observed {
                     content: Sha256::digest(item.object.to_string()).into(),
-                    writes: LiveMeta::of(&live.metadata).writes,
+                    writes: seen.writes,
+                    ours: seen.ours,
                     resource_version: live.metadata.resource_version,
                     uid: live.metadata.uid,
                     generation: live.metadata.generation,
+                    left_out: Vec::new(),
                 },
             );
             item.unchanged = true;
             return item;
         }
-        let params = PatchParams::apply(&self.field_manager).force();
-        match api
-            .patch(&item.key.name, &params, &Patch::Apply(&item.object))
-            .await
-        {
-            Ok(applied) => {
+        let known = self
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&item.key)
+            .map(|o| o.left_out.clone())
+            .unwrap_or_default();
+        match self.send(&api, &item, known.clone()).await {
+            Ok(Sent {
+                applied,
+                left_out,
+                took_back,
+            }) => {
                 tracing::debug!(object = %item.key, "applied");
+                let learned = left_out.len() > known.len();
+                let seen = LiveMeta::of(&applied.metadata);
                 let now = Observed {
                     content: Sha256::digest(item.object.to_string()).into(),
-                    writes: LiveMeta::of(&applied.metadata).writes,
+                    writes: seen.writes,
+                    ours: seen.ours,
                     resource_version: applied.metadata.resource_version,
                     uid: applied.metadata.uid,
                     generation: applied.metadata.generation,
+                    left_out,
                 };
                 let before = self
                     .observed
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(item.key.clone(), now.clone());
-                item.drift_corrected =
-                    before.is_some_and(|b| b.content == now.content && undid_a_change(&b, &now));
+                // Taking fields back from another manager is a correction; finding a field another manager took
+                // through a subresource is none: it is left to it.
+                item.drift_corrected = before.is_some_and(|b| {
+                    b.content == now.content && (took_back || (!learned && undid_a_change(&b, &now)))
+                });
             }
             Err(e) => {
                 if matches!(&e, kube::Error::Api(s) if s.code == 404) {
@@ -797,6 +856,52 @@ impl ApplyEngine {
             }
         }
         item
+    }
+
+    /// Server-side applies `item` without the fields `left_out` (see [`Observed::left_out`]), first without
+    /// force: when that conflicts, the fields another manager last wrote through a subresource (`scale`) are
+    /// added to `left_out` and the rest is applied with force, taking every other field back.
+    async fn send(
+        &self,
+        api: &Api<DynamicObject>,
+        item: &Prepared,
+        mut left_out: Vec<String>,
+    ) -> Result<Sent, kube::Error> {
+        let mut object = item.object.clone();
+        left_out.retain(|path| crate::managed_fields::remove_path(&mut object, path));
+        let params = PatchParams::apply(&self.field_manager);
+        let conflict = match api.patch(&item.key.name, &params, &Patch::Apply(&object)).await {
+            Ok(applied) => {
+                return Ok(Sent {
+                    applied,
+                    left_out,
+                    took_back: false,
+                });
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => status,
+            Err(e) => return Err(e),
+        };
+        let mut took_back = false;
+        for found in crate::managed_fields::conflicts(&conflict) {
+            if found.subresource.is_some()
+                && !left_out.contains(&found.field)
+                && crate::managed_fields::remove_path(&mut object, &found.field)
+            {
+                tracing::info!(object = %item.key, field = %found.field, manager = %found.manager,
+                    subresource = ?found.subresource, "left to the manager that writes it through a subresource");
+                left_out.push(found.field);
+            } else {
+                took_back = true;
+            }
+        }
+        let applied = api
+            .patch(&item.key.name, &params.force(), &Patch::Apply(&object))
+            .await?;
+        Ok(Sent {
+            applied,
+            left_out,
+            took_back,
+        })
     }
 
     /// The live object, when it carries the digest `item` is annotated with and holds every field of it;
@@ -1259,6 +1364,24 @@ mod tests {
             edited.writes, edited_again.writes,
             "the same manager writing again"
         );
+        assert_eq!(
+            applied.ours, edited.ours,
+            "another manager's write of its own field leaves our entry"
+        );
+        let mut taken = ours.clone();
+        taken["fieldsV1"] = json!({});
+        let took = LiveMeta::of(&meta(json!([taken, edit("2026-11-23T10:06:00Z")])));
+        assert_ne!(
+            applied.ours, took.ours,
+            "a field of ours taken by another manager"
+        );
+        let mut reapplied = ours;
+        reapplied["time"] = json!("2026-11-23T10:08:00Z");
+        assert_ne!(
+            applied.ours,
+            LiveMeta::of(&meta(json!([reapplied]))).ours,
+            "applied again with our field manager (by something else)"
+        );
     }
 
     #[test]
@@ -1268,12 +1391,23 @@ mod tests {
             uid: Some("a".into()),
             generation,
             writes: 10,
+            ours: 1,
             resource_version: None,
+            left_out: Vec::new(),
+        };
+        let scaled = Observed {
+            left_out: vec![".spec.replicas".into()],
+            ..applied(Some(2))
         };
         let live = |uid: &str, generation: Option<i64>, writes: u64| LiveMeta {
             uid: Some(uid.into()),
             generation,
             writes,
+            ours: 1,
+        };
+        let taken = |generation: Option<i64>| LiveMeta {
+            ours: 2,
+            ..live("a", generation, 11)
         };
         for (observed, seen, as_applied, why) in [
             (
@@ -1300,6 +1434,25 @@ mod tests {
                 false,
                 "deleted and made again",
             ),
+            (
+                scaled.clone(),
+                live("a", Some(4), 10),
+                true,
+                "an autoscaler's replicas (through the scale subresource) moved the generation",
+            ),
+            (
+                scaled,
+                live("a", Some(5), 12),
+                false,
+                "a Deployment whose replicas an autoscaler sets, edited by someone else too",
+            ),
+            (
+                applied(Some(2)),
+                taken(Some(2)),
+                false,
+                "a label we set taken by another manager (no generation moves)",
+            ),
+            (applied(None), taken(None), false, "a ConfigMap's field taken"),
             (applied(None), live("a", None, 10), true, "a ConfigMap as applied"),
             (
                 applied(None),
@@ -1325,7 +1478,9 @@ mod tests {
             uid: Some("u".into()),
             generation: Some(1),
             writes: 7,
+            ours: 3,
             resource_version: version.map(str::to_owned),
+            left_out: Vec::new(),
         };
         let (a, b, c) = (key("a"), key("b"), key("c"));
         let (ten, nine, hundred) = (at(Some("10")), at(Some("9")), at(Some("100")));
@@ -1338,7 +1493,8 @@ mod tests {
             LiveMeta {
                 uid: Some("u".into()),
                 generation: Some(1),
-                writes: 7
+                writes: 7,
+                ours: 3,
             }
         );
         let opaque = at(Some("a1b2"));
@@ -1359,7 +1515,14 @@ mod tests {
             uid: Some(uid.into()),
             generation: Some(generation),
             writes: 0,
+            ours: 0,
             resource_version: None,
+            left_out: Vec::new(),
+        };
+        let scaled = |generation: i64, writes: u64| Observed {
+            writes,
+            left_out: vec![".spec.replicas".into()],
+            ..at("a", generation)
         };
         for (before, now, drift, why) in [
             (at("a", 3), at("a", 3), false, "nothing changed"),
@@ -1376,6 +1539,18 @@ mod tests {
                 at("b", 4),
                 true,
                 "deleted and made again, any generation",
+            ),
+            (
+                scaled(3, 0),
+                scaled(6, 0),
+                false,
+                "an autoscaler scaled three times, nobody else wrote",
+            ),
+            (
+                scaled(3, 0),
+                scaled(5, 1),
+                true,
+                "someone else wrote, then put back",
             ),
         ] {
             assert_eq!(undid_a_change(&before, &now), drift, "{why}");

@@ -64,7 +64,7 @@ fn drift_watch(engine: &ApplyEngine, discovery: Arc<ClusterDiscovery>) -> (Drift
         ("ns".into(), "c1".into()),
         discovery,
         engine.clone(),
-        Arc::new(move |_: &str, _: &str| {
+        Arc::new(move |_: &str, _: &str, _: &ObjectKey| {
             counter.fetch_add(1, Ordering::SeqCst);
         }),
     );

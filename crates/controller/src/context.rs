@@ -124,9 +124,10 @@ pub struct Context {
     pub(crate) discovery: Arc<ClusterDiscovery>,
     /// Clients (and apply engines and drift watches) of workload clusters.
     pub(crate) workloads: WorkloadClients,
-    /// `(namespace, cluster)` of each Cluster whose workload objects drifted, as its drift watches tell;
-    /// taken by the ClusterAddon controller ([`crate::run`]).
-    pub(crate) drifted: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, String)>>>,
+    /// `(namespace, cluster, object)` of each workload object that drifted, as its Cluster's drift watches
+    /// tell; taken by the ClusterAddon controller's throttle ([`crate::run`]).
+    pub(crate) drifted:
+        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, String, cso_apply::ObjectKey)>>>,
     /// Renders values templates over the Cluster.
     pub(crate) values: Arc<ValuesTemplater>,
     pub(crate) metrics: Arc<crate::Metrics>,
@@ -172,9 +173,11 @@ impl Context {
             WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
                 .taking_over_from(take_over_from)
                 .with_limits(settings.client_limits)
-                .watching_drift(Arc::new(move |namespace: &str, cluster: &str| {
-                    let _ = drift_sender.send((namespace.to_owned(), cluster.to_owned()));
-                }));
+                .watching_drift(Arc::new(
+                    move |namespace: &str, cluster: &str, object: &cso_apply::ObjectKey| {
+                        let _ = drift_sender.send((namespace.to_owned(), cluster.to_owned(), object.clone()));
+                    },
+                ));
         metrics.watch_cache(releases.clone());
         let renderer: Arc<dyn ChartRenderer> = Arc::new(MeteredRenderer::new(renderer, metrics.clone()));
         let reporter = Reporter {

@@ -133,6 +133,7 @@ pub struct Metrics {
     applied: Family<TargetLabels, Counter>,
     pruned: Family<TargetLabels, Counter>,
     drift_corrected: Family<TargetLabels, Counter>,
+    drift_fights: Gauge,
     render_durations: Family<TargetLabels, Histogram>,
     apply_durations: Family<TargetLabels, Histogram>,
     source_requests: Family<SourceRequestLabels, Counter>,
@@ -203,6 +204,7 @@ impl Default for Metrics {
             applied: Family::default(),
             pruned: Family::default(),
             drift_corrected: Family::default(),
+            drift_fights: Gauge::default(),
             render_durations: Family::new_with_constructor(reconcile_buckets),
             apply_durations: Family::new_with_constructor(reconcile_buckets),
             source_requests: Family::default(),
@@ -276,6 +278,11 @@ impl Default for Metrics {
             "cso_release_verifications",
             "Signature and digest-pin checks of downloaded releases, per layout and outcome (verified, pinned or the refusal)",
             metrics.release_verifications.clone(),
+        );
+        registry.register(
+            "cso_drift_fights",
+            "Workload objects in a drift fight: put back again and again, each soon after the last, now with back-off",
+            metrics.drift_fights.clone(),
         );
         registry.register(
             "cso_source_rate_limit_remaining",
@@ -454,6 +461,11 @@ impl Metrics {
         self.apply_durations
             .get_or_create(&labels)
             .observe(report.duration.as_secs_f64());
+    }
+
+    /// Sets the number of workload objects in a drift fight (`cso_drift_fights`).
+    pub(crate) fn drift_fights(&self, objects: usize) {
+        self.drift_fights.set(i64::try_from(objects).unwrap_or(i64::MAX));
     }
 
     /// Counts one write of the Cluster counts into the status of an object of `kind`.

@@ -377,8 +377,9 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             let cluster = cluster_of_kubeconfig_secret(&name)?;
             Some(ObjectRef::new(&cluster_addon_name(cluster)).within(&secret.namespace().unwrap_or_default()))
         })
-        // An object applied to a workload cluster was deleted or changed: put it back now.
-        .reconcile_on(drifted_addons(&ctx))
+        // An object applied to a workload cluster was deleted or changed: put it back now, or when its
+        // back-off ends (`cluster_addon::AddonMemory::drift_wakes`).
+        .reconcile_on(addon_ctx.own.drift_wakes(drift_told(&ctx)))
         .with_config(Config::default().concurrency(settings.cluster_addon_concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(cluster_addon::reconcile, cluster_addon::error_policy, addon_ctx)
@@ -515,16 +516,16 @@ fn not_ready(releases: &[Arc<ClusterStackRelease>]) -> Vec<ObjectRef<ClusterStac
         .collect()
 }
 
-/// The ClusterAddons whose workload objects drifted, as the drift watches tell (once: the receiver is taken).
-fn drifted_addons(ctx: &Context) -> impl futures::Stream<Item = ObjectRef<ClusterAddon>> + Send + 'static {
+/// The workload objects that drifted, `(namespace, cluster, object)`, as the drift watches tell (once: the
+/// receiver is taken).
+fn drift_told(
+    ctx: &Context,
+) -> impl futures::Stream<Item = (String, String, cso_apply::ObjectKey)> + Send + 'static {
     let receiver = ctx.drifted.lock().unwrap_or_else(|p| p.into_inner()).take();
     futures::stream::unfold(receiver, |receiver| async move {
         let mut receiver = receiver?;
-        let (namespace, cluster) = receiver.recv().await?;
-        Some((
-            ObjectRef::new(&cluster_addon_name(&cluster)).within(&namespace),
-            Some(receiver),
-        ))
+        let told = receiver.recv().await?;
+        Some((told, Some(receiver)))
     })
 }
 

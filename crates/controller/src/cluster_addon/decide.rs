@@ -34,6 +34,8 @@ pub(crate) struct Progress {
     pub(crate) resync_due: bool,
     /// What the workload cluster's drift watches tell about the applied objects.
     pub(crate) drift: Drift,
+    /// Every drifted object is held: put back too often lately (see [`super::fights`]), not yet again.
+    pub(crate) drift_held: bool,
     /// What the values templates give now, against what the applied addons were rendered from.
     pub(crate) inputs: Inputs,
     /// How many objects the addon chart rendered, or the `HelmChartTemplated` reason and message.
@@ -61,14 +63,15 @@ pub(crate) enum Drift {
 
 impl Progress {
     /// Whether the applied addons are to be rendered and applied again: the values templates give other
-    /// values than they were rendered from, drift was found, or the periodic pass is due and the watches
-    /// cannot vouch for the objects. With the watches vouching, the periodic pass writes nothing.
+    /// values than they were rendered from, drift was found (and not every drifted object is held by its
+    /// back-off, see [`super::fights`]), or the periodic pass is due and the watches cannot vouch for the
+    /// objects. With the watches vouching, the periodic pass writes nothing.
     pub(crate) fn reapply_due(&self) -> bool {
         if self.inputs.changed() {
             return true;
         }
         match self.drift {
-            Drift::Found => true,
+            Drift::Found => !self.drift_held,
             Drift::None => false,
             Drift::Unknown => self.resync_due,
         }
@@ -619,6 +622,28 @@ mod tests {
             next_step(&progress, &addon("docker-ferrol-1-27-v2", "v2", true)),
             expected
         );
+    }
+
+    #[rstest]
+    #[case::held_drift_waits(false, false, true, false)]
+    #[case::held_drift_waits_for_the_pass_too(true, false, true, false)]
+    #[case::drift_not_held(false, false, false, true)]
+    #[case::other_values_while_held(false, true, true, true)]
+    fn drift_of_objects_held_by_their_back_off_is_not_put_back_yet(
+        #[case] resync_due: bool,
+        #[case] values_changed: bool,
+        #[case] held: bool,
+        #[case] reapply: bool,
+    ) {
+        let progress = with(ready("docker-ferrol-1-27-v2", "v2", false), |p| {
+            p.resync_due = resync_due;
+            p.drift = Drift::Found;
+            p.drift_held = held;
+            if values_changed {
+                p.inputs = Inputs::templated(Some("old"), "new".into());
+            }
+        });
+        assert_eq!(progress.reapply_due(), reapply);
     }
 
     #[rstest]

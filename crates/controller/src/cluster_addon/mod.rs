@@ -3,7 +3,8 @@
 //! chart against the workload cluster, applies it there with an inventory, and prunes what an upgrade no
 //! longer has. A class change that keeps the addon version and the Kubernetes minor changes nothing; the
 //! objects are watched (`cso_apply::drift`): a deleted, edited or unlabelled addon object wakes its ClusterAddon
-//! and comes back; the periodic pass re-applies only what the watches cannot vouch for.
+//! and comes back; the periodic pass re-applies only what the watches cannot vouch for. An object put back
+//! again and again is held with back-off and reported (`fights`).
 //!
 //! Shape: the reconcile reads its object, `decide::next_step` (pure) names the next step and the driver
 //! here carries it out (read the Cluster, connect to the workload cluster, fetch the release, render, apply
@@ -14,6 +15,7 @@
 
 pub(crate) mod decide;
 pub mod decision;
+mod fights;
 mod health;
 mod inputs;
 mod staged;
@@ -59,8 +61,28 @@ use crate::{
     patch, rendering,
 };
 
-/// The ClusterAddon controller's context: the shared one and the resync clock.
-pub type AddonContext = ControllerContext<ResyncClock>;
+/// The ClusterAddon controller's context: the shared one and its own memory.
+pub type AddonContext = ControllerContext<AddonMemory>;
+
+/// What the ClusterAddon controller keeps across its reconciles: the resync clock, and the corrections of
+/// drifted objects (`fights`), which its drift notification throttle consults too ([`AddonMemory::fights`]).
+#[derive(Debug, Default)]
+pub struct AddonMemory {
+    clock: ResyncClock,
+    fights: Arc<fights::Fights>,
+}
+
+impl AddonMemory {
+    /// The drift notification throttle of the ClusterAddon controller (see `fights`): the ClusterAddons to
+    /// reconcile for drift the workload clusters' watches told (`(namespace, cluster, object)` from
+    /// `told`), each held addon woken once, when its hold ends.
+    pub(crate) fn drift_wakes(
+        &self,
+        told: impl futures::Stream<Item = (String, String, cso_apply::ObjectKey)> + Send + 'static,
+    ) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<ClusterAddon>> + Send + 'static {
+        fights::drift_wakes(self.fights.clone(), told)
+    }
+}
 
 /// When each object last applied everything it has; a full re-apply is due a resync interval later.
 #[derive(Debug, Default)]
@@ -123,12 +145,15 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         patch::remove_finalizer(&ctx.written, &api, &addon, CLUSTER_ADDON_FINALIZER).await?;
         ctx.workloads
             .forget(&addon.namespace().unwrap_or_default(), &addon.cluster_name());
+        ctx.own
+            .fights
+            .forget(&(addon.namespace().unwrap_or_default(), addon.cluster_name()));
         return Ok(Action::await_change());
     }
 
     let key = object_key(&addon);
     let mut progress = Progress {
-        resync_due: ctx.own.due(&key, ctx.settings.resync_interval),
+        resync_due: ctx.own.clock.due(&key, ctx.settings.resync_interval),
         health_gates: ctx.settings.addon_health_checks,
         now: chrono::Utc::now(),
         ..Progress::default()
@@ -142,7 +167,9 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         values: None,
         manifests: Vec::new(),
         // While a hook's stages are under way, they decide what is applied: drift waits for them.
-        vouch: ctx.own.ever_applied(&key) && addon.spec.hook.is_empty(),
+        vouch: ctx.own.clock.ever_applied(&key) && addon.spec.hook.is_empty(),
+        fights: &ctx.own.fights,
+        drifted: None,
     };
     let intervals = Intervals {
         workload_retry: ctx.settings.workload_retry_interval,
@@ -170,14 +197,15 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         }
     };
     let Conclusion {
-        events,
+        mut events,
         spec,
-        outcome,
+        mut outcome,
         applied_all,
     } = conclusion;
     if applied_all {
-        ctx.own.applied(&key);
+        ctx.own.clock.applied(&key);
     }
+    driver.fights_into(&progress, &mut working, &mut events, &mut outcome);
     // Reconciled by its shard: whatever the default shard said about an unattended shard is over.
     working.delete_condition(cso_api::names::condition::SHARD_RECONCILING);
     working.set_summary();
@@ -256,6 +284,9 @@ struct Driver<'a> {
     /// Ask the drift watches: the addon applied everything it has in this process (see
     /// `ResyncClock::ever_applied`) and no hook is under way.
     vouch: bool,
+    fights: &'a fights::Fights,
+    /// The objects the drift watches found drifted, when they could tell.
+    drifted: Option<Vec<cso_apply::ObjectKey>>,
 }
 
 impl Driver<'_> {
@@ -322,8 +353,17 @@ impl Driver<'_> {
                                 let applied = applied_objects(self.addon);
                                 watch.watch(&applied).await;
                                 progress.drift = match watch.verdict(&applied) {
-                                    Verdict::AsApplied => Drift::None,
-                                    Verdict::Drifted(_) => Drift::Found,
+                                    Verdict::AsApplied => {
+                                        self.drifted = Some(Vec::new());
+                                        Drift::None
+                                    }
+                                    Verdict::Drifted(drifted) => {
+                                        let owner = (namespace.clone(), cluster_name.clone());
+                                        progress.drift_held =
+                                            self.fights.all_held(&owner, &drifted, Instant::now());
+                                        self.drifted = Some(drifted);
+                                        Drift::Found
+                                    }
                                     Verdict::Unknown => Drift::Unknown,
                                 };
                             }
@@ -433,6 +473,49 @@ impl Driver<'_> {
             Step::RunStages(_) | Step::Conclude => {}
         }
         Ok(())
+    }
+
+    /// Records what this reconcile saw and corrected in the fights' memory and reports the fights: condition
+    /// `DriftSettled` on `addon`, an event when an object entered a fight, the next look in `outcome` (see
+    /// [`fights`]), the gauge.
+    fn fights_into(
+        &self,
+        progress: &Progress,
+        addon: &mut ClusterAddon,
+        events: &mut crate::events::Events,
+        outcome: &mut Outcome,
+    ) {
+        let owner = (addon.namespace().unwrap_or_default(), addon.cluster_name());
+        let watch = self.workload.as_ref().and_then(|w| w.drift.as_ref());
+        let corrected: Vec<_> = progress
+            .applied
+            .iter()
+            .flat_map(|report| report.drift_corrected.iter())
+            .map(|key| (key.clone(), watch.and_then(|w| w.cause(key))))
+            .collect();
+        let report = self.fights.reconciled(
+            &owner,
+            self.drifted.as_deref(),
+            &corrected,
+            Instant::now(),
+            self.ctx.settings.resync_interval,
+        );
+        self.ctx.metrics.drift_fights(self.fights.in_fight());
+        match &report.message {
+            Some(message) => addon.mark_false(
+                cso_api::names::condition::DRIFT_SETTLED,
+                reason::DRIFT_FIGHT,
+                cso_api::conditions::Severity::Warning,
+                message,
+            ),
+            None => addon.delete_condition(cso_api::names::condition::DRIFT_SETTLED),
+        }
+        if let Some(note) = report.announce {
+            events.warning(cso_api::names::event::DRIFT_FIGHT, note);
+        }
+        if let (Some(look), Outcome::Requeue(delay)) = (report.next_look, outcome) {
+            *delay = Some(delay.map_or(look, |d| d.min(look)));
+        }
     }
 
     /// The manifest digest the Cluster's release is pinned to: its ClusterStackRelease's `spec.digest` (its
