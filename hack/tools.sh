@@ -29,6 +29,9 @@
 #   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
 #   docker-registry Debian's CNCF distribution registry, for the OCI tests
+#   prometheus      Debian's `prometheus` package (2.42): `promtool` checks and unit-tests the chart's alert rules,
+#                   and the server scrapes `cso run` in crates/cso/tests/observability.rs (its system service is
+#                   stopped; the test runs its own on loopback)
 #   cso-renderer    hack/renderer: cso's long-lived renderer on Helm's own engine (helm.sh/helm/v3 $HELM_VERSION's
 #                   packages), what the image ships beside helm; rebuilt when its sources change; ~1 minute cold;
 #                   linked into target/debug/ and target/release/, beside the cso cargo builds (where `cso run` looks)
@@ -118,6 +121,8 @@ print_env() {
     echo "CSO_CAPI_CRD_DIRS=$capi_dir/config/crd/bases:$capi_dir/bootstrap/kubeadm/config/crd/bases:$capi_dir/controlplane/kubeadm/config/crd/bases:$capi_test_dir/infrastructure/docker/config/crd/bases"
   fi
   if command -v docker-registry >/dev/null 2>&1; then echo "CSO_REGISTRY=$(command -v docker-registry)"; fi
+  if command -v promtool >/dev/null 2>&1; then echo "CSO_PROMTOOL=$(command -v promtool)"; fi
+  if command -v prometheus >/dev/null 2>&1; then echo "CSO_PROMETHEUS=$(command -v prometheus)"; fi
   print_capi_manager_env
 }
 
@@ -368,6 +373,20 @@ install_registry() {
   (systemctl disable --now docker-registry >/dev/null 2>&1 || service docker-registry stop >/dev/null 2>&1 || true)
 }
 
+install_prometheus() {
+  if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+    say "prometheus, promtool: installed"; return
+  fi
+  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    say "prometheus: not installed and cannot apt-get it here; the observability tests will fail"; return
+  fi
+  say "prometheus, promtool: installing Debian's package"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  # The package starts a system service; the tests run their own server on loopback instead.
+  (systemctl disable --now prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1 || true)
+}
+
 # install_for_demo: only what `make demo` runs (`cso-dev demo`: control planes of kube-apiserver and etcd, workloads
 # on kwok's simulated nodes through kube-controller-manager and kube-scheduler, Cluster API's four managers, and the
 # operator in-process rendering with cso-renderer): not helm 3 and 4, yaml2json, cosign, the registry or the
@@ -400,6 +419,7 @@ case "${1:-install}" in
     build_renderer
     link_renderer
     install_registry
+    install_prometheus
     build_kubernetes
     build_kwok
     build_cosign
