@@ -4,7 +4,8 @@
 //! pin checks of downloads (`cso_release_verifications`); releases cached;
 //! Clusters per release and state (`cso_clusters`, counted from the ClusterAddon watch at scrape time), those
 //! whose addons do not run (`cso_addons_not_running`, the same way) and the
-//! writes of those counts into the statuses (`cso_fleet_status_writes`); and
+//! writes of those counts into the statuses (`cso_fleet_status_writes`); the False conditions of ClusterAddons
+//! and ClusterStackReleases and the hook runs in progress ([`conditions`], the same way); and
 //! leader election (client-go's `leader_election_master_status`, plus failed renewals); the process's own
 //! memory, CPU and file descriptors under Prometheus' `process_*` names, and the renderer processes' memory
 //! ([`process`], read from `/proc` at scrape time).
@@ -17,7 +18,7 @@ use std::{
     time::Instant,
 };
 
-use cso_api::{ClusterAddon, fleet::AddonState};
+use cso_api::{ClusterAddon, ClusterStackRelease, fleet::AddonState};
 use cso_apply::ApplyReport;
 use cso_release::{ReleaseCache, ReleaseSource, SourceError, source::Provenance};
 use cso_render::{ChartRenderer, RenderError, RenderRequest};
@@ -31,6 +32,7 @@ use prometheus_client::{
 
 use crate::Error;
 
+pub mod conditions;
 pub mod process;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -156,6 +158,10 @@ pub struct Metrics {
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
     fleet_status_writes: Family<KindLabels, Counter>,
+    /// The ClusterStackReleases whose False conditions `condition_false` counts, read at scrape time.
+    releases: OnceLock<reflector::Store<ClusterStackRelease>>,
+    condition_false: Family<ConditionLabels, Gauge>,
+    hooks_in_progress: Family<HookLabels, Gauge>,
     /// The long-lived renderer whose processes' memory `cso_renderer_resident_memory_bytes` shows.
     renderer: Arc<OnceLock<cso_render::Engine>>,
 }
@@ -164,6 +170,17 @@ pub struct Metrics {
 struct KindLabels {
     /// `ClusterStack` or `ClusterStackRelease`.
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    /// `ClusterAddon` or `ClusterStackRelease`.
+    kind: String,
+    /// The condition type (`ClusterReady`, `ClusterStackReleaseDownloaded`, ...).
+    condition: String,
+    reason: String,
+    /// `Error`, `Warning`, `Info`, or empty.
+    severity: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -224,6 +241,9 @@ impl Default for Metrics {
             shard_store: OnceLock::new(),
             addons: OnceLock::new(),
             fleet_status_writes: Family::default(),
+            releases: OnceLock::new(),
+            condition_false: Family::default(),
+            hooks_in_progress: Family::default(),
             renderer: Arc::default(),
         };
         registry.register_collector(Box::new(process::ProcessCollector {
@@ -309,6 +329,18 @@ impl Default for Metrics {
             "Clusters whose applied addons do not run, per release and AddonsHealthy reason (WaitingForHealth, \
              NotHealthyInTime, Degraded)",
             metrics.not_running.clone(),
+        );
+        registry.register(
+            "cso_condition_false",
+            "ClusterAddons and ClusterStackReleases whose condition is False, per kind, condition, reason and \
+             severity (default shard only)",
+            metrics.condition_false.clone(),
+        );
+        registry.register(
+            "cso_hooks_in_progress",
+            "ClusterAddons whose spec.hook names a lifecycle hook still running (a blocking hook holds its \
+             Cluster meanwhile), per hook (default shard only)",
+            metrics.hooks_in_progress.clone(),
         );
         registry.register(
             "cso_fleet_status_writes",
@@ -412,11 +444,65 @@ impl Metrics {
                     .set(count as i64);
             }
         }
+        self.count_conditions();
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &registry);
         text
+    }
+
+    /// Sets `cso_condition_false` and `cso_hooks_in_progress` from the watched objects (when watched).
+    fn count_conditions(&self) {
+        if self.addons.get().is_none() && self.releases.get().is_none() {
+            return;
+        }
+        let addons = self.addons.get().map(reflector::Store::state).unwrap_or_default();
+        let releases = self
+            .releases
+            .get()
+            .map(reflector::Store::state)
+            .unwrap_or_default();
+        let kinds = [
+            (
+                "ClusterAddon",
+                conditions::false_conditions(addons.iter().map(|a| {
+                    a.status
+                        .as_ref()
+                        .map(|s| s.conditions.as_slice())
+                        .unwrap_or_default()
+                })),
+            ),
+            (
+                "ClusterStackRelease",
+                conditions::false_conditions(releases.iter().map(|r| {
+                    r.status
+                        .as_ref()
+                        .map(|s| s.conditions.as_slice())
+                        .unwrap_or_default()
+                })),
+            ),
+        ];
+        // Conditions no object has False any more leave the gauge.
+        self.condition_false.clear();
+        for (kind, counts) in kinds {
+            for ((condition, reason, severity), count) in counts {
+                self.condition_false
+                    .get_or_create(&ConditionLabels {
+                        kind: kind.to_owned(),
+                        condition,
+                        reason,
+                        severity,
+                    })
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+            }
+        }
+        self.hooks_in_progress.clear();
+        for (hook, count) in conditions::hooks_in_progress(addons.iter().map(AsRef::as_ref)) {
+            self.hooks_in_progress
+                .get_or_create(&HookLabels { hook })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     /// Runs one reconcile of `controller` and records it.
@@ -538,6 +624,12 @@ impl Metrics {
                 shard: shard.to_owned(),
             })
             .set(i64::try_from(clusters).unwrap_or(i64::MAX));
+    }
+
+    /// Counts the False conditions of the ClusterStackReleases in `releases` (the watch's store) in
+    /// `cso_condition_false`.
+    pub(crate) fn watch_releases(&self, releases: reflector::Store<ClusterStackRelease>) {
+        let _ = self.releases.set(releases);
     }
 
     /// Shows the counts of the ClusterAddons in `addons` (the watch's store) as `cso_clusters`.

@@ -150,6 +150,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     if management {
         // The fleet's gauges, from every ClusterAddon: counted by the default shard only.
         ctx.metrics.watch_addons(addon_watch.store());
+        ctx.metrics.watch_releases(release_watch.store());
     }
     let mut cluster_watch = SharedWatch::new(
         ctx.clusters(namespace.as_deref()),

@@ -9,7 +9,8 @@
 //! Only kube-apiserver (and etcd, which comes with a crate) must be there: `make demo` (`hack/tools.sh install
 //! --for demo`) builds kube-apiserver, kube-controller-manager, kube-scheduler, kwok, cso-renderer and Cluster
 //! API's managers and lists only what is built, so helm, the registry, yaml2json and the CRD directories of
-//! Cluster API v1.10 and cert-manager are then `None` (empty), and only the tests that use them need `make tools`.
+//! Cluster API v1.10 and cert-manager are then `None` (empty), and only the tests that use them need `make tools`;
+//! so are `promtool` and `prometheus` (Debian's `prometheus` package, for the alert rules and dashboard tests).
 
 use std::{
     collections::HashMap,
@@ -41,6 +42,10 @@ pub struct Tools {
     pub kube_scheduler: Option<PathBuf>,
     /// kwok (`sigs.k8s.io/kwok/cmd/kwok`, `CSO_KWOK`): simulated nodes and the pods bound to them.
     pub kwok: Option<PathBuf>,
+    /// Prometheus' `promtool` (Debian's `prometheus` package, `CSO_PROMTOOL`): checks and unit-tests alert rules.
+    pub promtool: Option<PathBuf>,
+    /// The Prometheus server of the same package (`CSO_PROMETHEUS`).
+    pub prometheus: Option<PathBuf>,
 }
 
 impl Tools {
@@ -99,6 +104,8 @@ impl Tools {
             kube_controller_manager: lookup("CSO_KUBE_CONTROLLER_MANAGER").map(PathBuf::from),
             kube_scheduler: lookup("CSO_KUBE_SCHEDULER").map(PathBuf::from),
             kwok: lookup("CSO_KWOK").map(PathBuf::from),
+            promtool: lookup("CSO_PROMTOOL").map(PathBuf::from),
+            prometheus: lookup("CSO_PROMETHEUS").map(PathBuf::from),
         })
     }
 }
@@ -165,9 +172,11 @@ mod tests {
                 &tools.helm,
                 &tools.registry,
                 &tools.yaml2json,
-                &tools.cert_manager_crd_dir
+                &tools.cert_manager_crd_dir,
+                &tools.promtool,
+                &tools.prometheus
             ),
-            (&None, &None, &None, &None)
+            (&None, &None, &None, &None, &None, &None)
         );
         assert!(tools.capi_crd_dirs.is_empty());
     }
