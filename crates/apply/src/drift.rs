@@ -388,10 +388,13 @@ impl KindFollower {
         tracing::info!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key,
             cause = cause.as_ref().map(tracing::field::display), "{why}: drift");
         if let Some(cause) = cause {
-            self.causes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key.clone(), cause);
+            let mut causes = self.causes.lock().unwrap_or_else(|p| p.into_inner());
+            // The event of our own apply can come before the engine has recorded it, when the other manager's
+            // entry is gone already (its fields taken back): it must not hide who changed the object.
+            let ours = |c: &DriftCause| matches!(c, DriftCause::Written(w) if w.ours);
+            if !ours(&cause) || causes.get(key).is_none_or(ours) {
+                causes.insert(key.clone(), cause);
+            }
         }
         (self.notify)(&self.owner.0, &self.owner.1, key);
     }
