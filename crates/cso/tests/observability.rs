@@ -478,7 +478,7 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
     .await;
     stacks
         .patch(
-            "docker-ferrol-1-27",
+            "ferrol",
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
         )
