@@ -7,12 +7,15 @@
 //! - [`users`]: which Clusters use which release;
 //! - [`hooks`]: the Cluster API lifecycle hooks ([`Hook`]);
 //! - [`hook_runs`]: which run of each hook a ClusterAddon is on, and its stage clock ([`HookRuns`]);
-//! - [`addons`]: what a ClusterAddon records as applied, and whether that is done ([`AppliedAddons`]).
+//! - [`addons`]: what a ClusterAddon records as applied, and whether that is done ([`AppliedAddons`]);
+//! - [`class_move`]: whether Cluster API would accept moving a Cluster to another class, explained by the two
+//!   classes ([`class_move::explain`]).
 //!
 //! The identity of an applied object, [`crate::common::ObjectKey`], lives beside the inventory entry it keys.
 //! Nothing here talks to a cluster: every function takes the objects it reads.
 
 pub mod addons;
+pub mod class_move;
 pub mod hook_runs;
 pub mod hooks;
 pub mod stack;

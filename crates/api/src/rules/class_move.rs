@@ -1,0 +1,931 @@
+//! Whether Cluster API would accept moving a Cluster to another ClusterClass, explained in terms of the two
+//! classes (issue 30, "preflight of a class move").
+//!
+//! The answer itself comes from Cluster API: a server-side dry run of the change ([`DryRun`], made by
+//! `cso_controller::preflight`). This module explains it, purely, from what the two classes say:
+//!
+//! - variables whose values the new class's schema refuses ([`validate`]: the subset of OpenAPI v3 that
+//!   ClusterClass variables use: `type`, `properties`, `required`, `additionalProperties`,
+//!   `x-kubernetes-preserve-unknown-fields`, `items`, `enum`, `pattern`, lengths, bounds and sizes; a field
+//!   the schema does not specify is refused, as Cluster API refuses it);
+//! - variables the new class no longer defines, and variables it requires that the Cluster does not set and
+//!   the schema does not default;
+//! - a Kubernetes step Cluster API refuses (down, more than one minor without the class's
+//!   `kubernetesVersions`, a version the list does not name);
+//! - which hooks and stages of the release the move runs.
+//!
+//! The same [`explain`] serves `cso render --diff` (with a dry run), and a caller that must not make a
+//! request per Cluster (the fleet's counts, a rollout's planning) with [`DryRun::NotAsked`]: the
+//! explanation alone is then the verdict.
+
+use std::{collections::BTreeMap, fmt};
+
+use serde_json::Value;
+
+use super::Hook;
+
+/// One variable a ClusterClass defines (`spec.variables[]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VariableDefinition {
+    pub name: String,
+    pub required: bool,
+    /// `schema.openAPIV3Schema`.
+    pub schema: Value,
+}
+
+/// What the preflight needs of a ClusterClass (`v1beta1` or `v1beta2`, which spell these fields alike).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClassView {
+    pub name: String,
+    pub variables: Vec<VariableDefinition>,
+    /// `spec.kubernetesVersions` (`v1beta2`): the versions a chained upgrade may go through.
+    pub kubernetes_versions: Vec<String>,
+}
+
+impl ClassView {
+    /// Reads a ClusterClass object, as served or as rendered.
+    pub fn from_object(class: &Value) -> Self {
+        let variables = class
+            .pointer("/spec/variables")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| {
+                Some(VariableDefinition {
+                    name: v.get("name")?.as_str()?.to_owned(),
+                    required: v.get("required").and_then(Value::as_bool).unwrap_or(false),
+                    schema: v
+                        .pointer("/schema/openAPIV3Schema")
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+        ClassView {
+            name: class
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            variables,
+            kubernetes_versions: class
+                .pointer("/spec/kubernetesVersions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        }
+    }
+
+    fn variable(&self, name: &str) -> Option<&VariableDefinition> {
+        self.variables.iter().find(|v| v.name == name)
+    }
+}
+
+/// The stages of the target release, per hook (`clusteraddon.yaml`); `None` for a release with a single
+/// addon chart.
+pub type ReleaseStages = Option<BTreeMap<Hook, Vec<String>>>;
+
+/// The move to explain.
+#[derive(Clone, Debug)]
+pub struct Move<'a> {
+    /// `spec.topology.variables[]` of the Cluster: name and value, as stored (with the old class's defaults).
+    pub variables: Vec<(String, Value)>,
+    /// The Cluster's `spec.topology.version`.
+    pub from_version: Option<&'a str>,
+    /// The release's Kubernetes version.
+    pub to_version: &'a str,
+    pub from: &'a ClassView,
+    pub to: &'a ClassView,
+    pub stages: &'a ReleaseStages,
+}
+
+impl<'a> Move<'a> {
+    /// The move of `cluster` (the whole object) from `from` to `to` at `to_version`.
+    pub fn of_cluster(
+        cluster: &'a Value,
+        from: &'a ClassView,
+        to: &'a ClassView,
+        to_version: &'a str,
+        stages: &'a ReleaseStages,
+    ) -> Self {
+        let variables = cluster
+            .pointer("/spec/topology/variables")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| {
+                Some((
+                    v.get("name")?.as_str()?.to_owned(),
+                    v.get("value").cloned().unwrap_or(Value::Null),
+                ))
+            })
+            .collect();
+        Move {
+            variables,
+            from_version: cluster.pointer("/spec/topology/version").and_then(Value::as_str),
+            to_version,
+            from,
+            to,
+            stages,
+        }
+    }
+}
+
+/// One field error of a refusal (`status.details.causes[]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    pub field: String,
+    pub message: String,
+}
+
+/// Cluster API's answer to the dry run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DryRun {
+    Accepted,
+    /// Refused by admission (a webhook or the schema): the message and its causes.
+    Refused {
+        message: String,
+        causes: Vec<Cause>,
+    },
+    /// The dry run could not be made (the API server unreachable, the Cluster missing, ...): why.
+    Failed(String),
+    /// Not asked (computed from the caches only).
+    NotAsked,
+}
+
+/// Why a move is refused, in terms of the two classes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The new class's schema refuses the Cluster's value of `variable`, at `path` (`.a.b[0]`, empty for the
+    /// value itself).
+    VariableRefused {
+        variable: String,
+        path: String,
+        why: String,
+    },
+    /// The Cluster sets `variable`, which the new class does not define.
+    VariableRemoved { variable: String },
+    /// The new class requires `variable`; the Cluster does not set it and the schema has no default.
+    VariableRequired { variable: String },
+    /// The Kubernetes version would go down.
+    KubernetesDowngrade { from: String, to: String },
+    /// More than one minor, and the new class has no `kubernetesVersions` to chain the steps.
+    KubernetesSkipsMinors { from: String, to: String },
+    /// The new class lists `kubernetesVersions` and the target (or a minor on the way) is not among them.
+    KubernetesNotListed { version: String, listed: Vec<String> },
+    /// A refusal of the dry run that the classes do not explain, as Cluster API said it.
+    ClusterApi { field: String, message: String },
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::VariableRefused { variable, path, why } => {
+                write!(f, "variable {variable}{path}: {why}")
+            }
+            Reason::VariableRemoved { variable } => write!(
+                f,
+                "variable {variable}: set by the Cluster, not defined by the new class"
+            ),
+            Reason::VariableRequired { variable } => write!(
+                f,
+                "variable {variable}: required by the new class, not set by the Cluster and without a default"
+            ),
+            Reason::KubernetesDowngrade { from, to } => {
+                write!(f, "Kubernetes {from} -> {to}: the version cannot go down")
+            }
+            Reason::KubernetesSkipsMinors { from, to } => write!(
+                f,
+                "Kubernetes {from} -> {to}: more than one minor, and the new class has no kubernetesVersions to \
+                 upgrade through"
+            ),
+            Reason::KubernetesNotListed { version, listed } => write!(
+                f,
+                "Kubernetes {version}: not in the new class's kubernetesVersions [{}]",
+                listed.join(", ")
+            ),
+            Reason::ClusterApi { field, message } if field.is_empty() => write!(f, "{message}"),
+            Reason::ClusterApi { field, message } => write!(f, "{field}: {message}"),
+        }
+    }
+}
+
+/// The verdict of a preflight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Cluster API accepted the dry run.
+    Accepted,
+    /// Cluster API refused it, or (without a dry run) the classes say it would.
+    Refused,
+    /// No dry run and nothing in the classes against the move: it would most likely be accepted.
+    Likely,
+}
+
+/// The lifecycle hook runs a move goes through, with the release's stages for each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookRun {
+    pub hook: Hook,
+    /// The Kubernetes version of a per-step hook's step; `None` for the once-per-upgrade hooks.
+    pub step: Option<String>,
+    /// The release's stages for this hook (empty: the hook is answered at once).
+    pub stages: Vec<String>,
+}
+
+/// The preflight's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preflight {
+    pub from_class: String,
+    pub to_class: String,
+    pub verdict: Verdict,
+    /// Why it is refused (or, without a dry run, would be).
+    pub reasons: Vec<Reason>,
+    /// Why the dry run could not be made, if it could not.
+    pub dry_run_failed: Option<String>,
+    /// `(from, to)` when the Kubernetes version changes.
+    pub version_change: Option<(String, String)>,
+    /// The hooks the move runs, in order, with their stages.
+    pub hooks: Vec<HookRun>,
+    /// A release with a single addon chart: it is applied when the class changes (no stages).
+    pub single_chart: bool,
+}
+
+/// Explains Cluster API's answer `dry_run` to `change` from the two classes.
+pub fn explain(change: &Move<'_>, dry_run: &DryRun) -> Preflight {
+    let mut reasons = variable_reasons(change);
+    reasons.extend(kubernetes_reasons(
+        change.from_version,
+        change.to_version,
+        &change.to.kubernetes_versions,
+    ));
+    if let DryRun::Refused { message, causes } = dry_run {
+        // What Cluster API said that the classes did not already explain.
+        let unexplained: Vec<&Cause> = causes
+            .iter()
+            .filter(|c| !reasons.iter().any(|r| explains(r, c)))
+            .collect();
+        for cause in unexplained {
+            reasons.push(Reason::ClusterApi {
+                field: cause.field.clone(),
+                message: cause.message.clone(),
+            });
+        }
+        if reasons.is_empty() {
+            reasons.push(Reason::ClusterApi {
+                field: String::new(),
+                message: message.clone(),
+            });
+        }
+    }
+    let verdict = match dry_run {
+        DryRun::Accepted => Verdict::Accepted,
+        DryRun::Refused { .. } => Verdict::Refused,
+        DryRun::Failed(_) | DryRun::NotAsked if reasons.is_empty() => Verdict::Likely,
+        DryRun::Failed(_) | DryRun::NotAsked => Verdict::Refused,
+    };
+    let version_change = match change.from_version {
+        Some(from) if from != change.to_version => Some((from.to_owned(), change.to_version.to_owned())),
+        _ => None,
+    };
+    Preflight {
+        from_class: change.from.name.clone(),
+        to_class: change.to.name.clone(),
+        verdict,
+        reasons,
+        dry_run_failed: match dry_run {
+            DryRun::Failed(why) => Some(why.clone()),
+            _ => None,
+        },
+        hooks: hook_runs(change, version_change.as_ref()),
+        version_change,
+        single_chart: change.stages.is_none(),
+    }
+}
+
+/// Whether `reason` is what Cluster API's `cause` says: the same variable (`spec.topology.variables[NAME]`),
+/// or the topology version.
+fn explains(reason: &Reason, cause: &Cause) -> bool {
+    let about_variable = |name: &str| {
+        cause.field.contains(&format!("variables[{name}]")) || cause.message.contains(&format!("\"{name}\""))
+    };
+    match reason {
+        Reason::VariableRefused { variable, .. }
+        | Reason::VariableRemoved { variable }
+        | Reason::VariableRequired { variable } => about_variable(variable),
+        Reason::KubernetesDowngrade { .. }
+        | Reason::KubernetesSkipsMinors { .. }
+        | Reason::KubernetesNotListed { .. } => cause.field.ends_with("topology.version"),
+        Reason::ClusterApi { .. } => false,
+    }
+}
+
+fn variable_reasons(change: &Move<'_>) -> Vec<Reason> {
+    let mut reasons = Vec::new();
+    for (name, value) in &change.variables {
+        match change.to.variable(name) {
+            None => reasons.push(Reason::VariableRemoved {
+                variable: name.clone(),
+            }),
+            Some(definition) => {
+                let mut value = value.clone();
+                default_into(&definition.schema, &mut value);
+                reasons.extend(
+                    validate(&definition.schema, &value)
+                        .into_iter()
+                        .map(|(path, why)| Reason::VariableRefused {
+                            variable: name.clone(),
+                            path,
+                            why,
+                        }),
+                );
+            }
+        }
+    }
+    for definition in &change.to.variables {
+        let set = change.variables.iter().any(|(n, _)| n == &definition.name);
+        if definition.required && !set && definition.schema.get("default").is_none() {
+            reasons.push(Reason::VariableRequired {
+                variable: definition.name.clone(),
+            });
+        }
+    }
+    reasons
+}
+
+/// `vMAJOR.MINOR.PATCH` (pre-release and build suffixes ignored).
+fn semver(version: &str) -> Option<(u64, u64, u64)> {
+    let core = version.trim_start_matches('v');
+    let core = core.split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// Cluster API's rules for a topology version change (`validateTopologyVersionUpdate`,
+/// `ValidateClusterForClusterClass`; docs/cluster-api-contract.md §3).
+fn kubernetes_reasons(from: Option<&str>, to: &str, listed: &[String]) -> Vec<Reason> {
+    let (Some(from), Some(target)) = (from, semver(to)) else {
+        return Vec::new();
+    };
+    let Some(current) = semver(from) else {
+        return Vec::new();
+    };
+    if target == current {
+        return Vec::new();
+    }
+    if target < current {
+        return vec![Reason::KubernetesDowngrade {
+            from: from.to_owned(),
+            to: to.to_owned(),
+        }];
+    }
+    if listed.is_empty() {
+        return if target.0 != current.0 || target.1 > current.1 + 1 {
+            vec![Reason::KubernetesSkipsMinors {
+                from: from.to_owned(),
+                to: to.to_owned(),
+            }]
+        } else {
+            Vec::new()
+        };
+    }
+    let not_listed = |version: String| Reason::KubernetesNotListed {
+        version,
+        listed: listed.to_vec(),
+    };
+    let listed_versions: Vec<(u64, u64, u64)> = listed.iter().filter_map(|v| semver(v)).collect();
+    if !listed_versions.contains(&target) {
+        return vec![not_listed(to.to_owned())];
+    }
+    // Each minor on the way needs a version of its own in the list to step through.
+    (current.1 + 1..target.1)
+        .filter(|minor| !listed_versions.iter().any(|v| v.0 == target.0 && v.1 == *minor))
+        .map(|minor| not_listed(format!("v{}.{minor}", target.0)))
+        .collect()
+}
+
+/// The hooks the move runs: `BeforeClusterUpgrade` (cso applies the new class's addons when the class
+/// changes, before Cluster API asks), and for a version change the per-step hooks of each minor on the way and
+/// `AfterClusterUpgrade`.
+fn hook_runs(change: &Move<'_>, version_change: Option<&(String, String)>) -> Vec<HookRun> {
+    let stages = |hook: Hook| -> Vec<String> {
+        change
+            .stages
+            .as_ref()
+            .and_then(|s| s.get(&hook).cloned())
+            .unwrap_or_default()
+    };
+    let run = |hook: Hook, step: Option<String>| HookRun {
+        hook,
+        step,
+        stages: stages(hook),
+    };
+    let mut runs = vec![run(Hook::BeforeClusterUpgrade, None)];
+    let Some((from, to)) = version_change else {
+        return runs;
+    };
+    for step in upgrade_steps(from, to, &change.to.kubernetes_versions) {
+        for hook in [
+            Hook::BeforeControlPlaneUpgrade,
+            Hook::AfterControlPlaneUpgrade,
+            Hook::BeforeWorkersUpgrade,
+            Hook::AfterWorkersUpgrade,
+        ] {
+            runs.push(run(hook, Some(step.clone())));
+        }
+    }
+    runs.push(run(Hook::AfterClusterUpgrade, None));
+    runs
+}
+
+/// The versions the control plane steps through (`GetUpgradePlanFromClusterClassVersions`: the newest
+/// listed version of each minor after the current one, ending at the target; one step without a list).
+fn upgrade_steps(from: &str, to: &str, listed: &[String]) -> Vec<String> {
+    let (Some(current), Some(target)) = (semver(from), semver(to)) else {
+        return vec![to.to_owned()];
+    };
+    let mut steps: Vec<String> = Vec::new();
+    if !listed.is_empty() && target.0 == current.0 {
+        for minor in current.1 + 1..target.1 {
+            if let Some(newest) = listed
+                .iter()
+                .filter(|v| semver(v).is_some_and(|s| s.0 == target.0 && s.1 == minor))
+                .max_by_key(|v| semver(v))
+            {
+                steps.push(newest.clone());
+            }
+        }
+    }
+    steps.push(to.to_owned());
+    steps
+}
+
+/// Fills in the schema's defaults for properties `value` leaves out, as Cluster API defaults a variable's
+/// value before validating it.
+pub fn default_into(schema: &Value, value: &mut Value) {
+    if let (Some(properties), Some(object)) = (
+        schema.get("properties").and_then(Value::as_object),
+        value.as_object_mut(),
+    ) {
+        for (name, property) in properties {
+            match object.get_mut(name) {
+                Some(inner) => default_into(property, inner),
+                None => {
+                    if let Some(default) = property.get("default") {
+                        object.insert(name.clone(), default.clone());
+                    }
+                }
+            }
+        }
+    }
+    if let (Some(items), Some(array)) = (schema.get("items"), value.as_array_mut()) {
+        for item in array {
+            default_into(items, item);
+        }
+    }
+}
+
+/// Validates `value` against an OpenAPI v3 schema (the subset ClusterClass variables use): the errors, each
+/// with the path of the offending part (`.a.b[0]`, empty for the value itself).
+pub fn validate(schema: &Value, value: &Value) -> Vec<(String, String)> {
+    let mut errors = Vec::new();
+    check(schema, value, "", &mut errors);
+    errors
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn check(schema: &Value, value: &Value, path: &str, errors: &mut Vec<(String, String)>) {
+    let Some(schema) = schema.as_object() else {
+        return;
+    };
+    let flag = |key: &str| schema.get(key).and_then(Value::as_bool).unwrap_or(false);
+    let number = |key: &str| schema.get(key).and_then(Value::as_f64);
+    let size = |key: &str| schema.get(key).and_then(Value::as_u64);
+    if value.is_null() {
+        if !flag("nullable") && schema.contains_key("type") {
+            errors.push((path.to_owned(), "must not be null".into()));
+        }
+        return;
+    }
+    let actual = type_name(value);
+    let int_or_string = flag("x-kubernetes-int-or-string");
+    if let Some(wanted) = schema.get("type").and_then(Value::as_str) {
+        let fits = wanted == actual
+            || (wanted == "number" && actual == "integer")
+            || (int_or_string && matches!(actual, "integer" | "string"));
+        if !fits {
+            errors.push((path.to_owned(), format!("must be of type {wanted}, not {actual}")));
+            return;
+        }
+    }
+    // This level's own errors come before those of the fields and items inside it.
+    let start = errors.len();
+    let mut own: Vec<String> = Vec::new();
+    let mut error = |why: String| own.push(why);
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+        error(format!("{value} is not one of [{}]", allowed.join(", ")));
+    }
+    match value {
+        Value::String(s) => {
+            let length = s.chars().count() as u64;
+            if let Some(min) = size("minLength").filter(|min| length < *min) {
+                error(format!("must be at least {min} characters long"));
+            }
+            if let Some(max) = size("maxLength").filter(|max| length > *max) {
+                error(format!("must be at most {max} characters long"));
+            }
+            if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
+                match regex::Regex::new(pattern) {
+                    Ok(re) if !re.is_match(s) => error(format!("{s:?} does not match {pattern:?}")),
+                    Ok(_) => {}
+                    Err(e) => error(format!("the schema's pattern {pattern:?} is invalid: {e}")),
+                }
+            }
+        }
+        Value::Number(n) => {
+            let n = n.as_f64().unwrap_or_default();
+            if let Some(min) = number("minimum") {
+                if flag("exclusiveMinimum") && n <= min {
+                    error(format!("must be greater than {min}"));
+                } else if n < min {
+                    error(format!("must be at least {min}"));
+                }
+            }
+            if let Some(max) = number("maximum") {
+                if flag("exclusiveMaximum") && n >= max {
+                    error(format!("must be less than {max}"));
+                } else if n > max {
+                    error(format!("must be at most {max}"));
+                }
+            }
+        }
+        Value::Array(items) => {
+            let count = items.len() as u64;
+            if let Some(min) = size("minItems").filter(|min| count < *min) {
+                error(format!("must have at least {min} items"));
+            }
+            if let Some(max) = size("maxItems").filter(|max| count > *max) {
+                error(format!("must have at most {max} items"));
+            }
+            if flag("uniqueItems") && items.iter().enumerate().any(|(i, a)| items[..i].contains(a)) {
+                error("must not have duplicate items".into());
+            }
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    check(item_schema, item, &format!("{path}[{i}]"), errors);
+                }
+            }
+        }
+        Value::Object(fields) => {
+            let count = fields.len() as u64;
+            if let Some(min) = size("minProperties").filter(|min| count < *min) {
+                error(format!("must have at least {min} fields"));
+            }
+            if let Some(max) = size("maxProperties").filter(|max| count > *max) {
+                error(format!("must have at most {max} fields"));
+            }
+            for required in schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                if !fields.contains_key(required) {
+                    error(format!("field {required:?} is required"));
+                }
+            }
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            let mut unknown = Vec::new();
+            for (name, inner) in fields {
+                let inner_path = format!("{path}.{name}");
+                match (properties.and_then(|p| p.get(name)), additional) {
+                    (Some(property), _) => check(property, inner, &inner_path, errors),
+                    (None, Some(Value::Object(_))) => {
+                        check(additional.unwrap_or(&Value::Null), inner, &inner_path, errors);
+                    }
+                    (None, Some(Value::Bool(true))) => {}
+                    (None, _) if flag("x-kubernetes-preserve-unknown-fields") => {}
+                    (None, _) => unknown.push(name.as_str()),
+                }
+            }
+            if !unknown.is_empty() {
+                // Cluster API's words (`variables.ValidateClusterVariable`, pruning).
+                let quoted: Vec<String> = unknown.iter().map(|n| format!("{n:?}")).collect();
+                errors.push((
+                    path.to_owned(),
+                    format!(
+                        "{} field(s) are not specified in the variable schema",
+                        quoted.join(", ")
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    errors.splice(start..start, own.into_iter().map(|why| (path.to_owned(), why)));
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use rstest::rstest;
+    use serde_json::json;
+
+    use super::*;
+
+    /// The identityRef of the issue: openstack-scs-1-33 defaulted `type`, 1-34 no longer has it.
+    fn identity_ref(with_type: bool) -> Value {
+        let mut properties = json!({
+            "name": {"type": "string", "default": "openstack"},
+            "cloudName": {"type": "string", "default": "openstack"},
+        });
+        if with_type {
+            properties["type"] = json!({"type": "string", "default": "Secret", "enum": ["Secret"]});
+        }
+        json!({"type": "object", "properties": properties})
+    }
+
+    fn class(name: &str, variables: Value, kubernetes_versions: &[&str]) -> ClassView {
+        ClassView::from_object(&json!({
+            "metadata": {"name": name},
+            "spec": {"variables": variables, "kubernetesVersions": kubernetes_versions},
+        }))
+    }
+
+    fn cluster(version: &str, variables: Value) -> Value {
+        json!({"spec": {"topology": {"version": version, "variables": variables}}})
+    }
+
+    fn old_class() -> ClassView {
+        class(
+            "openstack-scs-1-33-v1",
+            json!([
+                {"name": "identityRef", "required": false, "schema": {"openAPIV3Schema": identity_ref(true)}},
+                {"name": "flavor", "required": false, "schema": {"openAPIV3Schema": {"type": "string", "enum": ["small", "large"]}}},
+                {"name": "legacy", "required": false, "schema": {"openAPIV3Schema": {"type": "boolean"}}},
+            ]),
+            &[],
+        )
+    }
+
+    fn new_class(kubernetes_versions: &[&str]) -> ClassView {
+        class(
+            "openstack-scs-1-34-v1",
+            json!([
+                {"name": "identityRef", "required": false, "schema": {"openAPIV3Schema": identity_ref(false)}},
+                {"name": "flavor", "required": false, "schema": {"openAPIV3Schema": {"type": "string", "enum": ["large"]}}},
+                {"name": "legacy", "required": false, "schema": {"openAPIV3Schema": {"type": "boolean"}}},
+                {"name": "region", "required": true, "schema": {"openAPIV3Schema": {"type": "string", "minLength": 1}}},
+                {"name": "dns", "required": true, "schema": {"openAPIV3Schema": {"type": "string", "default": "1.1.1.1"}}},
+            ]),
+            kubernetes_versions,
+        )
+    }
+
+    fn stages() -> ReleaseStages {
+        Some(BTreeMap::from([
+            (
+                Hook::BeforeClusterUpgrade,
+                vec!["cni".to_owned(), "metrics-server".to_owned()],
+            ),
+            (Hook::AfterClusterUpgrade, vec!["cni".to_owned()]),
+        ]))
+    }
+
+    const IDENTITY: &str = "{\"cloudName\":\"openstack\",\"name\":\"openstack\",\"type\":\"Secret\"}";
+
+    /// What Cluster API v1.14 answered in the issue.
+    fn refused_identity() -> DryRun {
+        DryRun::Refused {
+            message: format!(
+                "Cluster.cluster.x-k8s.io \"c1\" is invalid: spec.topology.variables[identityRef]: Invalid value: \
+                 {IDENTITY}: failed validation: \"type\" field(s) are not specified in the variable schema of \
+                 variable \"identityRef\""
+            ),
+            causes: vec![Cause {
+                field: "spec.topology.variables[identityRef]".into(),
+                message: format!(
+                    "Invalid value: {IDENTITY}: failed validation: \"type\" field(s) are not specified in the \
+                     variable schema of variable \"identityRef\""
+                ),
+            }],
+        }
+    }
+
+    fn identity_value() -> Value {
+        serde_json::from_str(IDENTITY).unwrap()
+    }
+
+    #[rstest]
+    // The issue's case: the old class's default `type` is unknown to the new schema; Cluster API refuses.
+    #[case::field_the_new_schema_lacks(
+        json!([{"name": "identityRef", "value": identity_value()}, {"name": "region", "value": "fra"}]),
+        "v1.33.4", "v1.34.2", &[][..], refused_identity(), Verdict::Refused,
+        vec![Reason::VariableRefused {
+            variable: "identityRef".into(), path: String::new(),
+            why: "\"type\" field(s) are not specified in the variable schema".into(),
+        }]
+    )]
+    // The same, explained without a dry run (the fleet's counts).
+    #[case::without_a_dry_run(
+        json!([{"name": "identityRef", "value": identity_value()}, {"name": "region", "value": "fra"}]),
+        "v1.33.4", "v1.34.2", &[][..], DryRun::NotAsked, Verdict::Refused,
+        vec![Reason::VariableRefused {
+            variable: "identityRef".into(), path: String::new(),
+            why: "\"type\" field(s) are not specified in the variable schema".into(),
+        }]
+    )]
+    #[case::narrowed_enum_removed_variable_and_newly_required(
+        json!([{"name": "flavor", "value": "small"}, {"name": "gone", "value": 1}]),
+        "v1.33.4", "v1.34.2", &[][..], DryRun::NotAsked, Verdict::Refused,
+        vec![
+            Reason::VariableRefused { variable: "flavor".into(), path: String::new(), why: "\"small\" is not one of [\"large\"]".into() },
+            Reason::VariableRemoved { variable: "gone".into() },
+            Reason::VariableRequired { variable: "region".into() },
+        ]
+    )]
+    #[case::values_the_new_class_accepts(
+        json!([{"name": "identityRef", "value": {"name": "x"}}, {"name": "flavor", "value": "large"}, {"name": "region", "value": "fra"}]),
+        "v1.33.4", "v1.34.2", &[][..], DryRun::Accepted, Verdict::Accepted, vec![]
+    )]
+    #[case::nothing_against_it_without_a_dry_run(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.34.0", "v1.34.2", &[][..], DryRun::NotAsked, Verdict::Likely, vec![]
+    )]
+    #[case::two_minors_without_kubernetes_versions(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.33.4", "v1.35.1", &[][..], DryRun::NotAsked, Verdict::Refused,
+        vec![Reason::KubernetesSkipsMinors { from: "v1.33.4".into(), to: "v1.35.1".into() }]
+    )]
+    #[case::two_minors_through_kubernetes_versions(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.33.4", "v1.35.1", &["v1.33.4", "v1.34.2", "v1.35.1"][..], DryRun::NotAsked, Verdict::Likely, vec![]
+    )]
+    #[case::a_minor_missing_from_kubernetes_versions(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.33.4", "v1.35.1", &["v1.33.4", "v1.35.1"][..], DryRun::NotAsked, Verdict::Refused,
+        vec![Reason::KubernetesNotListed { version: "v1.34".into(), listed: vec!["v1.33.4".into(), "v1.35.1".into()] }]
+    )]
+    #[case::down(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.34.3", "v1.34.2", &[][..], DryRun::NotAsked, Verdict::Refused,
+        vec![Reason::KubernetesDowngrade { from: "v1.34.3".into(), to: "v1.34.2".into() }]
+    )]
+    // Cluster API refuses for a reason the classes do not show: said as it said it.
+    #[case::refused_for_another_reason(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.34.0", "v1.34.2", &[][..],
+        DryRun::Refused { message: "denied".into(), causes: vec![Cause {
+            field: "spec.topology.version".into(), message: "AfterClusterUpgrade hook is pending".into() }] },
+        Verdict::Refused,
+        vec![Reason::ClusterApi { field: "spec.topology.version".into(), message: "AfterClusterUpgrade hook is pending".into() }]
+    )]
+    // The dry run could not be made: the classes decide, and the failure is reported.
+    #[case::dry_run_failed(
+        json!([{"name": "legacy", "value": "yes"}, {"name": "region", "value": "fra"}]),
+        "v1.34.0", "v1.34.2", &[][..], DryRun::Failed("connection refused".into()), Verdict::Refused,
+        vec![Reason::VariableRefused { variable: "legacy".into(), path: String::new(), why: "must be of type boolean, not string".into() }]
+    )]
+    fn explains_the_move(
+        #[case] variables: Value,
+        #[case] from: &str,
+        #[case] to: &str,
+        #[case] kubernetes_versions: &[&str],
+        #[case] dry_run: DryRun,
+        #[case] verdict: Verdict,
+        #[case] reasons: Vec<Reason>,
+    ) {
+        let cluster = cluster(from, variables);
+        let (old, new, stages) = (old_class(), new_class(kubernetes_versions), stages());
+        let preflight = explain(&Move::of_cluster(&cluster, &old, &new, to, &stages), &dry_run);
+        assert_eq!(preflight.reasons, reasons);
+        assert_eq!(preflight.verdict, verdict);
+        assert_eq!(preflight.from_class, "openstack-scs-1-33-v1");
+        assert_eq!(preflight.to_class, "openstack-scs-1-34-v1");
+    }
+
+    #[test]
+    fn a_refusal_the_classes_explain_is_not_repeated_and_a_failed_dry_run_is_reported() {
+        let cluster = cluster(
+            "v1.33.4",
+            json!([{"name": "identityRef", "value": identity_value()}, {"name": "region", "value": "x"}]),
+        );
+        let (old, new, stages) = (old_class(), new_class(&[]), stages());
+        let change = Move::of_cluster(&cluster, &old, &new, "v1.34.2", &stages);
+        let preflight = explain(&change, &refused_identity());
+        assert_eq!(preflight.reasons.len(), 1, "{:?}", preflight.reasons);
+        assert_eq!(
+            preflight.reasons[0].to_string(),
+            "variable identityRef: \"type\" field(s) are not specified in the variable schema"
+        );
+        assert_eq!(preflight.dry_run_failed, None);
+        let failed = explain(&change, &DryRun::Failed("the API server is unreachable".into()));
+        assert_eq!(
+            failed.dry_run_failed.as_deref(),
+            Some("the API server is unreachable")
+        );
+        assert_eq!(failed.verdict, Verdict::Refused);
+    }
+
+    #[rstest]
+    // A class move alone: cso runs BeforeClusterUpgrade's stages when the class changes.
+    #[case::class_only("v1.34.2", &[][..], vec![
+        (Hook::BeforeClusterUpgrade, None, 2)])]
+    #[case::one_minor("v1.35.1", &[][..], vec![
+        (Hook::BeforeClusterUpgrade, None, 2),
+        (Hook::BeforeControlPlaneUpgrade, Some("v1.35.1"), 0), (Hook::AfterControlPlaneUpgrade, Some("v1.35.1"), 0),
+        (Hook::BeforeWorkersUpgrade, Some("v1.35.1"), 0), (Hook::AfterWorkersUpgrade, Some("v1.35.1"), 0),
+        (Hook::AfterClusterUpgrade, None, 1)])]
+    #[case::chained("v1.36.0", &["v1.34.2", "v1.35.0", "v1.35.1", "v1.36.0"][..], vec![
+        (Hook::BeforeClusterUpgrade, None, 2),
+        (Hook::BeforeControlPlaneUpgrade, Some("v1.35.1"), 0), (Hook::AfterControlPlaneUpgrade, Some("v1.35.1"), 0),
+        (Hook::BeforeWorkersUpgrade, Some("v1.35.1"), 0), (Hook::AfterWorkersUpgrade, Some("v1.35.1"), 0),
+        (Hook::BeforeControlPlaneUpgrade, Some("v1.36.0"), 0), (Hook::AfterControlPlaneUpgrade, Some("v1.36.0"), 0),
+        (Hook::BeforeWorkersUpgrade, Some("v1.36.0"), 0), (Hook::AfterWorkersUpgrade, Some("v1.36.0"), 0),
+        (Hook::AfterClusterUpgrade, None, 1)])]
+    fn names_the_hooks_and_stages_the_move_runs(
+        #[case] to: &str,
+        #[case] kubernetes_versions: &[&str],
+        #[case] runs: Vec<(Hook, Option<&str>, usize)>,
+    ) {
+        let cluster = cluster("v1.34.2", json!([{"name": "region", "value": "x"}]));
+        let (old, new, stages) = (old_class(), new_class(kubernetes_versions), stages());
+        let preflight = explain(
+            &Move::of_cluster(&cluster, &old, &new, to, &stages),
+            &DryRun::NotAsked,
+        );
+        let got: Vec<(Hook, Option<&str>, usize)> = preflight
+            .hooks
+            .iter()
+            .map(|r| (r.hook, r.step.as_deref(), r.stages.len()))
+            .collect();
+        assert_eq!(got, runs);
+        assert!(!preflight.single_chart);
+        assert_eq!(preflight.version_change.is_some(), to != "v1.34.2");
+    }
+
+    #[rstest]
+    #[case::unknown_nested_field(
+        json!({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}}}}),
+        json!({"a": {"b": "x", "c": 1}}), vec![(".a", "\"c\" field(s) are not specified in the variable schema")])]
+    #[case::preserve_unknown_fields(
+        json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}), json!({"c": 1}), vec![])]
+    #[case::additional_properties_schema(
+        json!({"type": "object", "additionalProperties": {"type": "integer", "maximum": 3}}),
+        json!({"x": 2, "y": 4}), vec![(".y", "must be at most 3")])]
+    #[case::required_field(
+        json!({"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}),
+        json!({}), vec![("", "field \"name\" is required")])]
+    #[case::pattern_and_length(
+        json!({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}),
+        json!("Abcd"), vec![("", "must be at most 3 characters long"), ("", "\"Abcd\" does not match \"^[a-z]+$\"")])]
+    #[case::items(
+        json!({"type": "array", "maxItems": 2, "items": {"type": "string"}}),
+        json!(["a", 1, "c"]), vec![("", "must have at most 2 items"), ("[1]", "must be of type string, not integer")])]
+    #[case::integer_is_a_number(json!({"type": "number", "minimum": 1}), json!(2), vec![])]
+    #[case::exclusive_minimum(
+        json!({"type": "integer", "minimum": 1, "exclusiveMinimum": true}), json!(1), vec![("", "must be greater than 1")])]
+    #[case::int_or_string(json!({"x-kubernetes-int-or-string": true}), json!("50%"), vec![])]
+    #[case::null_not_allowed(json!({"type": "string"}), Value::Null, vec![("", "must not be null")])]
+    #[case::nullable(json!({"type": "string", "nullable": true}), Value::Null, vec![])]
+    fn validates_the_openapi_subset_of_variables(
+        #[case] schema: Value,
+        #[case] value: Value,
+        #[case] errors: Vec<(&str, &str)>,
+    ) {
+        let got = validate(&schema, &value);
+        let got: Vec<(&str, &str)> = got.iter().map(|(p, w)| (p.as_str(), w.as_str())).collect();
+        assert_eq!(got, errors);
+    }
+
+    #[test]
+    fn defaults_fill_missing_properties_before_validation() {
+        let schema = json!({"type": "object", "required": ["usernameClaim"],
+            "properties": {"usernameClaim": {"type": "string", "default": "sub"}, "clientID": {"type": "string"}}});
+        let mut value = json!({"clientID": "kubectl"});
+        default_into(&schema, &mut value);
+        assert_eq!(value, json!({"clientID": "kubectl", "usernameClaim": "sub"}));
+        assert!(validate(&schema, &value).is_empty());
+    }
+}
