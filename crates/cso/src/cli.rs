@@ -135,6 +135,12 @@ pub struct RunArgs {
     /// Use the releases already in the release directory; never download.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub local: bool,
+    /// With `--local`: where a release whose charts do not vendor their dependencies is copied and its
+    /// dependencies resolved (from `--chart-mirror`, else the repositories in `Chart.yaml`), once per content
+    /// of its files (`<tag>@<digest>`), so the release directory is never written and a rebuilt release is
+    /// resolved again. Default: `cso-local-cache` in the temporary directory (`TMPDIR`, else `/tmp`).
+    #[arg(long)]
+    pub local_cache_dir: Option<PathBuf>,
     /// Where releases come from: `github` or `oci` (configured by the `GIT_*` / `OCI_*` variables).
     #[arg(long, default_value = "github")]
     pub source: String,

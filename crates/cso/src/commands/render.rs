@@ -169,21 +169,12 @@ async fn load_release(args: &RenderArgs, scratch: &Path) -> anyhow::Result<Relea
         let copy = scratch.join(&tag);
         cso_release::release::copy_release_dir(dir, &copy)
             .with_context(|| format!("failed to copy {}", dir.display()))?;
-        let release = Release::load(&copy, &id)?;
-        release.verify_archives(UnpackLimits::default())?;
-        // Dependencies the charts do not vendor are fetched into the copy, as the cache does when a release
-        // enters it (from `--chart-mirror`, else the repositories in `Chart.yaml`); the copy is then read
-        // through again.
-        if cso_release::deps::missing(&release)?.is_empty() {
-            return Ok(release);
-        }
-        resolver
-            .resolve(&release, UnpackLimits::default())
+        // Prepared as the cache prepares a release that enters it, `cso run --local` included: verified, the
+        // dependencies the charts do not vendor fetched into the copy (from `--chart-mirror`, else the
+        // repositories in `Chart.yaml`), verified again.
+        return cso_release::cache::prepare_release(&copy, &id, &resolver, UnpackLimits::default())
             .await
-            .with_context(|| format!("failed to fetch the chart dependencies of {tag}"))?;
-        let release = Release::load(&copy, &id)?;
-        release.verify_archives(UnpackLimits::default())?;
-        return Ok(release);
+            .with_context(|| format!("failed to prepare the release {tag}"));
     }
     let id = ReleaseId::parse_tag(&args.release).with_context(|| {
         format!(

@@ -100,16 +100,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // Read before the controllers start, then followed (see `chart_credentials`).
         crate::chart_credentials::follow(client.clone(), secret, dependencies.clone()).await?;
     }
-    let releases = Arc::new(
-        ReleaseCache::new(&args.release_dir, release_source, UnpackLimits::default())
-            .with_context(|| {
-                format!(
-                    "failed to open the release cache in {}",
-                    args.release_dir.display()
-                )
-            })?
-            .with_dependencies(dependencies),
-    );
+    let mut cache = ReleaseCache::new(&args.release_dir, release_source, UnpackLimits::default())
+        .with_context(|| {
+            format!(
+                "failed to open the release cache in {}",
+                args.release_dir.display()
+            )
+        })?
+        .with_dependencies(dependencies);
+    if let Some(dir) = &args.local_cache_dir {
+        cache = cache.with_local_cache(dir);
+    }
+    let releases = Arc::new(cache);
     let (renderer, values): (Arc<dyn ChartRenderer>, Arc<ValuesTemplater>) = match args.renderer.as_str() {
         "helm" => {
             let helm = || Helm::new(&renderer_binary, args.helm_timeout).context("failed to prepare helm");
