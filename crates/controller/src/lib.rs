@@ -19,6 +19,7 @@ mod fleet_status;
 mod in_use;
 pub mod metrics;
 mod patch;
+pub mod preflight;
 pub mod preview;
 mod provider_watch;
 pub mod rendering;

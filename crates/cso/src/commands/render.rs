@@ -1,6 +1,7 @@
 //! `cso render`: what a release would do, without doing it. Prints the objects of the cluster class and of
 //! each addon chart or stage as YAML; with `--diff`, compares them with the live clusters by server-side dry
-//! run and prints what would be created, changed (with a line diff) and pruned.
+//! run and prints what would be created, changed (with a line diff) and pruned, and for a live Cluster whether
+//! Cluster API would accept moving it to the release's class (`cso_controller::preflight`).
 
 use std::{fmt::Write as _, path::Path, sync::Arc, time::Duration};
 
@@ -76,18 +77,43 @@ pub async fn render(args: RenderArgs) -> anyhow::Result<()> {
         (true, Some(client)) => {
             let workload = workload.as_ref().map(|w| &w.cluster);
             let diff = Diff {
-                client,
+                client: client.clone(),
                 workload,
                 release: &release,
                 cluster_name: &cluster_name,
                 live_cluster: live_cluster.as_ref(),
             };
             diff.print(&mut out, &parts).await?;
+            if live_cluster.is_some() {
+                out.push_str(&move_preflight(&client, &cluster, &release, &parts, &cluster_name).await);
+            }
         }
         (true, None) => bail!("--diff needs the management cluster"),
     }
     print!("{out}");
     Ok(())
+}
+
+/// Whether Cluster API would accept moving the live Cluster to the release's class (a dry run, explained by
+/// the two classes; the release's class as rendered when it is not applied yet).
+async fn move_preflight(
+    client: &Client,
+    cluster: &ForCluster,
+    release: &Release,
+    parts: &[Part],
+    cluster_name: &str,
+) -> String {
+    let rendered_class = parts
+        .iter()
+        .filter(|p| matches!(p.target, Target::Management { .. }))
+        .flat_map(|p| &p.manifests)
+        .find(|m| m.kind() == "ClusterClass")
+        .map(|m| &m.object);
+    let resource = cso_apply::cluster_resource(client).await;
+    let preflight =
+        cso_controller::preflight::preflight(client, &resource, &cluster.cluster, release, rendered_class)
+            .await;
+    cso_controller::preflight::describe(&preflight, cluster_name)
 }
 
 /// A live Cluster's workload cluster, for `--diff`.
