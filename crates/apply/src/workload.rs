@@ -66,6 +66,9 @@ pub enum WorkloadError {
 #[derive(Clone, Debug)]
 pub struct WorkloadCluster {
     pub name: String,
+    /// The API server's URL, as the kubeconfig names it: Clusters whose kubeconfigs point at one API server
+    /// share its objects.
+    pub server: String,
     pub discovery: Arc<ClusterDiscovery>,
     /// Applies to this cluster.
     pub engine: ApplyEngine,
@@ -206,6 +209,7 @@ impl WorkloadClients {
         let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|e| invalid(e.to_string()))?;
+        let server = config.cluster_url.to_string();
         config.connect_timeout = Some(self.connect_timeout);
         config.write_timeout = Some(self.request_timeout);
         // Bounds each response's start; the drift watches share the client and its one connection.
@@ -230,6 +234,7 @@ impl WorkloadClients {
         });
         let built = WorkloadCluster {
             name: cluster.to_owned(),
+            server,
             engine,
             discovery,
             kubeconfig_path,

@@ -8,16 +8,22 @@
 //! as before ([`FIRST_HOLD`], doubling up to the resync interval, the cap); while held, drift of it is not
 //! corrected (`Progress::reapply_due`) and its drift notifications wait for the hold's end ([`wake`]). From
 //! [`FIGHT_ROUNDS`] rounds on the object is in a fight: condition `DriftSettled` False (`DriftFight`,
-//! Warning) naming it, who changes it and which fields (from the drift watch's `managedFields`), an event
-//! once per fight, the gauge `cso_drift_fights`. The fight is over when the object is found as applied a
-//! quiet window (the cap) after its last correction; rounds that never became a fight are forgotten a quiet
-//! window after their hold.
+//! Warning) on each ClusterAddon that put it back, naming it, who changes it and which fields (from the drift
+//! watch's `managedFields`), an event once per fight, the gauge `cso_drift_fights`. The fight is over when the
+//! object is found as applied a quiet window (the cap) after its last correction; rounds that never became a
+//! fight are forgotten a quiet window after their hold.
+//!
+//! An object is one object on one API server ([`Place`]): Clusters whose kubeconfigs point at the same API
+//! server share its rounds and its hold, so that the object is put back once per hold however many
+//! ClusterAddons fight over it, and the first of them to find it drifted claims it for the moment its apply
+//! takes ([`CLAIM`]; they are woken together). Per ClusterAddon, a fleet of them would write the object
+//! `fleet / cap` times a second for ever.
 //!
 //! The memory ([`Fights`]) lives in this process, like the resync clock: a restart starts every object at
 //! round one.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -113,11 +119,9 @@ pub(crate) fn next_look<'a>(
 
 /// The `DriftSettled` message for the objects in a fight (at most [`NAMED`] of them named):
 /// `Deployment.apps kube-system/metrics-server: changed by "fighter" (Update) at .spec.replicas; put back 5
-/// times, next in 16s`.
-pub(crate) fn message<'a>(
-    fights: impl Iterator<Item = (&'a ObjectKey, &'a Round)>,
-    now: Instant,
-) -> Option<String> {
+/// times, now at most every 16s`. It changes only with a correction, so that looks between them write no
+/// status.
+pub(crate) fn message<'a>(fights: impl Iterator<Item = (&'a ObjectKey, &'a Round)>) -> Option<String> {
     let mut fights: Vec<_> = fights.filter(|(_, round)| round.in_fight()).collect();
     if fights.is_empty() {
         return None;
@@ -131,12 +135,11 @@ pub(crate) fn message<'a>(
                 .cause
                 .as_ref()
                 .map_or_else(|| "changed".to_owned(), ToString::to_string);
-            let next = round
-                .hold_end()
-                .saturating_duration_since(now)
-                .as_secs_f64()
-                .ceil();
-            format!("{key}: {cause}; put back {} times, next in {next}s", round.rounds)
+            format!(
+                "{key}: {cause}; put back {} times, now at most every {}s",
+                round.rounds,
+                round.hold.as_secs_f64().ceil()
+            )
         })
         .collect();
     let mut message = named.join(". ");
@@ -178,63 +181,130 @@ pub(crate) struct FightReport {
     pub(crate) next_look: Option<Duration>,
 }
 
-/// The ClusterAddon controller's memory of corrections, per Cluster and object, and the wake-ups its drift
-/// throttle has pending.
+/// How long a ClusterAddon that found a drifted object not held has it to itself: others that find it drifted
+/// meanwhile (Clusters whose kubeconfigs point at one API server, woken together) wait for its apply.
+const CLAIM: Duration = Duration::from_secs(5);
+
+/// One object on one API server: `(server, object)`. Clusters whose kubeconfigs point at the same API server
+/// share its objects, and so their rounds and holds: one object, one back-off.
+pub(crate) type Place = (String, ObjectKey);
+
+/// The ClusterAddon controller's memory of corrections, per object and API server, which ClusterAddons took
+/// part, and the wake-ups its drift throttle has pending.
 #[derive(Debug, Default)]
-pub(crate) struct Fights {
-    rounds: Mutex<HashMap<Owner, HashMap<ObjectKey, Round>>>,
-    pending: Mutex<HashMap<Owner, Instant>>,
+pub(crate) struct Fights(Mutex<Memory>);
+
+#[derive(Debug, Default)]
+struct Memory {
+    rounds: HashMap<Place, Round>,
+    /// Objects a ClusterAddon is putting back now, and until when the others wait for it (see [`CLAIM`]).
+    claims: HashMap<Place, (Owner, Instant)>,
+    /// The API server of each ClusterAddon's Cluster and the objects there it put back.
+    addons: HashMap<Owner, (String, BTreeSet<ObjectKey>)>,
+    pending: HashMap<Owner, Instant>,
+}
+
+impl Memory {
+    /// Whether `place` is held for `owner`: by its back-off, or claimed by another ClusterAddon.
+    fn held(&self, place: &Place, owner: &Owner, now: Instant) -> bool {
+        self.rounds.get(place).is_some_and(|r| r.held(now))
+            || self
+                .claims
+                .get(place)
+                .is_some_and(|(by, until)| by != owner && now < *until)
+    }
 }
 
 impl Fights {
-    fn rounds(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, HashMap<ObjectKey, Round>>> {
-        self.rounds.lock().unwrap_or_else(|p| p.into_inner())
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether every object of `drifted` (some) is held now: drift that is not to be corrected yet.
-    pub(crate) fn all_held(&self, owner: &Owner, drifted: &[ObjectKey], now: Instant) -> bool {
-        let rounds = self.rounds();
-        let Some(objects) = rounds.get(owner) else {
-            return false;
-        };
-        !drifted.is_empty()
-            && drifted
-                .iter()
-                .all(|key| objects.get(key).is_some_and(|r| r.held(now)))
+    /// Whether every object of `drifted` (some) on `server` is held now: drift that is not to be corrected
+    /// yet. When not, `owner` claims them for a moment (its apply is on the way).
+    pub(crate) fn claim(&self, owner: &Owner, server: &str, drifted: &[ObjectKey], now: Instant) -> bool {
+        let mut memory = self.memory();
+        memory
+            .addons
+            .entry(owner.clone())
+            .or_insert_with(|| (server.to_owned(), BTreeSet::new()))
+            .0 = server.to_owned();
+        let places: Vec<Place> = drifted.iter().map(|k| (server.to_owned(), k.clone())).collect();
+        if !places.is_empty() && places.iter().all(|p| memory.held(p, owner, now)) {
+            return true;
+        }
+        for place in places {
+            if !memory.held(&place, owner, now) {
+                memory.claims.insert(place, (owner.clone(), now + CLAIM));
+            }
+        }
+        false
     }
 
-    /// What a reconcile saw and did: `drifted` the objects the watches found drifted (`None`: could not
-    /// tell), `corrected` the objects its apply put back (with their causes), at `now`, the cap `cap`.
+    /// What a reconcile saw and did on `server` (its Cluster's API server; `None`: not reached):
+    /// `drifted` the objects the watches found drifted (`None`: could not tell), `corrected` the objects its
+    /// apply put back (with their causes), at `now`, the cap `cap`.
     pub(crate) fn reconciled(
         &self,
         owner: &Owner,
+        server: Option<&str>,
         drifted: Option<&[ObjectKey]>,
         corrected: &[(ObjectKey, Option<DriftCause>)],
         now: Instant,
         cap: Duration,
     ) -> FightReport {
-        let mut all = self.rounds();
-        let objects = all.entry(owner.clone()).or_default();
+        let mut memory = self.memory();
+        let Memory {
+            rounds,
+            claims,
+            addons,
+            ..
+        } = &mut *memory;
+        let known = addons.get(owner).map(|(server, _)| server.clone());
+        let Some(server) = server.map(str::to_owned).or(known) else {
+            return FightReport::default();
+        };
+        let (at, involved) = addons
+            .entry(owner.clone())
+            .or_insert_with(|| (server.clone(), BTreeSet::new()));
+        if *at != server {
+            // Another API server (a new kubeconfig): what happened on the old one is no concern of it now.
+            *at = server.clone();
+            involved.clear();
+        }
+        let place = |key: &ObjectKey| (server.clone(), key.clone());
         let mut entered = Vec::new();
         for (key, cause) in corrected {
-            let round = self::corrected(objects.get(key), now, cap, cause.clone());
+            let round = self::corrected(rounds.get(&place(key)), now, cap, cause.clone());
             if round.rounds == FIGHT_ROUNDS {
                 entered.push(key.to_string());
             }
-            objects.insert(key.clone(), round);
+            rounds.insert(place(key), round);
+            claims.remove(&place(key));
+            involved.insert(key.clone());
         }
-        objects.retain(|key, round| {
+        involved.retain(|key| {
             let as_applied = drifted.is_some_and(|d| !d.contains(key));
-            corrected.iter().any(|(k, _)| k == key) || !settled(round, now, cap, as_applied)
+            let just_corrected = corrected.iter().any(|(k, _)| k == key);
+            match rounds.get(&place(key)) {
+                Some(round) if !just_corrected && settled(round, now, cap, as_applied) => {
+                    rounds.remove(&place(key));
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            }
         });
-        let message = self::message(objects.iter(), now);
+        claims.retain(|_, (_, until)| now < *until);
+        let mine: Vec<(&ObjectKey, &Round)> = involved
+            .iter()
+            .filter_map(|key| Some((key, rounds.get(&place(key))?)))
+            .collect();
+        let message = self::message(mine.iter().copied());
         let drifted_now = |key: &ObjectKey| {
             drifted.is_some_and(|d| d.contains(key)) && !corrected.iter().any(|(k, _)| k == key)
         };
-        let next_look = self::next_look(objects.iter().map(|(k, r)| (r, drifted_now(k))), now, cap);
-        if objects.is_empty() {
-            all.remove(owner);
-        }
+        let next_look = self::next_look(mine.iter().map(|(k, r)| (*r, drifted_now(k))), now, cap);
         let announce = (!entered.is_empty()).then(|| {
             format!(
                 "put back again and again, now with back-off: {}",
@@ -248,11 +318,13 @@ impl Fights {
         }
     }
 
-    /// The end of the hold of `key` of `owner`, if any.
+    /// The end of the hold of `key` of `owner`'s API server, if any.
     pub(crate) fn hold_end(&self, owner: &Owner, key: &ObjectKey) -> Option<Instant> {
-        self.rounds()
-            .get(owner)
-            .and_then(|objects| objects.get(key))
+        let memory = self.memory();
+        let (server, _) = memory.addons.get(owner)?;
+        memory
+            .rounds
+            .get(&(server.clone(), key.clone()))
             .map(Round::hold_end)
     }
 
@@ -260,34 +332,35 @@ impl Fights {
     /// for later is recorded as pending until [`Fights::woken`].
     pub(crate) fn notified(&self, owner: &Owner, key: &ObjectKey, now: Instant) -> Wake {
         let hold_end = self.hold_end(owner, key);
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let decided = wake(hold_end, pending.contains_key(owner), now);
+        let mut memory = self.memory();
+        let decided = wake(hold_end, memory.pending.contains_key(owner), now);
         if let Wake::At(at) = decided {
-            pending.insert(owner.clone(), at);
+            memory.pending.insert(owner.clone(), at);
         }
         decided
     }
 
     /// The pending wake-up of `owner` happened.
     pub(crate) fn woken(&self, owner: &Owner) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(owner);
+        self.memory().pending.remove(owner);
     }
 
-    /// Objects in a fight, over every ClusterAddon (the gauge `cso_drift_fights`).
+    /// Objects in a fight, over every API server (the gauge `cso_drift_fights`).
     pub(crate) fn in_fight(&self) -> usize {
-        self.rounds()
-            .values()
-            .flat_map(HashMap::values)
-            .filter(|r| r.in_fight())
-            .count()
+        self.memory().rounds.values().filter(|r| r.in_fight()).count()
     }
 
-    /// Forgets `owner` (its ClusterAddon is gone).
+    /// Forgets `owner` (its ClusterAddon is gone), and the rounds of objects no other ClusterAddon took part in.
     pub(crate) fn forget(&self, owner: &Owner) {
-        self.rounds().remove(owner);
+        let mut memory = self.memory();
+        memory.addons.remove(owner);
+        memory.pending.remove(owner);
+        let Memory { rounds, addons, .. } = &mut *memory;
+        rounds.retain(|(server, key), _| {
+            addons
+                .values()
+                .any(|(at, involved)| at == server && involved.contains(key))
+        });
     }
 }
 
@@ -446,23 +519,40 @@ mod tests {
         assert_eq!(wake(hold_end, pending, now), expected);
     }
 
+    const SERVER: &str = "https://10.0.0.1:6443/";
+
+    fn owner(cluster: &str) -> Owner {
+        ("ns".into(), cluster.into())
+    }
+
     #[test]
     fn a_fight_is_reported_held_looked_at_again_and_over_once_the_object_stays_as_applied() {
         let fights = Fights::default();
-        let owner: Owner = ("ns".into(), "c1".into());
+        let owner = owner("c1");
         let (web, other) = (key("metrics-server"), key("web"));
         let t0 = Instant::now();
         let put_back = [(web.clone(), Some(fighter()))];
         let mut at = t0;
         let mut reports = Vec::new();
         for _ in 0..FIGHT_ROUNDS {
-            reports.push(fights.reconciled(&owner, Some(std::slice::from_ref(&web)), &put_back, at, CAP));
             assert!(
-                fights.all_held(&owner, std::slice::from_ref(&web), at),
+                !fights.claim(&owner, SERVER, std::slice::from_ref(&web), at),
+                "not held: put back"
+            );
+            reports.push(fights.reconciled(
+                &owner,
+                Some(SERVER),
+                Some(std::slice::from_ref(&web)),
+                &put_back,
+                at,
+                CAP,
+            ));
+            assert!(
+                fights.claim(&owner, SERVER, std::slice::from_ref(&web), at),
                 "held right after a correction"
             );
             assert!(
-                !fights.all_held(&owner, &[web.clone(), other.clone()], at),
+                !fights.claim(&owner, SERVER, &[web.clone(), other.clone()], at),
                 "another object's drift is put back at once"
             );
             at = fights.hold_end(&owner, &web).unwrap();
@@ -478,7 +568,7 @@ mod tests {
             fight.message.as_deref(),
             Some(
                 "Deployment.apps kube-system/metrics-server: changed by \"fighter\" (Update) at \
-                 .spec.template.metadata.labels.domain; put back 3 times, next in 4s"
+                 .spec.template.metadata.labels.domain; put back 3 times, now at most every 4s"
             )
         );
         assert!(
@@ -487,41 +577,109 @@ mod tests {
         );
         assert_eq!(fights.in_fight(), 1);
         let last = at - secs(4.0);
-        // Drifted again while held: looked at again at the hold's end, nothing announced again.
+        // Drifted again while held: looked at again at the hold's end, nothing announced again, the same
+        // message (no status write).
         let seen = fights.reconciled(
             &owner,
+            Some(SERVER),
             Some(std::slice::from_ref(&web)),
             &[],
             last + secs(1.0),
             CAP,
         );
         assert_eq!(seen.next_look, Some(secs(3.0)));
-        assert_eq!(seen.announce, None);
+        assert_eq!((seen.announce, &seen.message), (None, &fight.message));
         // The writer stopped: as applied, but not yet for a quiet window; then over.
-        let quiet = fights.reconciled(&owner, Some(&[]), &[], at, CAP);
+        let quiet = fights.reconciled(&owner, Some(SERVER), Some(&[]), &[], at, CAP);
         assert!(quiet.message.is_some(), "still reported");
         assert_eq!(
             quiet.next_look,
             Some(CAP - secs(4.0)),
             "looked at again to end it"
         );
-        let over = fights.reconciled(&owner, Some(&[]), &[], last + CAP, CAP);
+        let over = fights.reconciled(&owner, None, Some(&[]), &[], last + CAP, CAP);
         assert_eq!(over, FightReport::default());
         assert_eq!(fights.in_fight(), 0);
-        assert!(fights.rounds().is_empty(), "nothing kept");
+        assert!(fights.memory().rounds.is_empty(), "nothing kept");
+    }
+
+    #[test]
+    fn clusters_on_one_api_server_share_an_objects_back_off() {
+        let fights = Fights::default();
+        let (a, b, elsewhere) = (owner("a"), owner("b"), owner("c"));
+        let object = [key("metrics-server")];
+        let t0 = Instant::now();
+        assert!(!fights.claim(&a, SERVER, &object, t0), "a puts it back");
+        assert!(
+            fights.claim(&b, SERVER, &object, t0),
+            "b, woken with a, waits for a's apply"
+        );
+        assert!(
+            !fights.claim(&elsewhere, "https://10.0.0.2:6443/", &object, t0),
+            "another API server's"
+        );
+        fights.reconciled(
+            &a,
+            Some(SERVER),
+            Some(&object),
+            &[(object[0].clone(), None)],
+            t0,
+            CAP,
+        );
+        assert!(
+            fights.claim(&b, SERVER, &object, t0 + secs(0.5)),
+            "held for b too"
+        );
+        // b puts it back at the hold's end: the next round of the same object.
+        let after = t0 + secs(1.0);
+        assert!(!fights.claim(&b, SERVER, &object, after));
+        fights.reconciled(
+            &b,
+            Some(SERVER),
+            Some(&object),
+            &[(object[0].clone(), None)],
+            after,
+            CAP,
+        );
+        assert_eq!(
+            fights.hold_end(&a, &object[0]),
+            Some(after + secs(2.0)),
+            "a sees b's round"
+        );
+        let third = after + secs(2.0);
+        let report = fights.reconciled(
+            &a,
+            Some(SERVER),
+            Some(&object),
+            &[(object[0].clone(), None)],
+            third,
+            CAP,
+        );
+        assert!(report.message.is_some_and(|m| m.contains("put back 3 times")));
+        let b_sees = fights.reconciled(&b, Some(SERVER), Some(&object), &[], third, CAP);
+        assert!(
+            b_sees.message.is_some(),
+            "reported on every ClusterAddon that took part"
+        );
+        assert!(b_sees.announce.is_none(), "announced once");
+        assert_eq!(fights.in_fight(), 1, "one object");
+        fights.forget(&a);
+        assert_eq!(fights.in_fight(), 1, "b still takes part");
+        fights.forget(&b);
+        assert_eq!(fights.in_fight(), 0);
     }
 
     #[test]
     fn a_look_that_cannot_tell_ends_no_fight() {
         let fights = Fights::default();
-        let owner: Owner = ("ns".into(), "c1".into());
+        let owner = owner("c1");
         let t0 = Instant::now();
         let mut at = t0;
         for _ in 0..FIGHT_ROUNDS {
-            fights.reconciled(&owner, None, &[(key("a"), None)], at, CAP);
+            fights.reconciled(&owner, Some(SERVER), None, &[(key("a"), None)], at, CAP);
             at = fights.hold_end(&owner, &key("a")).unwrap();
         }
-        let unknown = fights.reconciled(&owner, None, &[], at + secs(10.0), CAP);
+        let unknown = fights.reconciled(&owner, None, None, &[], at + secs(10.0), CAP);
         assert!(
             unknown
                 .message
@@ -532,13 +690,13 @@ mod tests {
     #[test]
     fn many_objects_in_a_fight_are_counted_not_all_named() {
         let fights = Fights::default();
-        let owner: Owner = ("ns".into(), "c1".into());
+        let owner = owner("c1");
         let keys: Vec<ObjectKey> = (0..5).map(|i| key(&format!("o{i}"))).collect();
         let put_back: Vec<_> = keys.iter().map(|k| (k.clone(), None)).collect();
         let mut at = Instant::now();
         let mut report = FightReport::default();
         for _ in 0..FIGHT_ROUNDS {
-            report = fights.reconciled(&owner, Some(&keys), &put_back, at, CAP);
+            report = fights.reconciled(&owner, Some(SERVER), Some(&keys), &put_back, at, CAP);
             at += secs(10.0);
         }
         let message = report.message.unwrap();
@@ -549,9 +707,16 @@ mod tests {
     #[test]
     fn the_throttle_wakes_a_held_addon_once() {
         let fights = Fights::default();
-        let owner: Owner = ("ns".into(), "c1".into());
+        let owner = owner("c1");
         let t0 = Instant::now();
-        fights.reconciled(&owner, Some(&[key("a")]), &[(key("a"), None)], t0, CAP);
+        fights.reconciled(
+            &owner,
+            Some(SERVER),
+            Some(&[key("a")]),
+            &[(key("a"), None)],
+            t0,
+            CAP,
+        );
         let end = fights.hold_end(&owner, &key("a")).unwrap();
         assert_eq!(fights.notified(&owner, &key("a"), t0), Wake::At(end));
         assert_eq!(fights.notified(&owner, &key("a"), t0), Wake::Pending);

@@ -359,8 +359,12 @@ impl Driver<'_> {
                                     }
                                     Verdict::Drifted(drifted) => {
                                         let owner = (namespace.clone(), cluster_name.clone());
-                                        progress.drift_held =
-                                            self.fights.all_held(&owner, &drifted, Instant::now());
+                                        progress.drift_held = self.fights.claim(
+                                            &owner,
+                                            &workload.server,
+                                            &drifted,
+                                            Instant::now(),
+                                        );
                                         self.drifted = Some(drifted);
                                         Drift::Found
                                     }
@@ -495,6 +499,7 @@ impl Driver<'_> {
             .collect();
         let report = self.fights.reconciled(
             &owner,
+            self.workload.as_ref().map(|w| w.server.as_str()),
             self.drifted.as_deref(),
             &corrected,
             Instant::now(),
