@@ -25,8 +25,8 @@ use cso_render::{ChartRenderer, RenderError, RenderRequest};
 use futures::{FutureExt, future::BoxFuture};
 use kube::runtime::{controller::Action, reflector};
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, text::encode},
+    metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
@@ -212,7 +212,7 @@ fn reconcile_buckets() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::default();
+        let mut registry = Described(Registry::default());
         let metrics = Metrics {
             registry: Mutex::default(),
             reconciles: Family::default(),
@@ -246,7 +246,7 @@ impl Default for Metrics {
             hooks_in_progress: Family::default(),
             renderer: Arc::default(),
         };
-        registry.register_collector(Box::new(process::ProcessCollector {
+        registry.0.register_collector(Box::new(process::ProcessCollector {
             renderer: metrics.renderer.clone(),
         }));
         registry.register(
@@ -377,8 +377,38 @@ impl Default for Metrics {
             "Requests to the management cluster's API server, per verb and resource",
             metrics.kube_requests.clone(),
         );
-        *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
+        *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry.0;
         metrics
+    }
+}
+
+/// A registry whose families write their `# HELP` and `# TYPE` lines always, even before their first sample
+/// (prometheus-client leaves out a family without samples, as Go's client does): every name the operator
+/// exports is on /metrics from the start, so alert rules and dashboards can be checked against it.
+struct Described(Registry);
+
+impl Described {
+    fn register(
+        &mut self,
+        name: &str,
+        help: &str,
+        metric: impl EncodeMetric + Send + Sync + std::fmt::Debug + 'static,
+    ) {
+        self.0.register(name, help, AlwaysDescribed(metric));
+    }
+}
+
+/// A metric that counts as never empty for the encoder, so its descriptor is written without samples.
+#[derive(Debug)]
+struct AlwaysDescribed<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for AlwaysDescribed<M> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
     }
 }
 
@@ -848,6 +878,31 @@ mod tests {
         )));
         let text = metrics.encode();
         assert!(!text.contains(r#"release="docker-ferrol-1-27-v1""#), "{text}");
+    }
+
+    /// Every family is described from the start, before its first sample, so rules and dashboards can be
+    /// checked against the names; a family without samples has no sample lines.
+    #[test]
+    fn every_family_is_described_before_its_first_sample() {
+        let text = Metrics::default().encode();
+        for (name, kind) in [
+            ("cso_clusters", "gauge"),
+            ("cso_addons_not_running", "gauge"),
+            ("cso_condition_false", "gauge"),
+            ("cso_hooks_in_progress", "gauge"),
+            ("cso_unattended_clusters", "gauge"),
+            ("cso_hook_requests", "counter"),
+            ("cso_hook_duration_seconds", "histogram"),
+            ("controller_runtime_reconcile_errors", "counter"),
+        ] {
+            assert!(
+                text.contains(&format!("\n# TYPE {name} {kind}\n")),
+                "{name} in {text}"
+            );
+            assert!(text.contains(&format!("\n# HELP {name} ")), "{name} in {text}");
+        }
+        assert!(!text.contains("\ncso_clusters{"), "{text}");
+        assert!(!text.contains("\ncso_hook_requests_total{"), "{text}");
     }
 
     #[tokio::test]

@@ -1,10 +1,14 @@
 //! The chart's alert rules and Grafana dashboard against what the operator exports: `promtool check rules` and
 //! `promtool test rules` (each alert fires from synthetic series and stays silent on healthy ones); `cso run`
-//! through an install and an upgrade of a ClusterStack on a real API server, whose /metrics must have every
-//! metric name a rule expression or a dashboard panel uses, with the labels they use (label matchers, `by`,
-//! `on`, ...); and a real Prometheus (Debian's package) scraping that `cso run` every second and evaluating every
-//! alert expression through its HTTP API. promtool and prometheus come from hack/tools.sh (`CSO_PROMTOOL`,
-//! `CSO_PROMETHEUS`); a missing one fails the test.
+//! (addon health checks on, a 20 s stage timeout) through an install and an upgrade of a ClusterStack with a
+//! Cluster whose addons go into a workload cluster that runs workloads, first without nodes (the addons cannot
+//! run) and then with one, moved to v2 with `BeforeClusterUpgrade` called over HTTPS. Its /metrics must describe
+//! every metric name a rule expression or a dashboard panel uses from the start, and have the labels they use
+//! (label matchers, `by`, `on`, ...) on the samples of the run; a real Prometheus (Debian's package) scraping
+//! that `cso run` every second, with a copy of the rules whose `for:` is 0 s, finds CsoAddonsNotRunning's
+//! expression and alert on the Cluster's release while its addons cannot run and gone once they run, and
+//! evaluates every alert expression through its HTTP API. promtool and prometheus come from hack/tools.sh
+//! (`CSO_PROMTOOL`, `CSO_PROMETHEUS`); a missing one fails the test.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -14,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use cso_api::ClusterStack;
+use cso_api::{ClusterAddon, ClusterStack, capi::Cluster};
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
@@ -412,6 +416,83 @@ async fn query(prometheus: &str, expr: &str) -> serde_json::Value {
     body["data"]["result"].clone()
 }
 
+/// Ferrol v1 and v2 as released, except that metrics-server leaves out its APIService (chart value
+/// `apiService.create: false`): the simulated pods have no network, so the API server could never reach it and
+/// the addons would never count as running (as in crates/controller/tests/health_gates.rs).
+async fn github_with_runnable_ferrol(dir: &Path) -> cso_testenv::github::FakeGithub {
+    let fake = cso_testenv::github::FakeGithub::start(30).await.unwrap();
+    for version in ["v1", "v2"] {
+        let tag = format!("docker-ferrol-1-27-{version}");
+        let release = dir.join(&tag);
+        std::fs::create_dir_all(&release).unwrap();
+        for entry in std::fs::read_dir(fixtures().join(&tag)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), release.join(entry.file_name())).unwrap();
+        }
+        std::fs::write(
+            release.join("cluster-addon-values.yaml"),
+            format!(
+                "values: |\n  metrics-server:\n    apiService:\n      create: false\n    commonLabels:\n      \
+                 domain: \"{{{{ .Cluster.spec.controlPlaneEndpoint.host }}}}\"\n      \
+                 clusterAddonVersion: \"{version}\"\n"
+            ),
+        )
+        .unwrap();
+        fake.publish_dir(&tag, &release).unwrap();
+    }
+    fake
+}
+
+/// The answer of the hook server on `port` to `BeforeClusterUpgrade` for Cluster `c1` in `namespace`, moving
+/// to `class`, as Cluster API calls it.
+async fn before_cluster_upgrade(
+    https: &reqwest::Client,
+    port: u16,
+    namespace: &str,
+    class: &str,
+) -> serde_json::Value {
+    https
+        .post(format!(
+            "https://127.0.0.1:{port}/hooks.runtime.cluster.x-k8s.io/v1alpha1/beforeclusterupgrade/before-cluster-upgrade"
+        ))
+        .json(&json!({
+            "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "BeforeClusterUpgradeRequest",
+            "cluster": {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+                        "metadata": {"name": "c1", "namespace": namespace},
+                        "spec": {"topology": {"class": class, "version": "v1.27.3"}}},
+            "fromKubernetesVersion": "v1.27.3", "toKubernetesVersion": "v1.27.3",
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The releases (label `release`) for which Prometheus returns a series of `expr` now.
+async fn releases_returned(prometheus: &str, expr: &str) -> Vec<String> {
+    query(prometheus, expr)
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|series| {
+            series["metric"]["release"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// `cso run` with addon health checks and a 20 s stage timeout, a ClusterStack installed at v1 and upgraded to
+/// v2, a Cluster with its addons in a workload cluster that runs workloads (first without nodes: the addons
+/// cannot run and are given up on; then with one: they run), moved to v2 with `BeforeClusterUpgrade` called
+/// over HTTPS. Its /metrics, scraped along the way, has every metric and label the rules and the dashboard use;
+/// a real Prometheus scraping it (with a copy of the rules whose `for:` is 0 s) evaluates CsoAddonsNotRunning's
+/// expression to the Cluster's release while its addons cannot run, fires the alert, and returns nothing once
+/// they run; at the end every alert expression returns nothing and no alert fires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evaluates_them() {
     let prometheus_binary = tools().prometheus.expect(
@@ -420,28 +501,50 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
     let plane = cso_testenv::shared_management();
     let client = plane.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "observability").await.unwrap();
-    let fake = github_with_ferrol().await;
+    let published = tempfile::tempdir().unwrap();
+    let fake = github_with_runnable_ferrol(published.path()).await;
+    // A workload cluster that runs workloads, without nodes for now: nothing the addons apply can run.
+    let workload = cso_testenv::ControlPlane::start_with_workloads(&tools(), "observability", None, &[])
+        .await
+        .unwrap();
     let release_dir = tempfile::tempdir().unwrap();
     let log = release_dir.path().join("operator.log");
     let certs = tempfile::tempdir().unwrap();
-    cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
+    let ca = cso_testenv::pki::write_serving_certificate(certs.path()).unwrap();
     let endpoints = Instance::new(certs.path(), true);
-    let _operator = start_operator(
+    let _operator = start_operator_with(
         plane.kubeconfig_path(),
         release_dir.path(),
-        &ns,
-        fake.api_url(),
+        Some(&ns),
+        &Source::Github(fake.api_url()),
         &log,
         &endpoints,
+        // The last of a repeated flag wins: health checks on, given up on after 20 s, looked at again every 5 s.
+        &[
+            "--addon-health-checks=true",
+            "--stage-timeout=20s",
+            "--resync-interval=5s",
+        ],
     );
 
     // A real Prometheus scraping it every second, with its own storage.
+    // The alert rules load as they are, but for a test copy whose `for:` is 0 s (theirs are for production).
     let prometheus_dir = tempfile::tempdir().unwrap();
     let prometheus_port = free_port();
+    let rules = std::fs::read_to_string(chart_files().join("prometheus-rules.yaml")).unwrap();
+    let rules: String = rules
+        .lines()
+        .map(|line| match line.split_once("for: ") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}for: 0s\n"),
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    std::fs::write(prometheus_dir.path().join("rules.yaml"), rules).unwrap();
     std::fs::write(
         prometheus_dir.path().join("prometheus.yml"),
         format!(
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [rules.yaml]\n\
              scrape_configs:\n  - job_name: cso\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n\
              \x20       labels: {{namespace: {ns}, pod: cso-0}}\n",
             endpoints.metrics_port
@@ -466,7 +569,23 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
     );
     let prometheus = format!("http://127.0.0.1:{prometheus_port}");
 
-    // Install v1, then upgrade the stack to v2.
+    // Every family is described from the start, samples or not.
+    let mut expressions: Vec<String> = alerts().into_iter().map(|(_, expr)| expr).collect();
+    expressions.extend(panel_expressions());
+    let started = wait_for("cso run serves /metrics", Duration::from_secs(60), || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", endpoints.metrics_port))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.contains("# TYPE cso_clusters gauge").then_some(text)
+    })
+    .await;
+    let problems = missing(&expressions, &started);
+    assert!(problems.is_empty(), "at start-up: {problems:#?}\n{started}");
+
+    // Install v1, and a Cluster on it whose addons go into the node-less workload cluster.
     let stacks: Api<ClusterStack> = Api::namespaced(client.clone(), &ns);
     stacks
         .create(&PostParams::default(), &ferrol_stack(&ns, &["v1"]))
@@ -476,6 +595,100 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
         (ready(&client, &ns).await == ["docker-ferrol-1-27-v1"]).then_some(())
     })
     .await;
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource());
+    let cluster: Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": ns},
+        "spec": {"topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3"},
+                 "controlPlaneEndpoint": {"host": "c1.example.test", "port": 6443}},
+    }))
+    .unwrap();
+    clusters.create(&PostParams::default(), &cluster).await.unwrap();
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", workload.control_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+
+    // The addons cannot run: given up on after the stage timeout, and CsoAddonsNotRunning's expression (its
+    // `for:` is for production) returns the Cluster's release.
+    let (_, not_running) = alerts()
+        .into_iter()
+        .find(|(name, _)| name == "CsoAddonsNotRunning")
+        .unwrap();
+    wait_for(
+        "CsoAddonsNotRunning's expression returns docker-ferrol-1-27-v1 (addons given up on after 20 s)",
+        Duration::from_secs(120),
+        || async {
+            (releases_returned(&prometheus, &not_running).await == ["docker-ferrol-1-27-v1"]).then_some(())
+        },
+    )
+    .await;
+    // ... and the alert itself fires (the test copy, `for: 0s`) with the release and its severity.
+    let firing = r#"ALERTS{alertname="CsoAddonsNotRunning", alertstate="firing"}"#;
+    let alert = wait_for("CsoAddonsNotRunning fires", Duration::from_secs(30), || async {
+        let result = query(&prometheus, firing).await;
+        result.as_array().unwrap().first().cloned()
+    })
+    .await;
+    assert_eq!(
+        (
+            &alert["metric"]["release"],
+            &alert["metric"]["reason"],
+            &alert["metric"]["severity"]
+        ),
+        (
+            &json!("docker-ferrol-1-27-v1"),
+            &json!("NotHealthyInTime"),
+            &json!("warning")
+        ),
+        "{alert}"
+    );
+    let mut scrapes = metrics_text(endpoints.metrics_port).await;
+    assert!(
+        scrapes.contains(r#"reason="NotHealthyInTime""#),
+        "cso_addons_not_running and cso_condition_false say why: {scrapes}"
+    );
+
+    // A node comes: the addons run, are found running at the next resync, and the expression returns nothing.
+    let workload_client = workload.control_plane.client().await.unwrap();
+    workload
+        .runtime
+        .add_nodes(
+            &workload_client,
+            &cso_testenv::NodeSpec::numbered("observability-node", 1),
+        )
+        .await
+        .unwrap();
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    wait_for("the v1 addons run", Duration::from_secs(120), || async {
+        let addon = addons.get_opt("cluster-addon-c1").await.unwrap()?;
+        (addon.status?.ready && addon.spec.cluster_stack == "docker-ferrol-1-27-v1").then_some(())
+    })
+    .await;
+    wait_for(
+        "CsoAddonsNotRunning's expression returns nothing once the addons run",
+        Duration::from_secs(30),
+        || async {
+            releases_returned(&prometheus, &not_running)
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "CsoAddonsNotRunning no longer fires once the addons run",
+        Duration::from_secs(30),
+        || async {
+            releases_returned(&prometheus, firing)
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Upgrade the stack to v2 and move the Cluster to it; Cluster API's topology controller would then call
+    // BeforeClusterUpgrade until it lets the upgrade go on: so does this test, over HTTPS.
     stacks
         .patch(
             "ferrol",
@@ -491,17 +704,77 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
             .then_some(())
     })
     .await;
+    clusters
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"class": "docker-ferrol-1-27-v2"}}})),
+        )
+        .await
+        .unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let answers = std::sync::Mutex::new(Vec::new());
+    wait_for(
+        "BeforeClusterUpgrade to v2 answered with success",
+        Duration::from_secs(90),
+        || async {
+            let answer =
+                before_cluster_upgrade(&https, endpoints.hook_port, &ns, "docker-ferrol-1-27-v2").await;
+            answers.lock().unwrap().push(answer["status"].clone());
+            if answer["status"] == "Success" && answer["retryAfterSeconds"].as_i64().unwrap_or(0) == 0 {
+                return Some(());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            None
+        },
+    )
+    .await;
+    wait_for("the v2 addons run", Duration::from_secs(120), || async {
+        let addon = addons.get_opt("cluster-addon-c1").await.unwrap()?;
+        (addon.status?.ready && addon.spec.cluster_stack == "docker-ferrol-1-27-v2").then_some(())
+    })
+    .await;
 
+    // What the operator exported along the way: the families the important alerts use have samples, and
+    // every name and label the rules and the dashboard use is there.
     let text = metrics_text(endpoints.metrics_port).await;
-    let mut expressions: Vec<String> = alerts().into_iter().map(|(_, expr)| expr).collect();
-    expressions.extend(panel_expressions());
-    let problems = missing(&expressions, &text);
-    assert!(problems.is_empty(), "{problems:#?}\n{text}");
+    for family in [
+        "cso_clusters",
+        "cso_addons_not_running",
+        "cso_condition_false",
+        "cso_hook_requests_total",
+        "cso_hook_duration_seconds_bucket",
+    ] {
+        assert!(
+            exported(&format!("{scrapes}\n{text}"))
+                .get(family)
+                .is_some_and(Option::is_some),
+            "{family} has samples in this run: {scrapes}\n{text}"
+        );
+    }
+    assert!(
+        text.contains(
+            r#"cso_clusters{stack="docker-ferrol-1-27",release="docker-ferrol-1-27-v2",state="ready"} 1"#
+        ),
+        "{text}"
+    );
+    scrapes.push('\n');
+    scrapes.push_str(&text);
+    let problems = missing(&expressions, &scrapes);
+    assert!(
+        problems.is_empty(),
+        "{problems:#?}\nhook answers: {:?}\n{scrapes}",
+        answers.lock().unwrap()
+    );
 
-    // Prometheus has scraped the operator, and every alert expression evaluates; on this healthy run only
-    // CsoMemoryNearLimit's kube-state-metrics side is missing, so nothing returns a series.
+    // Prometheus has scraped the operator, and every alert expression evaluates; with the addons running
+    // and CsoMemoryNearLimit's kube-state-metrics side missing, none returns a series.
     wait_for("Prometheus scrapes cso run", Duration::from_secs(30), || async {
-        (!query(&prometheus, "cso_releases_cached")
+        (!query(&prometheus, r#"cso_clusters{release="docker-ferrol-1-27-v2"}"#)
             .await
             .as_array()
             .unwrap()
@@ -513,7 +786,32 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
         let result = query(&prometheus, &expr).await;
         assert_eq!(result, json!([]), "{alert} on a healthy operator: {result}");
     }
+    // The test copy of the rules was loaded and evaluated, and nothing fires at the end.
+    let groups = reqwest::get(format!("{prometheus}/api/v1/rules"))
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let loaded = groups["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().iter())
+        .filter(|r| r["health"] == "ok")
+        .count();
+    assert_eq!(
+        loaded,
+        alerts().len(),
+        "every alert rule loaded and evaluated: {groups}"
+    );
+    wait_for("no alert fires at the end", Duration::from_secs(30), || async {
+        let result = query(&prometheus, r#"ALERTS{alertstate="firing"}"#).await;
+        result.as_array().unwrap().is_empty().then_some(())
+    })
+    .await;
     for expr in panel_expressions() {
         query(&prometheus, &expr).await;
     }
+    workload.stop();
 }
