@@ -135,7 +135,13 @@ async fn read_class(
         Api::namespaced_with(client.clone(), namespace, &class_resource(cluster_resource));
     match api.get_opt(name).await {
         Ok(class) => Ok(class.map(|c| serde_json::to_value(c).unwrap_or_default())),
-        Err(e) => Err(format!("cannot read ClusterClass {namespace}/{name}: {e}")),
+        Err(kube::Error::Api(status)) => Err(format!(
+            "cannot read ClusterClass {namespace}/{name}: {} {}",
+            status.code, status.message
+        )),
+        Err(e) => Err(format!(
+            "cannot reach the API server to read ClusterClass {namespace}/{name}: {e}"
+        )),
     }
 }
 

@@ -1,0 +1,389 @@
+//! The preflight of a class move (issue 30) against the real Cluster API v1.14 of the test environment.
+//!
+//! `docker-scs-1-35-v1` (a `v1beta2` ClusterClass with variables) and a copy of it released as
+//! `docker-scs-1-35-v2` whose `oidcConfig` schema no longer has the property `groupsPrefix` (as
+//! openstack-scs-1-34 dropped `identityRef.type`) are applied to a management cluster with Cluster API. A
+//! Cluster of v1 that sets `oidcConfig` reaches `TopologyReconciled=True`; the preflight of its move to v2 is
+//! refused by Cluster API's webhook in a dry run, explained as the variable `oidcConfig` and its field
+//! `groupsPrefix`, and the Cluster stays on v1. A Cluster without `oidcConfig` may move. With the API server
+//! unreachable the preflight says the dry run could not be made, and the classes decide.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use cso_api::{
+    ReleaseId,
+    capi::Cluster,
+    rules::class_move::{DryRun, Reason, Verdict},
+};
+use cso_controller::preflight;
+use cso_release::Release;
+use cso_testenv::capi::{TopologyCluster, shared_management_with_cluster_api};
+use kube::{
+    Api,
+    api::{DynamicObject, Patch, PatchParams, PostParams},
+    core::GroupVersionKind,
+};
+use serde_json::{Value, json};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+const V1: &str = "docker-scs-1-35-v1";
+const V2: &str = "docker-scs-1-35-v2";
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases-2026/docker-scs-1-35-v1")
+}
+
+/// `docker-scs-1-35-v2` in `dir`: the v1 release with its class chart at version v2 and `groupsPrefix` gone
+/// from the `oidcConfig` variable's schema.
+fn narrowed_release(dir: &Path) -> PathBuf {
+    let release = dir.join(V2);
+    std::fs::create_dir_all(&release).unwrap();
+    for file in [
+        "clusteraddon.yaml",
+        "docker-scs-1-35-cluster-addon-v1.tgz",
+        "csctl.yaml",
+    ] {
+        std::fs::copy(fixture().join(file), release.join(file)).unwrap();
+    }
+    let metadata = std::fs::read_to_string(fixture().join("metadata.yaml")).unwrap();
+    assert!(metadata.contains("clusterStack: v1"));
+    std::fs::write(
+        release.join("metadata.yaml"),
+        metadata.replace("clusterStack: v1", "clusterStack: v2"),
+    )
+    .unwrap();
+
+    let unpacked = dir.join("chart");
+    let archive = std::fs::File::open(fixture().join("docker-scs-1-35-cluster-class-v1.tgz")).unwrap();
+    tar::Archive::new(flate2::read::GzDecoder::new(archive))
+        .unpack(&unpacked)
+        .unwrap();
+    let chart = unpacked.join("docker-scs-1-35-cluster-class");
+    let chart_yaml = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
+    std::fs::write(
+        chart.join("Chart.yaml"),
+        chart_yaml.replace("version: v1", "version: v2"),
+    )
+    .unwrap();
+    let class_file = chart.join("templates/cluster-class.yaml");
+    let class = std::fs::read_to_string(&class_file).unwrap();
+    // The property `groupsPrefix` of oidcConfig: its name line and the lines indented under it.
+    let mut narrowed = Vec::new();
+    let mut skipping = false;
+    for line in class.lines() {
+        if line == "          groupsPrefix:" {
+            skipping = true;
+            continue;
+        }
+        if skipping && line.starts_with("            ") {
+            continue;
+        }
+        skipping = false;
+        narrowed.push(line);
+    }
+    assert_eq!(
+        narrowed.len() + 5,
+        class.lines().count(),
+        "groupsPrefix and its 4 lines are gone"
+    );
+    // imageRepository: only the default ("", kubeadm's) or one registry.
+    let narrowed = narrowed.join("\n") + "\n";
+    let image_example = "        example: \"registry.k8s.io\"\n";
+    assert_eq!(narrowed.matches(image_example).count(), 1);
+    let narrowed = narrowed.replace(
+        image_example,
+        "        example: \"registry.scs.community\"\n        enum: [\"\", \"registry.scs.community\"]\n",
+    );
+    std::fs::write(&class_file, narrowed).unwrap();
+
+    let tgz = std::fs::File::create(release.join("docker-scs-1-35-cluster-class-v2.tgz")).unwrap();
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(tgz, flate2::Compression::default()));
+    builder
+        .append_dir_all("docker-scs-1-35-cluster-class", &chart)
+        .unwrap();
+    builder.into_inner().unwrap().finish().unwrap();
+    release
+}
+
+/// `helm template RELEASE CHART --namespace NS`, as the operator renders a cluster-class chart.
+fn render(chart: &Path, namespace: &str) -> Vec<Value> {
+    let tools = cso_testenv::Tools::discover().unwrap();
+    let helm = tools.helm.expect("helm: run `make tools`");
+    let output = std::process::Command::new(helm)
+        .args(["template", "docker-scs-1-35"])
+        .arg(chart)
+        .args(["--namespace", namespace])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let docs: Vec<Option<Value>> =
+        serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    docs.into_iter().flatten().collect()
+}
+
+async fn api_for(client: &kube::Client, api_version: &str, kind: &str, ns: &str) -> Api<DynamicObject> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let (resource, _) = kube::discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, kind))
+        .await
+        .unwrap();
+    Api::namespaced_with(client.clone(), ns, &resource)
+}
+
+/// Applies the class chart's objects into `ns` and waits until Cluster API has reconciled the class.
+async fn install_class(client: &kube::Client, ns: &str, chart: &Path, class: &str) -> Value {
+    let params = PatchParams::apply("cso-test").force();
+    for mut doc in render(chart, ns) {
+        doc["metadata"]["namespace"] = json!(ns);
+        let api = api_for(
+            client,
+            doc["apiVersion"].as_str().unwrap(),
+            doc["kind"].as_str().unwrap(),
+            ns,
+        )
+        .await;
+        let name = doc["metadata"]["name"].as_str().unwrap().to_owned();
+        api.patch(&name, &params, &Patch::Apply(&doc))
+            .await
+            .unwrap_or_else(|e| panic!("Cluster API refused {name}: {e}"));
+    }
+    let classes = api_for(client, "cluster.x-k8s.io/v1beta2", "ClusterClass", ns).await;
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let object = serde_json::to_value(classes.get(class).await.unwrap()).unwrap();
+        let ready = object.pointer("/status/observedGeneration") == object.pointer("/metadata/generation")
+            && condition_true(&object, "VariablesReady");
+        if ready {
+            return object;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ClusterClass {class} not reconciled: {object}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn condition_true(object: &Value, type_: &str) -> bool {
+    object
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == type_ && c["status"] == "True")
+}
+
+/// Creates the Cluster `name` of class v1 with `variables` and, if `reconciled`, waits for
+/// `TopologyReconciled=True`; returns it as the operator reads it.
+async fn cluster_of_v1(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    variables: Value,
+    reconciled: bool,
+) -> Cluster {
+    let mut object = TopologyCluster {
+        namespace: ns,
+        name,
+        api_version: "cluster.x-k8s.io/v1beta2",
+        class: V1,
+        class_namespace: None,
+        version: "v1.35.1",
+        worker_class: "default-worker",
+        worker_replicas: 0,
+        image_repository: None,
+    }
+    .to_json();
+    object["spec"]["topology"]["variables"] = variables;
+    let dynamic = api_for(client, "cluster.x-k8s.io/v1beta2", "Cluster", ns).await;
+    dynamic
+        .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+        .await
+        .unwrap();
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), ns, &Cluster::resource("v1beta2"));
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let cluster = clusters.get(name).await.unwrap();
+        if !reconciled || condition_true(cluster.object.as_deref().unwrap(), "TopologyReconciled") {
+            return cluster;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Cluster {ns}/{name}: no TopologyReconciled=True: {:?}",
+            cluster.object
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_variable_named() {
+    let env = shared_management_with_cluster_api();
+    let client = env.control_plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "preflight").await.unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let v2_dir = narrowed_release(scratch.path());
+    let v2 = Release::load(&v2_dir, &ReleaseId::parse_tag(V2).unwrap()).unwrap();
+    let v1_chart = scratch.path().join("v1-chart");
+    let v2_chart = scratch.path().join("chart/docker-scs-1-35-cluster-class");
+    std::fs::copy(fixture().join("docker-scs-1-35-cluster-class-v1.tgz"), &v1_chart).unwrap();
+
+    install_class(&client, &ns, &v1_chart, V1).await;
+    let v2_class = install_class(&client, &ns, &v2_chart, V2).await;
+    let oidc = v2_class
+        .pointer("/spec/variables")
+        .and_then(Value::as_array)
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "oidcConfig")
+        .unwrap();
+    assert!(
+        oidc.pointer("/schema/openAPIV3Schema/properties/groupsPrefix")
+            .is_none()
+            && oidc
+                .pointer("/schema/openAPIV3Schema/properties/usernamePrefix")
+                .is_some(),
+        "the v2 class is the narrowed one: {oidc}"
+    );
+
+    // A Cluster of v1 with a value v2's narrowed enum refuses, built and reconciled by Cluster API.
+    let resource = Cluster::resource("v1beta2");
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let c1 = cluster_of_v1(
+        &client,
+        &ns,
+        "c1",
+        json!([{"name": "imageRepository", "value": "registry.k8s.io"}]),
+        true,
+    )
+    .await;
+    let answer = preflight::preflight(&client, &resource, &c1, &v2, None).await;
+    let report = preflight::describe(&answer, &format!("{ns}/c1"));
+    eprintln!("{report}");
+    assert_eq!(answer.verdict, Verdict::Refused, "{report}");
+    assert_eq!(answer.dry_run_failed, None, "the dry run was made: {report}");
+    assert_eq!((answer.from_class.as_str(), answer.to_class.as_str()), (V1, V2));
+    assert_eq!(
+        answer.reasons,
+        [Reason::VariableRefused {
+            variable: "imageRepository".into(),
+            path: String::new(),
+            why: "\"registry.k8s.io\" is not one of [\"\", \"registry.scs.community\"]".into(),
+        }],
+        "the variable is named, and the classes explain all Cluster API said: {report}"
+    );
+    let dry_run = preflight::dry_run(&client, &resource, &c1, V2, None).await;
+    eprintln!("Cluster API's answer: {dry_run:?}");
+    let DryRun::Refused { causes, .. } = &dry_run else {
+        panic!("Cluster API did not refuse the move: {dry_run:?}");
+    };
+    assert!(
+        causes
+            .iter()
+            .any(|c| c.field.contains("variables[imageRepository]")),
+        "{causes:?}"
+    );
+    // The stages the move runs (same Kubernetes version: no upgrade hooks from Cluster API).
+    assert_eq!(answer.version_change, None);
+    assert_eq!(answer.hooks.len(), 1);
+    assert_eq!(answer.hooks[0].stages, ["cni", "metrics-server"]);
+    // Nothing moved.
+    let after = clusters.get("c1").await.unwrap();
+    assert_eq!(after.class().unwrap().name, V1);
+    assert_eq!(after.metadata.generation, c1.metadata.generation);
+
+    // The issue's case: a field the old class defaulted (oidcConfig.groupsPrefix), unknown to the new schema.
+    // (This Cluster's topology does not reconcile: the fixture's oidcConfig patch adds to an extraArgs list
+    // its v1beta2 template does not have; the move is checked all the same.)
+    let c3 = cluster_of_v1(
+        &client,
+        &ns,
+        "c3",
+        json!([{"name": "oidcConfig", "value": {"clientID": "kubectl", "issuerURL": "https://dex.example"}}]),
+        false,
+    )
+    .await;
+    let stored = c3
+        .object
+        .as_deref()
+        .unwrap()
+        .pointer("/spec/topology/variables")
+        .cloned();
+    assert!(
+        stored
+            .as_ref()
+            .is_some_and(|v| v.to_string().contains("\"groupsPrefix\":\"oidc:\"")),
+        "Cluster API defaulted groupsPrefix: {stored:?}"
+    );
+    let answer = preflight::preflight(&client, &resource, &c3, &v2, None).await;
+    let report = preflight::describe(&answer, &format!("{ns}/c3"));
+    eprintln!("{report}");
+    assert_eq!(answer.verdict, Verdict::Refused, "{report}");
+    assert_eq!(answer.dry_run_failed, None, "{report}");
+    assert!(
+        answer
+            .reasons
+            .iter()
+            .any(|r| matches!(r, Reason::VariableRefused { variable, why, .. }
+            if variable == "oidcConfig" && why.contains("\"groupsPrefix\" field(s) are not specified"))),
+        "the variable and its field are named: {report}"
+    );
+    assert!(
+        !answer
+            .reasons
+            .iter()
+            .any(|r| matches!(r, Reason::ClusterApi { .. })),
+        "the classes explain everything Cluster API said: {report}"
+    );
+
+    // A Cluster without those values may move.
+    let c2 = cluster_of_v1(&client, &ns, "c2", json!([]), true).await;
+    let answer = preflight::preflight(&client, &resource, &c2, &v2, None).await;
+    let report = preflight::describe(&answer, &format!("{ns}/c2"));
+    eprintln!("{report}");
+    assert_eq!(answer.verdict, Verdict::Accepted, "{report}");
+    assert!(answer.reasons.is_empty(), "{report}");
+
+    // A class that is not in the management cluster: no dry run, said so, explained from what was rendered.
+    let elsewhere = cso_testenv::namespace(&client, "preflight-no-class")
+        .await
+        .unwrap();
+    let mut moved = c3.clone();
+    moved.metadata.namespace = Some(elsewhere.clone());
+    let answer = preflight::preflight(&client, &resource, &moved, &v2, Some(&v2_class)).await;
+    let report = preflight::describe(&answer, &format!("{elsewhere}/c3"));
+    eprintln!("{report}");
+    assert!(
+        answer
+            .dry_run_failed
+            .as_deref()
+            .is_some_and(|why| why.contains("is not in the management cluster")),
+        "{report}"
+    );
+    assert_eq!(
+        answer.verdict,
+        Verdict::Refused,
+        "the rendered class refuses groupsPrefix: {report}"
+    );
+
+    // The API server unreachable: a clear message, never a panic.
+    let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+    let unreachable = kube::Client::try_from(config).unwrap();
+    let answer = preflight::preflight(&unreachable, &resource, &c3, &v2, Some(&v2_class)).await;
+    let report = preflight::describe(&answer, &format!("{ns}/c3"));
+    eprintln!("{report}");
+    assert!(
+        answer
+            .dry_run_failed
+            .as_deref()
+            .is_some_and(|why| why.contains("cannot reach the API server")),
+        "{report}"
+    );
+}
