@@ -332,8 +332,9 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
             .reasons
             .iter()
             .any(|r| matches!(r, Reason::VariableRefused { variable, why, .. }
-            if variable == "oidcConfig" && why.contains("\"groupsPrefix\" field(s) are not specified"))),
-        "the variable and its field are named: {report}"
+            if variable == "oidcConfig" && why.contains("\"groupsPrefix\" field(s) are not specified")
+                && why.contains("defaulted by the old class docker-scs-1-35-v1"))),
+        "the variable and its field are named, and that the old class defaulted it: {report}"
     );
     assert!(
         !answer

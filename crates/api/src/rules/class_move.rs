@@ -14,9 +14,11 @@
 //!   `kubernetesVersions`, a version the list does not name);
 //! - which hooks and stages of the release the move runs.
 //!
+//! A refused field that the old class's schema defaults is said to be the old class's default.
+//!
 //! The same [`explain`] serves `cso render --diff` (with a dry run), and a caller that must not make a
 //! request per Cluster (the fleet's counts, a rollout's planning) with [`DryRun::NotAsked`]: the
-//! explanation alone is then the verdict.
+//! explanation alone is then the verdict ([`fleet_moves`] counts a set of Clusters so).
 
 use std::{collections::BTreeMap, fmt};
 
@@ -303,6 +305,49 @@ pub fn explain(change: &Move<'_>, dry_run: &DryRun) -> Preflight {
     }
 }
 
+/// How many of a set of Clusters could move to a class, and which could not and why: the fleet's view,
+/// from the caches alone ([`DryRun::NotAsked`]; no request per Cluster).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetMoves {
+    /// Clusters nothing in the classes holds back.
+    pub movable: usize,
+    /// `namespace/name` of each Cluster that could not move, with why, in the order given.
+    pub refused: Vec<(String, Vec<Reason>)>,
+}
+
+/// Which of `clusters` (whole Cluster objects, e.g. from the watch cache) could move to `to` at `to_version`,
+/// by [`explain`] without a dry run.
+pub fn fleet_moves<'a>(
+    clusters: impl IntoIterator<Item = &'a Value>,
+    to: &ClassView,
+    to_version: &str,
+) -> FleetMoves {
+    let from = ClassView::default();
+    let mut moves = FleetMoves::default();
+    for cluster in clusters {
+        let preflight = explain(
+            &Move::of_cluster(cluster, &from, to, to_version, &None),
+            &DryRun::NotAsked,
+        );
+        if preflight.verdict == Verdict::Refused {
+            let name = |field: &str| {
+                cluster
+                    .pointer(&format!("/metadata/{field}"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            moves.refused.push((
+                format!("{}/{}", name("namespace"), name("name")),
+                preflight.reasons,
+            ));
+        } else {
+            moves.movable += 1;
+        }
+    }
+    moves
+}
+
 /// Whether `reason` is what Cluster API's `cause` says: the same variable (`spec.topology.variables[NAME]`),
 /// or the topology version.
 fn explains(reason: &Reason, cause: &Cause) -> bool {
@@ -320,6 +365,34 @@ fn explains(reason: &Reason, cause: &Cause) -> bool {
     }
 }
 
+/// The fields an unknown-fields error `why` at `path` names that the old class's schema `old` defaults
+/// there: the new schema refuses what the old class wrote (the issue's `identityRef.type`).
+fn old_defaults(old: &Value, path: &str, why: &str) -> Vec<String> {
+    let Some(names) = why.strip_suffix(" field(s) are not specified in the variable schema") else {
+        return Vec::new();
+    };
+    let mut schema = Some(old);
+    for segment in path.split_inclusive(['.', '[']).filter(|s| !s.is_empty()) {
+        let segment = segment.trim_end_matches(['.', '[']).trim_end_matches(']');
+        if segment.is_empty() {
+            continue;
+        }
+        schema = match segment.parse::<usize>() {
+            Ok(_) => schema.and_then(|s| s.get("items")),
+            Err(_) => schema.and_then(|s| s.pointer(&format!("/properties/{segment}"))),
+        };
+    }
+    let Some(properties) = schema.and_then(|s| s.get("properties")) else {
+        return Vec::new();
+    };
+    names
+        .split(", ")
+        .map(|n| n.trim_matches('"'))
+        .filter(|n| properties.get(*n).is_some_and(|p| p.get("default").is_some()))
+        .map(|n| format!("{n:?}"))
+        .collect()
+}
+
 fn variable_reasons(change: &Move<'_>) -> Vec<Reason> {
     let mut reasons = Vec::new();
     for (name, value) in &change.variables {
@@ -330,13 +403,24 @@ fn variable_reasons(change: &Move<'_>) -> Vec<Reason> {
             Some(definition) => {
                 let mut value = value.clone();
                 default_into(&definition.schema, &mut value);
+                let old_schema = change.from.variable(name).map(|d| &d.schema);
                 reasons.extend(
                     validate(&definition.schema, &value)
                         .into_iter()
-                        .map(|(path, why)| Reason::VariableRefused {
-                            variable: name.clone(),
-                            path,
-                            why,
+                        .map(|(path, why)| {
+                            let why = match old_schema.map(|old| old_defaults(old, &path, &why)) {
+                                Some(defaulted) if !defaulted.is_empty() => format!(
+                                    "{why} ({} defaulted by the old class {})",
+                                    defaulted.join(", "),
+                                    change.from.name
+                                ),
+                                _ => why,
+                            };
+                            Reason::VariableRefused {
+                                variable: name.clone(),
+                                path,
+                                why,
+                            }
                         }),
                 );
             }
@@ -713,6 +797,10 @@ mod tests {
         ]))
     }
 
+    /// The issue's refusal, as the preflight explains it: the field, and that the old class wrote it.
+    const TYPE_REFUSED: &str = "\"type\" field(s) are not specified in the variable schema (\"type\" defaulted \
+                                by the old class openstack-scs-1-33-v1)";
+
     const IDENTITY: &str = "{\"cloudName\":\"openstack\",\"name\":\"openstack\",\"type\":\"Secret\"}";
 
     /// What Cluster API v1.14 answered in the issue.
@@ -744,7 +832,7 @@ mod tests {
         "v1.33.4", "v1.34.2", &[][..], refused_identity(), Verdict::Refused,
         vec![Reason::VariableRefused {
             variable: "identityRef".into(), path: String::new(),
-            why: "\"type\" field(s) are not specified in the variable schema".into(),
+            why: TYPE_REFUSED.into(),
         }]
     )]
     // The same, explained without a dry run (the fleet's counts).
@@ -753,7 +841,7 @@ mod tests {
         "v1.33.4", "v1.34.2", &[][..], DryRun::NotAsked, Verdict::Refused,
         vec![Reason::VariableRefused {
             variable: "identityRef".into(), path: String::new(),
-            why: "\"type\" field(s) are not specified in the variable schema".into(),
+            why: TYPE_REFUSED.into(),
         }]
     )]
     #[case::narrowed_enum_removed_variable_and_newly_required(
@@ -837,7 +925,7 @@ mod tests {
         assert_eq!(preflight.reasons.len(), 1, "{:?}", preflight.reasons);
         assert_eq!(
             preflight.reasons[0].to_string(),
-            "variable identityRef: \"type\" field(s) are not specified in the variable schema"
+            format!("variable identityRef: {TYPE_REFUSED}")
         );
         assert_eq!(preflight.dry_run_failed, None);
         let failed = explain(&change, &DryRun::Failed("the API server is unreachable".into()));
@@ -885,6 +973,43 @@ mod tests {
         assert_eq!(preflight.version_change.is_some(), to != "v1.34.2");
     }
 
+    #[test]
+    fn counts_which_clusters_of_a_fleet_could_move_and_why_not() {
+        let named = |name: &str, version: &str, variables: Value| {
+            let mut cluster = cluster(version, variables);
+            cluster["metadata"] = json!({"namespace": "team", "name": name});
+            cluster
+        };
+        let clusters = [
+            named("a", "v1.33.4", json!([{"name": "region", "value": "fra"}])),
+            named(
+                "b",
+                "v1.33.4",
+                json!([{"name": "identityRef", "value": identity_value()}, {"name": "region", "value": "x"}]),
+            ),
+            named("c", "v1.32.0", json!([{"name": "region", "value": "fra"}])),
+            named(
+                "d",
+                "v1.34.0",
+                json!([{"name": "region", "value": "fra"}, {"name": "flavor", "value": "large"}]),
+            ),
+        ];
+        let moves = fleet_moves(&clusters, &new_class(&[]), "v1.34.2");
+        assert_eq!(moves.movable, 2);
+        let refused: Vec<(&str, Vec<String>)> = moves
+            .refused
+            .iter()
+            .map(|(name, reasons)| (name.as_str(), reasons.iter().map(ToString::to_string).collect()))
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                ("team/b", vec!["variable identityRef: \"type\" field(s) are not specified in the variable schema".to_owned()]),
+                ("team/c", vec!["Kubernetes v1.32.0 -> v1.34.2: more than one minor, and the new class has no kubernetesVersions to upgrade through".to_owned()]),
+            ]
+        );
+    }
+
     #[rstest]
     #[case::unknown_nested_field(
         json!({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}}}}),
@@ -917,6 +1042,16 @@ mod tests {
         let got = validate(&schema, &value);
         let got: Vec<(&str, &str)> = got.iter().map(|(p, w)| (p.as_str(), w.as_str())).collect();
         assert_eq!(got, errors);
+    }
+
+    #[test]
+    fn names_the_unknown_fields_the_old_class_defaulted_at_their_path() {
+        let old = json!({"type": "array", "items": {"type": "object", "properties": {
+            "auth": {"type": "object", "properties": {"b": {"type": "string", "default": "x"}, "c": {"type": "string"}}}}}});
+        let why = "\"b\", \"c\" field(s) are not specified in the variable schema";
+        assert_eq!(old_defaults(&old, "[0].auth", why), ["\"b\""]);
+        assert!(old_defaults(&old, "[0].auth", "must be at most 3").is_empty());
+        assert!(old_defaults(&old, "[0].other", why).is_empty());
     }
 
     #[test]
