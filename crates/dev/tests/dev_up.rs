@@ -183,11 +183,31 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// What cargo sets for a test it runs (`CARGO_PKG_NAME=cso-dev`, `CARGO_MANIFEST_DIR`, ...). Build scripts
+/// (ring's) ask to be run again when these change, so a cargo started with them would rebuild the TLS stack and
+/// everything on it, and the next build without them all over again.
+const SET_FOR_THIS_TEST: [&str; 7] = [
+    "CARGO_PKG_",
+    "CARGO_MANIFEST_",
+    "CARGO_CRATE_",
+    "CARGO_BIN_",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "OUT_DIR",
+];
+
 /// The `cso` binary of this workspace, built by cargo (up to date if it already is): a test of `cso-dev` cannot
 /// name another package's binary (`CARGO_BIN_EXE_*` names only its own).
 fn cso_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = Command::new(cargo)
+    let mut build = Command::new(cargo);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if SET_FOR_THIS_TEST.iter().any(|prefix| key.starts_with(prefix)) {
+            build.env_remove(&*key);
+        }
+    }
+    let output = build
         .args(["build", "-p", "cso", "--bin", "cso", "--message-format=json"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stderr(Stdio::inherit())
@@ -262,6 +282,9 @@ async fn dev_up_restarts_cluster_api_until_a_late_operator_is_discovered_and_cal
         Command::new(env!("CARGO_BIN_EXE_cso-dev"))
             .args(["up", "--hook-port", &hook_port.to_string(), "--dir"])
             .arg(&dir)
+            // An error it stops with is said in a few lines, without a backtrace.
+            .env("RUST_BACKTRACE", "0")
+            .env("RUST_LIB_BACKTRACE", "0")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&up_log).unwrap())
             .spawn()
