@@ -385,7 +385,9 @@ impl KindFollower {
     }
 
     fn tell(&self, why: &str, key: &ObjectKey, cause: Option<DriftCause>) {
-        tracing::info!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key,
+        // Debug: in a drift fight every write of the object comes here, for each Cluster on its API server;
+        // what is put back is logged by the applier, a fight reported on the ClusterAddon.
+        tracing::debug!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key,
             cause = cause.as_ref().map(tracing::field::display), "{why}: drift");
         if let Some(cause) = cause {
             let mut causes = self.causes.lock().unwrap_or_else(|p| p.into_inner());

@@ -226,14 +226,15 @@ fn left_as(observed: &Observed, live: &LiveMeta) -> bool {
 /// (Cluster API's `v1beta1` ClusterClass on 1.11+, whose conversion data carries the status) moves the
 /// generation at every apply.
 /// With fields left to a subresource's writer, their writes move the generation too: written outside the
-/// subresources in between, then.
+/// subresources in between, then. Whatever the kind, our own apply entry changed in between (a field taken
+/// and taken back, our field manager applying other values elsewhere: a label, which moves no generation).
 fn undid_a_change(before: &Observed, now: &Observed) -> bool {
     let moved = match (before.generation, now.generation) {
         _ if !now.left_out.is_empty() => before.writes != now.writes,
         (Some(before), Some(now)) => now - before >= 2 || now < before,
         (before, now) => before != now,
     };
-    before.uid != now.uid || moved
+    before.uid != now.uid || moved || before.ours != now.ours
 }
 
 /// See [`ApplyEngine::applied_since`].
@@ -1551,6 +1552,15 @@ mod tests {
                 scaled(5, 1),
                 true,
                 "someone else wrote, then put back",
+            ),
+            (
+                at("a", 3),
+                Observed {
+                    ours: 1,
+                    ..at("a", 3)
+                },
+                true,
+                "a label of ours changed and put back (no generation moves)",
             ),
         ] {
             assert_eq!(undid_a_change(&before, &now), drift, "{why}");

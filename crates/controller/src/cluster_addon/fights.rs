@@ -90,14 +90,19 @@ pub(crate) fn corrected(
 }
 
 /// Whether a look at `now` ends the record of an object: found `as_applied` a quiet window (`cap`) after
-/// its last correction (the fight is over), or no correction for a quiet window after its hold.
+/// its hold ended (nobody changed it since: the fight is over; at the hold's end itself the last one to put
+/// it back finds it as it left it, while the others are about to put it back), or not put back for two
+/// quiet windows after its hold (nothing happens to it any more, whatever the looks tell).
 pub(crate) fn settled(round: &Round, now: Instant, cap: Duration, as_applied: bool) -> bool {
-    now >= round.hold_end() + cap || (as_applied && now >= round.corrected_at + cap)
+    let quiet = round.hold_end() + cap;
+    (as_applied && now >= quiet) || now >= quiet + cap
 }
 
 /// When to look at a ClusterAddon again for its objects' sake: at the hold's end of an object seen drifted
-/// and held (to put it back), and a quiet window after the last correction of an object in a fight (to
-/// end the fight when it is over).
+/// and held (to put it back), and a quiet window after the hold of an object in a fight that was found as
+/// applied (to end the fight when it is over). An object found drifted and not held is being put
+/// back (by this reconcile, or by another ClusterAddon on the same API server, whose apply tells the drift
+/// watches): nothing to look at then.
 pub(crate) fn next_look<'a>(
     rounds: impl Iterator<Item = (&'a Round, bool)>,
     now: Instant,
@@ -105,12 +110,11 @@ pub(crate) fn next_look<'a>(
 ) -> Option<Duration> {
     rounds
         .filter_map(|(round, drifted)| {
-            if drifted && round.held(now) {
-                Some(round.hold_end())
-            } else if round.in_fight() {
-                Some(round.corrected_at + cap)
+            if drifted {
+                round.held(now).then(|| round.hold_end())
             } else {
-                None
+                let over = round.hold_end() + cap;
+                (round.in_fight() && now < over).then_some(over)
             }
         })
         .min()
@@ -197,21 +201,35 @@ pub(crate) struct Fights(Mutex<Memory>);
 #[derive(Debug, Default)]
 struct Memory {
     rounds: HashMap<Place, Round>,
-    /// Objects a ClusterAddon is putting back now, and until when the others wait for it (see [`CLAIM`]).
-    claims: HashMap<Place, (Owner, Instant)>,
+    /// Objects a ClusterAddon is putting back now (see [`CLAIM`]).
+    claims: HashMap<Place, Claim>,
     /// The API server of each ClusterAddon's Cluster and the objects there it put back.
     addons: HashMap<Owner, (String, BTreeSet<ObjectKey>)>,
     pending: HashMap<Owner, Instant>,
 }
 
+/// An object a ClusterAddon is putting back.
+#[derive(Debug)]
+struct Claim {
+    by: Owner,
+    /// The others wait for its apply until then.
+    until: Instant,
+    /// The end of the hold its correction will bring: the others' drift notifications meanwhile (of its own
+    /// apply) wait for that.
+    hold_end: Instant,
+}
+
 impl Memory {
+    /// The claim on `place` of a ClusterAddon other than `owner`, if one holds.
+    fn claimed(&self, place: &Place, owner: &Owner, now: Instant) -> Option<&Claim> {
+        self.claims
+            .get(place)
+            .filter(|claim| claim.by != *owner && now < claim.until)
+    }
+
     /// Whether `place` is held for `owner`: by its back-off, or claimed by another ClusterAddon.
     fn held(&self, place: &Place, owner: &Owner, now: Instant) -> bool {
-        self.rounds.get(place).is_some_and(|r| r.held(now))
-            || self
-                .claims
-                .get(place)
-                .is_some_and(|(by, until)| by != owner && now < *until)
+        self.rounds.get(place).is_some_and(|r| r.held(now)) || self.claimed(place, owner, now).is_some()
     }
 }
 
@@ -221,8 +239,16 @@ impl Fights {
     }
 
     /// Whether every object of `drifted` (some) on `server` is held now: drift that is not to be corrected
-    /// yet. When not, `owner` claims them for a moment (its apply is on the way).
-    pub(crate) fn claim(&self, owner: &Owner, server: &str, drifted: &[ObjectKey], now: Instant) -> bool {
+    /// yet. When not, `owner` claims them for a moment (its apply is on the way; `cap` to tell the hold it
+    /// will bring).
+    pub(crate) fn claim(
+        &self,
+        owner: &Owner,
+        server: &str,
+        drifted: &[ObjectKey],
+        now: Instant,
+        cap: Duration,
+    ) -> bool {
         let mut memory = self.memory();
         memory
             .addons
@@ -235,7 +261,13 @@ impl Fights {
         }
         for place in places {
             if !memory.held(&place, owner, now) {
-                memory.claims.insert(place, (owner.clone(), now + CLAIM));
+                let hold_end = self::corrected(memory.rounds.get(&place), now, cap, None).hold_end();
+                let claim = Claim {
+                    by: owner.clone(),
+                    until: now + CLAIM,
+                    hold_end,
+                };
+                memory.claims.insert(place, claim);
             }
         }
         false
@@ -295,7 +327,7 @@ impl Fights {
                 None => false,
             }
         });
-        claims.retain(|_, (_, until)| now < *until);
+        claims.retain(|_, claim| now < claim.until);
         let mine: Vec<(&ObjectKey, &Round)> = involved
             .iter()
             .filter_map(|key| Some((key, rounds.get(&place(key))?)))
@@ -319,13 +351,16 @@ impl Fights {
     }
 
     /// The end of the hold of `key` of `owner`'s API server, if any.
+    /// With another ClusterAddon's claim on it, the end of the hold its correction brings.
     pub(crate) fn hold_end(&self, owner: &Owner, key: &ObjectKey) -> Option<Instant> {
         let memory = self.memory();
         let (server, _) = memory.addons.get(owner)?;
-        memory
-            .rounds
-            .get(&(server.clone(), key.clone()))
-            .map(Round::hold_end)
+        let place = (server.clone(), key.clone());
+        let round = memory.rounds.get(&place).map(Round::hold_end);
+        let claim = memory
+            .claimed(&place, owner, Instant::now())
+            .map(|claim| claim.hold_end);
+        round.max(claim)
     }
 
     /// The throttle's decision for a drift notification of `key` of `owner` ([`wake`]); a wake-up decided
@@ -480,9 +515,10 @@ mod tests {
 
     #[rstest]
     #[case::as_applied_soon_after(3, 4.0, 5.0, true, false)]
-    #[case::as_applied_a_quiet_window_after(3, 4.0, 20.0, true, true)]
-    #[case::drifted_a_quiet_window_after(3, 4.0, 20.0, false, false)]
-    #[case::nothing_for_a_quiet_window_after_the_hold(1, 1.0, 21.0, false, true)]
+    #[case::as_applied_a_quiet_window_after_the_hold(3, 4.0, 24.0, true, true)]
+    #[case::drifted_a_quiet_window_after_the_hold(3, 4.0, 24.0, false, false)]
+    #[case::the_last_to_put_it_back_at_the_holds_end(6, 20.0, 20.0, true, false)]
+    #[case::nothing_for_two_quiet_windows_after_the_hold(1, 1.0, 41.0, false, true)]
     #[case::a_first_round_as_applied_at_its_holds_end(1, 1.0, 1.0, true, false)]
     fn a_record_ends_when_the_object_stayed_as_applied_or_nothing_happened(
         #[case] rounds: u32,
@@ -495,6 +531,27 @@ mod tests {
         assert_eq!(
             settled(&round(rounds, t0, hold), t0 + secs(after), CAP, as_applied),
             expected
+        );
+    }
+
+    #[rstest]
+    #[case::drifted_and_held(3, 4.0, 1.0, true, Some(3.0))]
+    #[case::drifted_not_held_being_put_back(3, 4.0, 5.0, true, None)]
+    #[case::in_a_fight_as_applied(3, 4.0, 5.0, false, Some(19.0))]
+    #[case::in_a_fight_past_the_quiet_window(3, 4.0, 25.0, false, None)]
+    #[case::not_a_fight_as_applied(1, 1.0, 2.0, false, None)]
+    fn looked_at_again_at_the_holds_end_or_to_end_a_fight(
+        #[case] rounds: u32,
+        #[case] hold: f64,
+        #[case] after: f64,
+        #[case] drifted: bool,
+        #[case] expected: Option<f64>,
+    ) {
+        let t0 = Instant::now();
+        let round = round(rounds, t0, hold);
+        assert_eq!(
+            next_look([(&round, drifted)].into_iter(), t0 + secs(after), CAP),
+            expected.map(secs)
         );
     }
 
@@ -536,7 +593,7 @@ mod tests {
         let mut reports = Vec::new();
         for _ in 0..FIGHT_ROUNDS {
             assert!(
-                !fights.claim(&owner, SERVER, std::slice::from_ref(&web), at),
+                !fights.claim(&owner, SERVER, std::slice::from_ref(&web), at, CAP),
                 "not held: put back"
             );
             reports.push(fights.reconciled(
@@ -548,11 +605,11 @@ mod tests {
                 CAP,
             ));
             assert!(
-                fights.claim(&owner, SERVER, std::slice::from_ref(&web), at),
+                fights.claim(&owner, SERVER, std::slice::from_ref(&web), at, CAP),
                 "held right after a correction"
             );
             assert!(
-                !fights.claim(&owner, SERVER, &[web.clone(), other.clone()], at),
+                !fights.claim(&owner, SERVER, &[web.clone(), other.clone()], at, CAP),
                 "another object's drift is put back at once"
             );
             at = fights.hold_end(&owner, &web).unwrap();
@@ -592,12 +649,8 @@ mod tests {
         // The writer stopped: as applied, but not yet for a quiet window; then over.
         let quiet = fights.reconciled(&owner, Some(SERVER), Some(&[]), &[], at, CAP);
         assert!(quiet.message.is_some(), "still reported");
-        assert_eq!(
-            quiet.next_look,
-            Some(CAP - secs(4.0)),
-            "looked at again to end it"
-        );
-        let over = fights.reconciled(&owner, None, Some(&[]), &[], last + CAP, CAP);
+        assert_eq!(quiet.next_look, Some(CAP), "looked at again to end it");
+        let over = fights.reconciled(&owner, None, Some(&[]), &[], at + CAP, CAP);
         assert_eq!(over, FightReport::default());
         assert_eq!(fights.in_fight(), 0);
         assert!(fights.memory().rounds.is_empty(), "nothing kept");
@@ -609,13 +662,19 @@ mod tests {
         let (a, b, elsewhere) = (owner("a"), owner("b"), owner("c"));
         let object = [key("metrics-server")];
         let t0 = Instant::now();
-        assert!(!fights.claim(&a, SERVER, &object, t0), "a puts it back");
+        assert!(!fights.claim(&a, SERVER, &object, t0, CAP), "a puts it back");
         assert!(
-            fights.claim(&b, SERVER, &object, t0),
+            fights.claim(&b, SERVER, &object, t0, CAP),
             "b, woken with a, waits for a's apply"
         );
+        assert_eq!(
+            fights.notified(&b, &object[0], t0),
+            Wake::At(t0 + FIRST_HOLD),
+            "b's notifications of a's apply wait for the hold it brings"
+        );
+        fights.woken(&b);
         assert!(
-            !fights.claim(&elsewhere, "https://10.0.0.2:6443/", &object, t0),
+            !fights.claim(&elsewhere, "https://10.0.0.2:6443/", &object, t0, CAP),
             "another API server's"
         );
         fights.reconciled(
@@ -627,12 +686,12 @@ mod tests {
             CAP,
         );
         assert!(
-            fights.claim(&b, SERVER, &object, t0 + secs(0.5)),
+            fights.claim(&b, SERVER, &object, t0 + secs(0.5), CAP),
             "held for b too"
         );
         // b puts it back at the hold's end: the next round of the same object.
         let after = t0 + secs(1.0);
-        assert!(!fights.claim(&b, SERVER, &object, after));
+        assert!(!fights.claim(&b, SERVER, &object, after, CAP));
         fights.reconciled(
             &b,
             Some(SERVER),

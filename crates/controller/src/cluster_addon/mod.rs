@@ -364,6 +364,7 @@ impl Driver<'_> {
                                             &workload.server,
                                             &drifted,
                                             Instant::now(),
+                                            self.ctx.settings.resync_interval,
                                         );
                                         self.drifted = Some(drifted);
                                         Drift::Found
