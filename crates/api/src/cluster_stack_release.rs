@@ -107,6 +107,13 @@ pub struct ClusterStackReleaseStatus {
     /// writer (field manager `cso-fleet`), never by the release's controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusters: Option<ClusterCounts>,
+    /// The Clusters of this release's stack (same provider and stack name, any Kubernetes minor) on other
+    /// releases in this namespace, and whether Cluster API would accept moving each to this release's class,
+    /// judged from the two classes without a dry run (`cso_api::rules::class_move`). Written by the fleet
+    /// status writer (field manager `cso-fleet`) once the release's ClusterClass is in the management
+    /// cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moves: Option<ReleaseMoves>,
     /// Where the release in use was fetched from, its digest, and whether its signature was verified.
     /// Written by the release's controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -176,6 +183,36 @@ pub struct ClusterCounts {
     /// The first failing Clusters (`namespace/name`, at most three), in name order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failing_clusters: Vec<String>,
+}
+
+/// Which Clusters of a stack could move to a release ([`ClusterStackReleaseStatus::moves`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseMoves {
+    /// How many Clusters of the stack are on other releases.
+    #[serde(default)]
+    pub clusters: i32,
+    /// How many of them could move to this release.
+    #[serde(default)]
+    pub movable: i32,
+    /// How many could not.
+    #[serde(default)]
+    pub refused: i32,
+    /// The first Clusters that could not (at most three, in name order), and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_clusters: Vec<RefusedMove>,
+}
+
+/// A Cluster that could not move to a release, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedMove {
+    /// `namespace/name`.
+    pub cluster: String,
+    /// Each reason, in terms of the two classes (a variable value the new schema refuses, a variable removed
+    /// or newly required, a Kubernetes step Cluster API refuses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
 }
 
 impl HasConditions for ClusterStackRelease {

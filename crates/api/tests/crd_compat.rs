@@ -113,6 +113,12 @@ const ADDITIONS: &[Addition] = &[
         why: "the Clusters on the release (the fleet status writer)",
     },
     Addition {
+        kind: "ClusterStackRelease",
+        version: "v1alpha1",
+        subtree: "status.moves",
+        why: "which Clusters of the stack could move to the release, and why not (the fleet status writer, issue 30)",
+    },
+    Addition {
         kind: "ClusterStack",
         version: "v1alpha1",
         subtree: "spec.versionDigests",

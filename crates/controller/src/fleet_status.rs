@@ -15,6 +15,12 @@
 //! ([`apart_from_counts`]): a count written here never runs a reconcile. It runs where the controllers run,
 //! so only the leader writes.
 //!
+//! Beside its counts, each ClusterStackRelease gets `status.moves`: how many Clusters of its stack on other
+//! releases could move to its class and which could not and why ([`desired_moves`], by
+//! `cso_api::rules::class_move::release_moves`: the two classes' verdict without a dry run, from the Cluster
+//! cache and the ClusterClass cache of the release controller's watch; no request per Cluster). A release
+//! whose ClusterClass is not in that cache yet has none.
+//!
 //! Shape: [`desired`] (pure: the caches' contents → the counts of every ClusterStack and ClusterStackRelease)
 //! and [`changed`] (pure: which of them differ from what the objects show), with table tests beside them;
 //! [`FleetStatusWriter`] waits for changes and makes the writes.
@@ -38,15 +44,22 @@ use cso_api::{
     ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackReleaseStatus, ReleaseId,
     capi::Cluster,
     cluster_stack::{ReleaseClusters, StackClusters},
-    cluster_stack_release::ClusterCounts,
+    cluster_stack_release::{ClusterCounts, ReleaseMoves},
     fleet::{self, AddonState},
-    rules::StackKey,
+    rules::{
+        StackKey,
+        class_move::{self, ClassView},
+    },
 };
 use futures::{Stream, StreamExt};
 use kube::{
     Api, Resource, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::watcher,
+    api::{DynamicObject, Patch, PatchParams},
+    core::ApiResource,
+    runtime::{
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
 };
 use serde_json::json;
 
@@ -80,6 +93,8 @@ fn key_of(object: &impl ResourceExt) -> Key {
 pub(crate) struct Desired {
     pub(crate) stacks: BTreeMap<Key, StackClusters>,
     pub(crate) releases: BTreeMap<Key, ClusterCounts>,
+    /// `status.moves` of the releases whose ClusterClass is known ([`desired_moves`]).
+    pub(crate) moves: BTreeMap<Key, ReleaseMoves>,
 }
 
 /// The counts of `stacks` and `releases` from `addons` (see the module). `class_namespace` tells the
@@ -150,14 +165,45 @@ pub(crate) fn desired(
     Desired {
         stacks: stacks_out,
         releases: releases_out,
+        moves: BTreeMap::new(),
     }
+}
+
+/// `status.moves` of each of `releases` whose ClusterClass `class_of` knows (by namespace and name) and whose
+/// Kubernetes version its status says: the Clusters of its stack among `clusters` that could move to it.
+pub(crate) fn desired_moves(
+    releases: &[Arc<ClusterStackRelease>],
+    clusters: &[Cluster],
+    class_of: impl Fn(&str, &str) -> Option<ClassView>,
+) -> BTreeMap<Key, ReleaseMoves> {
+    let mut moves = BTreeMap::new();
+    for release in releases {
+        let key = key_of(release.as_ref());
+        let Ok(id) = ReleaseId::parse_tag(&key.1) else {
+            continue;
+        };
+        let to_version = release
+            .status
+            .as_ref()
+            .map(|s| s.kubernetes_version.as_str())
+            .unwrap_or_default();
+        if to_version.is_empty() {
+            continue;
+        }
+        let Some(class) = class_of(&key.0, &id.cluster_class_name()) else {
+            continue;
+        };
+        let counted = class_move::release_moves(&id, &key.0, &class, to_version, clusters);
+        moves.insert(key, counted);
+    }
+    moves
 }
 
 /// One write of a round.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Write {
     Stack(Key, StackClusters),
-    Release(Key, ClusterCounts),
+    Release(Key, ClusterCounts, Option<ReleaseMoves>),
 }
 
 /// The writes that bring `stacks` and `releases` (as the caches show them) to `desired`: the counts that
@@ -182,12 +228,17 @@ pub(crate) fn changed(
             writes.push(Write::Stack(key, counts));
         }
     }
+    let mut moves = desired.moves;
     for (key, counts) in desired.releases {
         let Some(release) = releases.get(&key).filter(|r| !is_paused(**r)) else {
             continue;
         };
-        if release.status.as_ref().and_then(|s| s.clusters.as_ref()) != Some(&counts) {
-            writes.push(Write::Release(key, counts));
+        let release_moves = moves.remove(&key);
+        let status = release.status.as_ref();
+        if status.and_then(|s| s.clusters.as_ref()) != Some(&counts)
+            || status.and_then(|s| s.moves.as_ref()) != release_moves.as_ref()
+        {
+            writes.push(Write::Release(key, counts, release_moves));
         }
     }
     writes
@@ -243,6 +294,27 @@ where
 pub(crate) struct FleetStatusWriter {
     ctx: Arc<Context>,
     stacks: stores::Listed<ClusterStack>,
+    classes: ClassCache,
+}
+
+/// The releases' ClusterClasses as the release controller's ClusterClass watch caches them, and a wake-up
+/// for each of its events.
+#[derive(Clone)]
+pub(crate) struct ClassCache {
+    pub(crate) store: Store<DynamicObject>,
+    pub(crate) resource: ApiResource,
+    pub(crate) changed: Arc<tokio::sync::Notify>,
+}
+
+impl ClassCache {
+    fn class(&self, namespace: &str, name: &str) -> Option<ClassView> {
+        let object = self
+            .store
+            .get(&ObjectRef::new_with(name, self.resource.clone()).within(namespace))?;
+        Some(ClassView::from_object(
+            &serde_json::to_value(object.as_ref()).ok()?,
+        ))
+    }
 }
 
 /// The fleet status writer on the shared watches, until `shutdown` completes. Subscribes to each watch now
@@ -253,6 +325,7 @@ pub(crate) fn writer(
     release_watch: &mut SharedWatch<ClusterStackRelease>,
     addon_watch: &mut SharedWatch<ClusterAddon>,
     cluster_watch: &mut SharedWatch<Cluster>,
+    classes: ClassCache,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
     let changes = futures::stream::select_all([
@@ -272,16 +345,29 @@ pub(crate) fn writer(
             (a.spec.cluster_stack.clone(), AddonState::of(a), a.cluster_name())
         })
         .boxed(),
-        // Only where a Cluster's class lives matters here (Cluster API rewrites a Cluster's status all the
-        // time).
+        // Only a Cluster's class, version and variables matter here (Cluster API rewrites a Cluster's status
+        // all the time).
         news(cluster_watch.subscribe(), |c: &Cluster| {
-            c.class().map(|class| class.namespace)
+            (
+                c.class(),
+                c.topology_version().map(str::to_owned),
+                c.object
+                    .as_deref()
+                    .and_then(|o| o.pointer("/spec/topology/variables"))
+                    .cloned(),
+            )
+        })
+        .boxed(),
+        futures::stream::unfold(classes.changed.clone(), |changed| async move {
+            changed.notified().await;
+            Some(((), changed))
         })
         .boxed(),
     ]);
     let writer = FleetStatusWriter {
         ctx,
         stacks: stack_watch.cache(),
+        classes,
     };
     writer.run(changes, shutdown)
 }
@@ -336,11 +422,13 @@ impl FleetStatusWriter {
                 .flatten()?;
             Some(cluster.class()?.namespace)
         };
-        let writes = changed(
-            desired(&stacks, &releases, &addons, class_namespace),
-            &stacks,
-            &releases,
-        );
+        let mut wanted = desired(&stacks, &releases, &addons, class_namespace);
+        if let Some(clusters) = caches.all_clusters() {
+            wanted.moves = desired_moves(&releases, &clusters, |namespace, name| {
+                self.classes.class(namespace, name)
+            });
+        }
+        let writes = changed(wanted, &stacks, &releases);
         let mut all_written = true;
         for write in writes {
             all_written &= self.write(write).await;
@@ -354,12 +442,12 @@ impl FleetStatusWriter {
             Write::Stack(key, clusters) => (
                 "ClusterStack",
                 key.clone(),
-                apply_counts::<ClusterStack>(&self.ctx, &key, json!(clusters)).await,
+                apply_counts::<ClusterStack>(&self.ctx, &key, json!(clusters), None).await,
             ),
-            Write::Release(key, clusters) => (
+            Write::Release(key, clusters, moves) => (
                 "ClusterStackRelease",
                 key.clone(),
-                apply_counts::<ClusterStackRelease>(&self.ctx, &key, json!(clusters)).await,
+                apply_counts::<ClusterStackRelease>(&self.ctx, &key, json!(clusters), moves).await,
             ),
         };
         match result {
@@ -380,14 +468,15 @@ impl FleetStatusWriter {
     }
 }
 
-/// Applies `clusters` as `status.clusters` of `K` `key` with [`FIELD_MANAGER`]. Forced: the field is ours
-/// alone, and a hand edit of it is put right. The written version is not recorded for the controllers
+/// Applies `clusters` as `status.clusters` (and `moves` as `status.moves`; left out, it is removed) of `K`
+/// `key` with [`FIELD_MANAGER`]. Forced: the fields are ours alone, and a hand edit of them is put right. The written version is not recorded for the controllers
 /// (`crate::stores::Written`): they ignore these fields, so a copy without the write serves them as well,
 /// and a record here could race with theirs and make a copy older than their own write look current.
 async fn apply_counts<K>(
     ctx: &Context,
     (namespace, name): &Key,
     clusters: serde_json::Value,
+    moves: Option<ReleaseMoves>,
 ) -> Result<(), kube::Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -396,11 +485,14 @@ where
         + std::fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = json!({
+    let mut patch = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": {"clusters": clusters},
     });
+    if let Some(moves) = moves {
+        patch["status"]["moves"] = json!(moves);
+    }
     api.patch_status(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -627,7 +719,7 @@ mod tests {
             writes,
             [
                 Write::Stack(key("ns", "ferrol"), stack_counts.clone()),
-                Write::Release(key("ns", "docker-ferrol-1-27-v1"), counts(1, 1, 0, &[])),
+                Write::Release(key("ns", "docker-ferrol-1-27-v1"), counts(1, 1, 0, &[]), None),
             ]
         );
         // Once the stack shows its counts, only the release is left to write.
@@ -636,9 +728,90 @@ mod tests {
             changed(first, &[Arc::new(shown)], &releases),
             [Write::Release(
                 key("ns", "docker-ferrol-1-27-v1"),
-                counts(1, 1, 0, &[])
+                counts(1, 1, 0, &[]),
+                None
             )]
         );
+    }
+
+    #[test]
+    fn releases_whose_class_is_known_get_the_moves_of_their_stack_and_they_are_written_when_they_differ() {
+        let with_version = |tag: &str| {
+            let mut release = (*release("ns", tag)).clone();
+            release.status.get_or_insert_default().kubernetes_version = "v1.27.3".into();
+            Arc::new(release)
+        };
+        // v2's class no longer defines imageRepository; v3's class is not in the cache.
+        let releases = [
+            with_version("docker-ferrol-1-27-v1"),
+            with_version("docker-ferrol-1-27-v2"),
+            with_version("docker-ferrol-1-27-v3"),
+            release("ns", "docker-ferrol-1-27-v4"),
+        ];
+        let cluster = |name: &str, class: &str, variables: serde_json::Value| -> Cluster {
+            serde_json::from_value(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+                "metadata": {"namespace": "ns", "name": name},
+                "spec": {"topology": {"class": class, "version": "v1.27.3", "variables": variables}},
+            }))
+            .unwrap()
+        };
+        let clusters = [
+            cluster(
+                "a",
+                "docker-ferrol-1-27-v1",
+                json!([{"name": "imageRepository", "value": "r"}]),
+            ),
+            cluster("b", "docker-ferrol-1-27-v1", json!([])),
+        ];
+        let class_of = |namespace: &str, name: &str| {
+            let variables = match name {
+                "docker-ferrol-1-27-v1" => {
+                    json!([{"name": "imageRepository", "schema": {"openAPIV3Schema": {"type": "string"}}}])
+                }
+                "docker-ferrol-1-27-v2" | "docker-ferrol-1-27-v4" => json!([]),
+                _ => return None,
+            };
+            (namespace == "ns").then(|| {
+                ClassView::from_object(&json!({"metadata": {"name": name}, "spec": {"variables": variables}}))
+            })
+        };
+        let moves = desired_moves(&releases, &clusters, class_of);
+        assert_eq!(
+            moves.keys().map(|(_, name)| name.as_str()).collect::<Vec<_>>(),
+            ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"],
+            "v3: no class in the cache; v4: no Kubernetes version in its status yet"
+        );
+        // Already on v1: none to move.
+        assert_eq!(
+            moves[&key("ns", "docker-ferrol-1-27-v1")],
+            ReleaseMoves::default()
+        );
+        let v2 = &moves[&key("ns", "docker-ferrol-1-27-v2")];
+        assert_eq!((v2.clusters, v2.movable, v2.refused), (2, 1, 1));
+        assert_eq!(v2.refused_clusters[0].cluster, "ns/a");
+        assert_eq!(
+            v2.refused_clusters[0].reasons,
+            ["variable imageRepository: set by the Cluster, not defined by the new class"]
+        );
+
+        // Written with the counts, and again only when the moves differ from what the release shows.
+        let mut wanted = desired(&[], &releases[1..2], &[], own_namespace);
+        wanted.moves = moves.clone();
+        let counts = wanted.releases[&key("ns", "docker-ferrol-1-27-v2")].clone();
+        assert_eq!(
+            changed(wanted.clone(), &[], &releases[1..2]),
+            [Write::Release(
+                key("ns", "docker-ferrol-1-27-v2"),
+                counts.clone(),
+                Some(v2.clone())
+            )]
+        );
+        let mut shown = (*releases[1]).clone();
+        let status = shown.status.get_or_insert_default();
+        status.clusters = Some(counts);
+        status.moves = Some(v2.clone());
+        assert_eq!(changed(wanted, &[], &[Arc::new(shown)]), []);
     }
 
     #[tokio::test]

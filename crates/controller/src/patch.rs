@@ -40,9 +40,9 @@ where
 /// A status a controller writes, of which some fields may be another writer's.
 ///
 /// The fleet status writer (`crate::fleet_status`, field manager `cso-fleet`) owns `status.clusters` of
-/// ClusterStacks and ClusterStackReleases. A controller applies its whole status with force: had it sent
-/// `status.clusters` as read, it would have become a co-owner of the counts (and, forced, taken them over),
-/// and a later write without them would have removed them. So a controller's write leaves those fields out
+/// ClusterStacks and ClusterStackReleases, and `status.moves` of the latter. A controller applies its whole
+/// status with force: had it sent `status.clusters` as read, it would have become a co-owner of the counts
+/// (and, forced, taken them over), and a later write without them would have removed them. So a controller's write leaves those fields out
 /// entirely (they are `None`, which is not serialised), neither dropping nor taking them, and whether it
 /// writes at all does not depend on them: a count that changed is no reason for a controller to write.
 pub(crate) trait ControllerStatus: Serialize + PartialEq + Clone {
@@ -71,7 +71,21 @@ macro_rules! counts_written_by_the_fleet_writer {
     )+};
 }
 
-counts_written_by_the_fleet_writer!(cso_api::ClusterStackStatus, cso_api::ClusterStackReleaseStatus);
+counts_written_by_the_fleet_writer!(cso_api::ClusterStackStatus);
+
+/// A ClusterStackRelease's `clusters` and `moves` are the fleet status writer's.
+impl ControllerStatus for cso_api::ClusterStackReleaseStatus {
+    fn controllers_part(&self) -> std::borrow::Cow<'_, Self> {
+        if self.clusters.is_none() && self.moves.is_none() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(Self {
+            clusters: None,
+            moves: None,
+            ..self.clone()
+        })
+    }
+}
 
 /// Writes `status` of `object` when it differs from `before` (recorded in `written`); the fields of other
 /// writers are neither compared nor written ([`ControllerStatus`]).
@@ -205,6 +219,11 @@ mod tests {
         let release = ClusterStackReleaseStatus {
             ready: true,
             clusters: Some(counts.clone()),
+            moves: Some(cso_api::cluster_stack_release::ReleaseMoves {
+                clusters: 1,
+                movable: 1,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let written = serde_json::to_value(release.controllers_part()).unwrap();

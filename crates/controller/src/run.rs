@@ -226,13 +226,21 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             })
     });
 
+    // ClusterClasses in the version Clusters are read in: Cluster API serves its kinds in the same versions.
+    // The release controller's watch of our ClusterClasses also fills a cache for the fleet status writer.
+    let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        CAPI_GROUP,
+        &ctx.cluster_resource.version,
+        "ClusterClass",
+    ));
+    let class_writer = kube::runtime::reflector::store::Writer::<DynamicObject>::new(class_resource.clone());
+    let class_cache = fleet_status::ClassCache {
+        store: class_writer.as_reader(),
+        resource: class_resource.clone(),
+        changed: Arc::new(tokio::sync::Notify::new()),
+    };
+    let class_changed = class_cache.changed.clone();
     let releases = management.then(|| {
-        // ClusterClasses in the version Clusters are read in: Cluster API serves its kinds in the same versions.
-        let class_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            CAPI_GROUP,
-            &ctx.cluster_resource.version,
-            "ClusterClass",
-        ));
         let owned_classes = watcher::Config::default()
             .any_semantic()
             .labels(&cso_api::owned_selector());
@@ -249,7 +257,14 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         let engine = ctx.engine.clone();
         let class_triggers = watcher(class_api, owned_classes)
             .backoff(watch::backoff())
+            .reflect(class_writer)
             .flat_map(move |event| {
+                if !matches!(
+                    event,
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) | Err(_)
+                ) {
+                    class_changed.notify_one();
+                }
                 let triggered: Vec<ObjectRef<ClusterStackRelease>> = match event {
                     // Cluster API writes the status of every ClusterClass, and applying a v1beta1 class to Cluster
                     // API 1.11+ moves its generation: events that show a class as our last apply left it are no
@@ -409,6 +424,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             &mut release_watch,
             &mut addon_watch,
             &mut cluster_watch,
+            class_cache,
             shutdown.clone(),
         )
         .boxed()

@@ -25,6 +25,11 @@ use std::{collections::BTreeMap, fmt};
 use serde_json::Value;
 
 use super::Hook;
+use crate::{
+    ReleaseId,
+    capi::Cluster,
+    cluster_stack_release::{RefusedMove, ReleaseMoves},
+};
 
 /// One variable a ClusterClass defines (`spec.variables[]`).
 #[derive(Clone, Debug, PartialEq)]
@@ -346,6 +351,60 @@ pub fn fleet_moves<'a>(
         }
     }
     moves
+}
+
+/// How many refused Clusters a release's [`ReleaseMoves`] names.
+pub const REFUSED_NAMED: usize = 3;
+
+/// The moves to the release `target` (its ClusterClass `class`, in `namespace`, at Kubernetes `to_version`)
+/// of the Clusters of its stack: those whose class is another release of the same provider and stack name
+/// (any Kubernetes minor) in `namespace` ([`crate::capi::Cluster::stack_release`]). `clusters` are whole
+/// Cluster objects, e.g. from the watch cache.
+pub fn release_moves<'a>(
+    target: &ReleaseId,
+    namespace: &str,
+    class: &ClassView,
+    to_version: &str,
+    clusters: impl IntoIterator<Item = &'a Cluster>,
+) -> ReleaseMoves {
+    let mut of_stack: Vec<&Value> = clusters
+        .into_iter()
+        .filter(|cluster| {
+            cluster.stack_release().is_some_and(|(id, class_namespace)| {
+                class_namespace == namespace
+                    && id.provider == target.provider
+                    && id.name == target.name
+                    && id != *target
+            })
+        })
+        .filter_map(|cluster| cluster.object.as_deref())
+        .collect();
+    of_stack.sort_by_key(|c| {
+        (
+            c.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            c.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+        )
+    });
+    let moves = fleet_moves(of_stack.iter().copied(), class, to_version);
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    ReleaseMoves {
+        clusters: count(of_stack.len()),
+        movable: count(moves.movable),
+        refused: count(moves.refused.len()),
+        refused_clusters: moves
+            .refused
+            .into_iter()
+            .take(REFUSED_NAMED)
+            .map(|(cluster, reasons)| RefusedMove {
+                cluster,
+                reasons: reasons.iter().map(ToString::to_string).collect(),
+            })
+            .collect(),
+    }
 }
 
 /// Whether `reason` is what Cluster API's `cause` says: the same variable (`spec.topology.variables[NAME]`),
@@ -1007,6 +1066,91 @@ mod tests {
                 ("team/b", vec!["variable identityRef: \"type\" field(s) are not specified in the variable schema".to_owned()]),
                 ("team/c", vec!["Kubernetes v1.32.0 -> v1.34.2: more than one minor, and the new class has no kubernetesVersions to upgrade through".to_owned()]),
             ]
+        );
+    }
+
+    #[test]
+    fn a_release_counts_the_clusters_of_its_stack_on_other_releases() {
+        let of = |namespace: &str, name: &str, class: &str, version: &str, variables: Value| -> Cluster {
+            serde_json::from_value(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": {"namespace": namespace, "name": name},
+                "spec": {"topology": {"classRef": {"name": class}, "version": version, "variables": variables}},
+            }))
+            .unwrap()
+        };
+        let region = json!([{"name": "region", "value": "fra"}]);
+        let clusters = [
+            of("team", "a", "openstack-scs-1-33-v1", "v1.33.4", region.clone()),
+            of(
+                "team",
+                "b",
+                "openstack-scs-1-33-v1",
+                "v1.33.4",
+                json!([{"name": "identityRef", "value": identity_value()}, {"name": "region", "value": "x"}]),
+            ),
+            of(
+                "team",
+                "c",
+                "openstack-scs-1-34-v2",
+                "v1.34.2",
+                json!([{"name": "gone", "value": 1}]),
+            ),
+            // Not counted: already on the release, another stack, another namespace, no class of a stack.
+            of(
+                "team",
+                "d",
+                "openstack-scs-1-34-v1",
+                "v1.34.2",
+                json!([{"name": "gone", "value": 1}]),
+            ),
+            of(
+                "team",
+                "e",
+                "openstack-other-1-33-v1",
+                "v1.33.4",
+                json!([{"name": "gone", "value": 1}]),
+            ),
+            of(
+                "elsewhere",
+                "f",
+                "openstack-scs-1-33-v1",
+                "v1.33.4",
+                json!([{"name": "gone", "value": 1}]),
+            ),
+            of(
+                "team",
+                "g",
+                "my-own-class",
+                "v1.33.4",
+                json!([{"name": "gone", "value": 1}]),
+            ),
+        ];
+        let target = ReleaseId::parse_tag("openstack-scs-1-34-v1").unwrap();
+        let moves = release_moves(&target, "team", &new_class(&[]), "v1.34.2", &clusters);
+        assert_eq!(
+            moves,
+            ReleaseMoves {
+                clusters: 3,
+                movable: 1,
+                refused: 2,
+                refused_clusters: vec![
+                    RefusedMove {
+                        cluster: "team/b".into(),
+                        reasons: vec![
+                            "variable identityRef: \"type\" field(s) are not specified in the variable schema".into()
+                        ],
+                    },
+                    RefusedMove {
+                        cluster: "team/c".into(),
+                        reasons: vec![
+                            "variable gone: set by the Cluster, not defined by the new class".into(),
+                            "variable region: required by the new class, not set by the Cluster and without a default"
+                                .into(),
+                        ],
+                    },
+                ],
+            }
         );
     }
 

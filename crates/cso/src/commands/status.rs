@@ -1,13 +1,14 @@
 //! `cso status`: the fleet view over a kubeconfig. Per release, the Clusters whose addons are on it and how
 //! many are ready, progressing or failing, with the first failing ones named; counted by
 //! [`cso_api::fleet`], the rule the `cso_clusters` gauge and the `status.clusters` of ClusterStacks and
-//! ClusterStackReleases follow too.
+//! ClusterStackReleases follow too. Then, for the releases whose `status.moves` the operator wrote, how many
+//! Clusters of their stack on other releases could move to them and which could not, and why (issue 30).
 
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use cso_api::{
-    ClusterAddon,
+    ClusterAddon, ClusterStackRelease,
     fleet::{ReleaseCounts, fleet},
 };
 use kube::Api;
@@ -16,16 +17,72 @@ use crate::cli::StatusArgs;
 
 pub async fn print(args: StatusArgs) -> anyhow::Result<()> {
     let client = super::kube_client(args.kubeconfig.as_deref(), cso_apply::ClientLimits::UNLIMITED).await?;
-    let addons: Api<ClusterAddon> = match &args.namespace {
-        Some(namespace) => Api::namespaced(client, namespace),
-        None => Api::all(client),
+    let (addons, releases): (Api<ClusterAddon>, Api<ClusterStackRelease>) = match &args.namespace {
+        Some(namespace) => (
+            Api::namespaced(client.clone(), namespace),
+            Api::namespaced(client, namespace),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
     };
     let listed = addons
         .list(&Default::default())
         .await
         .context("failed to list the ClusterAddons")?;
     print!("{}", table(&fleet(&listed.items)));
+    // The moves are an addition: without them (an older operator, no ClusterStackReleases) the table is all.
+    let releases = releases
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let moves = moves_table(&releases);
+    if !moves.is_empty() {
+        print!("\n{moves}");
+    }
     Ok(())
+}
+
+/// Per release whose `status.moves` is written: the Clusters of its stack on other releases, how many could
+/// move to it, and the first that could not with why. Empty when no release has moves.
+fn moves_table(releases: &[ClusterStackRelease]) -> String {
+    const HEADINGS: [&str; 5] = [
+        "MOVES TO",
+        "OTHER CLUSTERS",
+        "COULD MOVE",
+        "REFUSED",
+        "REFUSED CLUSTERS",
+    ];
+    let mut rows = Vec::new();
+    for release in releases {
+        let Some(moves) = release.status.as_ref().and_then(|s| s.moves.as_ref()) else {
+            continue;
+        };
+        let mut refused: Vec<String> = moves
+            .refused_clusters
+            .iter()
+            .map(|r| format!("{} ({})", r.cluster, r.reasons.join("; ")))
+            .collect();
+        let named = i32::try_from(moves.refused_clusters.len()).unwrap_or(i32::MAX);
+        if moves.refused > named {
+            refused.push(format!("… ({} more)", moves.refused - named));
+        }
+        rows.push(vec![
+            format!(
+                "{}/{}",
+                release.metadata.namespace.as_deref().unwrap_or_default(),
+                release.metadata.name.as_deref().unwrap_or_default()
+            ),
+            moves.clusters.to_string(),
+            moves.movable.to_string(),
+            moves.refused.to_string(),
+            refused.join(", "),
+        ]);
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.insert(0, HEADINGS.map(str::to_owned).to_vec());
+    align(rows)
 }
 
 /// The counts as a table, one line per release.
@@ -61,7 +118,13 @@ fn table(counts: &[ReleaseCounts]) -> String {
             failing,
         ]);
     }
-    let widths: Vec<usize> = (0..HEADINGS.len())
+    align(rows)
+}
+
+/// `rows` (the headings first) in columns two spaces apart.
+fn align(rows: Vec<Vec<String>>) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
         .map(|column| {
             rows.iter()
                 .map(|row| row[column].chars().count())
@@ -83,7 +146,32 @@ fn table(counts: &[ReleaseCounts]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use cso_api::cluster_stack_release::{RefusedMove, ReleaseMoves};
+
     use super::*;
+
+    #[test]
+    fn releases_with_moves_say_which_clusters_could_move_and_why_not() {
+        let mut with = ClusterStackRelease::new("docker-scs-1-35-v2", Default::default());
+        with.metadata.namespace = Some("ns".into());
+        with.status.get_or_insert_default().moves = Some(ReleaseMoves {
+            clusters: 5,
+            movable: 1,
+            refused: 4,
+            refused_clusters: vec![RefusedMove {
+                cluster: "ns/c1".into(),
+                reasons: vec!["variable imageRepository: \"x\" is not one of [\"\"]".into()],
+            }],
+        });
+        let without = ClusterStackRelease::new("docker-scs-1-35-v1", Default::default());
+        assert_eq!(moves_table(std::slice::from_ref(&without)), "");
+        assert_eq!(
+            moves_table(&[without, with]),
+            "MOVES TO               OTHER CLUSTERS  COULD MOVE  REFUSED  REFUSED CLUSTERS\n\
+             ns/docker-scs-1-35-v2  5               1           4        ns/c1 (variable imageRepository: \"x\" is not \
+             one of [\"\"]), … (3 more)\n"
+        );
+    }
 
     #[test]
     fn one_aligned_line_per_release() {
