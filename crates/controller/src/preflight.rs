@@ -228,8 +228,8 @@ pub async fn preflight(
 pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
     let mut out = String::new();
     let verdict = match preflight.verdict {
-        Verdict::Accepted => "accepted by Cluster API (dry run)",
-        Verdict::Refused if preflight.dry_run_failed.is_none() => "REFUSED by Cluster API (dry run)",
+        Verdict::Accepted => "accepted (server-side dry run: Cluster API's webhooks and the schema)",
+        Verdict::Refused if preflight.dry_run_failed.is_none() => "REFUSED (server-side dry run)",
         Verdict::Refused => "would be REFUSED (from the two classes; no dry run)",
         Verdict::Likely => "likely accepted (nothing in the two classes against it; no dry run)",
     };

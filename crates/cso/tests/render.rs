@@ -262,6 +262,23 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
         "{output}"
     );
 
+    // The preflight of the move to v2's class: a dry run the API server accepts (no Cluster API webhooks run
+    // here; crates/controller/tests/preflight.rs has them refuse), and what the move runs.
+    let preflight = section(&output, "preflight: move Cluster");
+    assert!(
+        preflight.starts_with(&format!(
+            "preflight: move Cluster {ns}/c1 from class docker-ferrol-1-27-v1 to docker-ferrol-1-27-v2: accepted \
+             (server-side dry run"
+        )) && preflight.contains("the release's addon chart is applied when the class changes"),
+        "{output}"
+    );
+    let clusters = Api::<Cluster>::namespaced_with(client.clone(), &ns, &Cluster::v1beta1_resource());
+    assert_eq!(
+        clusters.get("c1").await.unwrap().class().unwrap().name,
+        "docker-ferrol-1-27-v1",
+        "the dry run moved nothing"
+    );
+
     // A preview touches nothing.
     let after = deployments.get("metrics-server").await.unwrap();
     assert_eq!(before.metadata.resource_version, after.metadata.resource_version);
@@ -321,6 +338,14 @@ async fn diff_previews_the_ferrol_v1_to_v2_upgrade_of_a_running_cluster() {
     assert!(
         deployments.get_opt("metrics-server").await.unwrap().is_some(),
         "a preview deletes nothing"
+    );
+    // A release whose class is not applied: no dry run, said so; its stages named.
+    assert!(
+        output.contains(&format!(
+            "   dry run not made: ClusterClass {ns}/docker-ferrol-1-27-v0-sha.hipstsw is not in the management \
+             cluster"
+        )) && output.contains("   hook       AfterClusterUpgrade: stages metrics-server\n"),
+        "{output}"
     );
 }
 
