@@ -280,6 +280,11 @@ impl Default for Metrics {
             metrics.drift_corrected.clone(),
         );
         registry.register(
+            "cso_drift_fights",
+            "Workload objects in a drift fight: put back again and again, each soon after the last, now with back-off",
+            metrics.drift_fights.clone(),
+        );
+        registry.register(
             "cso_render_duration_seconds",
             "Length of time per chart render (helm template, or a cache hit), per target cluster",
             metrics.render_durations.clone(),
@@ -298,11 +303,6 @@ impl Default for Metrics {
             "cso_release_verifications",
             "Signature and digest-pin checks of downloaded releases, per layout and outcome (verified, pinned or the refusal)",
             metrics.release_verifications.clone(),
-        );
-        registry.register(
-            "cso_drift_fights",
-            "Workload objects in a drift fight: put back again and again, each soon after the last, now with back-off",
-            metrics.drift_fights.clone(),
         );
         registry.register(
             "cso_source_rate_limit_remaining",
