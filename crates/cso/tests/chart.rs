@@ -31,12 +31,17 @@ fn chart() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../charts/cluster-stack-operator")
 }
 
-fn helm(args: &[&str]) -> String {
+/// The real `helm` (`make tools`) with `args`.
+fn run_helm(args: &[&str]) -> std::process::Output {
     let tools = cso_testenv::Tools::discover().unwrap();
-    let output = Command::new(tools.helm.expect("helm: run `make tools`"))
+    Command::new(tools.helm.expect("helm: run `make tools`"))
         .args(args)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+fn helm(args: &[&str]) -> String {
+    let output = run_helm(args);
     assert!(
         output.status.success(),
         "helm {args:?}: {}",
@@ -103,25 +108,51 @@ fn of_kind<'a>(objects: &'a [DynamicObject], kind: &str) -> Vec<&'a DynamicObjec
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chart_is_accepted_by_the_api_server_and_installs() {
-    // A control plane of its own: the installed webhook configuration would hold up other tests' objects.
+/// A management control plane of its own (installed webhook configurations would hold up other tests' objects)
+/// with the Cluster API and cert-manager CRDs and without ours: the chart installs them, as templates it owns.
+async fn plane_for_the_chart() -> cso_testenv::ControlPlane {
     let tools = cso_testenv::Tools::discover().unwrap();
-    // Without our CRDs: the chart installs them (as templates it owns).
     let plane = cso_testenv::start_management_without_our_crds(&tools, None)
         .await
         .unwrap();
-    let client = plane.client().await.unwrap();
     let cert_manager = tools
         .cert_manager_crd_dir
         .as_ref()
         .expect("cert-manager CRDs: run `make tools`");
     cso_testenv::crds::install(
-        &client,
+        &plane.client().await.unwrap(),
         &cso_testenv::crds::read_helm_templated(cert_manager).unwrap(),
     )
     .await
     .unwrap();
+    plane
+}
+
+/// A kubeconfig of `plane` for the chart's ServiceAccount `cso-system/cso-controller-manager` (a token from
+/// the TokenRequest API), written into `dir`.
+async fn service_account_kubeconfig(plane: &cso_testenv::ControlPlane, dir: &Path) -> PathBuf {
+    let token = Api::<ServiceAccount>::namespaced(plane.client().await.unwrap(), "cso-system")
+        .create_token_request(
+            "cso-controller-manager",
+            &PostParams::default(),
+            &serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).unwrap(),
+        )
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(plane.kubeconfig_yaml()).unwrap();
+    kubeconfig["users"][0]["user"] = json!({ "token": token });
+    let path = dir.join("sa.kubeconfig");
+    std::fs::write(&path, kubeconfig.to_string()).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_is_accepted_by_the_api_server_and_installs() {
+    let plane = plane_for_the_chart().await;
+    let client = plane.client().await.unwrap();
 
     for (mode, extra) in [
         ("self-signed", vec![]),
@@ -288,12 +319,13 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
             service.metadata.name
         );
     }
-    let invalid = Command::new(cso_testenv::Tools::discover().unwrap().helm.unwrap())
-        .args(["template", "cso"])
-        .arg(chart())
-        .args(["--set", "shards={EU_1}"])
-        .output()
-        .unwrap();
+    let invalid = run_helm(&[
+        "template",
+        "cso",
+        chart().to_str().unwrap(),
+        "--set",
+        "shards={EU_1}",
+    ]);
     assert!(!invalid.status.success());
     assert!(String::from_utf8_lossy(&invalid.stderr).contains("DNS-1123"));
 
@@ -411,23 +443,8 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         .delete("cso-validating-webhook-configuration", &Default::default())
         .await
         .unwrap();
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "cso-system");
-    let token = accounts
-        .create_token_request(
-            "cso-controller-manager",
-            &PostParams::default(),
-            &serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).unwrap(),
-        )
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(plane.kubeconfig_yaml()).unwrap();
-    kubeconfig["users"][0]["user"] = json!({ "token": token });
     let scratch = tempfile::tempdir().unwrap();
-    let service_account_kubeconfig = scratch.path().join("sa.kubeconfig");
-    std::fs::write(&service_account_kubeconfig, kubeconfig.to_string()).unwrap();
+    let service_account_kubeconfig = service_account_kubeconfig(&plane, scratch.path()).await;
     let fake = support::github_with_ferrol().await;
     let log = scratch.path().join("operator.log");
     let mut operator = support::start_operator(
@@ -496,13 +513,8 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
 
 /// `helm` with the given kubeconfig; returns (success, stdout + stderr).
 fn helm_on(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let output = Command::new(tools.helm.expect("helm: run `make tools`"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .output()
-        .unwrap();
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    let output = run_helm(&[args, &["--kubeconfig", kubeconfig]].concat());
     (
         output.status.success(),
         format!(
@@ -634,17 +646,8 @@ fn tls_client(ca_pem: &[u8], server_name: &str, port: u16) -> reqwest::Client {
 /// the CRDs and objects too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_go_operators_release_is_swapped_with_helm_upgrade_and_back_losing_nothing() {
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let plane = cso_testenv::start_management_without_our_crds(&tools, None)
-        .await
-        .unwrap();
+    let plane = plane_for_the_chart().await;
     let client = plane.client().await.unwrap();
-    cso_testenv::crds::install(
-        &client,
-        &cso_testenv::crds::read_helm_templated(tools.cert_manager_crd_dir.as_ref().unwrap()).unwrap(),
-    )
-    .await
-    .unwrap();
     let kubeconfig = plane.kubeconfig_path();
     let fixtures = go_operator_fixtures();
     let (go_chart, site_values) = (fixtures.join("chart"), fixtures.join("site-values.yaml"));
@@ -823,22 +826,8 @@ async fn the_go_operators_release_is_swapped_with_helm_upgrade_and_back_losing_n
     webhooks_ignore_unreachable_service(&client).await;
 
     // The operator, as the chart's ServiceAccount, with the Secrets the Deployment mounts as its certificates.
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), "cso-system")
-        .create_token_request(
-            "cso-controller-manager",
-            &PostParams::default(),
-            &serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).unwrap(),
-        )
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let mut service_account: serde_json::Value = serde_saphyr::from_str(plane.kubeconfig_yaml()).unwrap();
-    service_account["users"][0]["user"] = json!({ "token": token });
     let scratch = tempfile::tempdir().unwrap();
-    let service_account_kubeconfig = scratch.path().join("sa.kubeconfig");
-    std::fs::write(&service_account_kubeconfig, service_account.to_string()).unwrap();
+    let service_account_kubeconfig = service_account_kubeconfig(&plane, scratch.path()).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "cso-system");
     let mut cas = std::collections::BTreeMap::new();
     for (secret, dir) in [
