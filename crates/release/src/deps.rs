@@ -899,7 +899,9 @@ fn scan(archive: &Path) -> std::io::Result<Needs> {
                         .is_some_and(|v| Constraint::parse(constraint).is_ok_and(|c| c.matches(&v)))
                 })
             {
-                tracing::warn!(
+                // Info, not a warning: the release renders exactly as Helm renders it, and nothing about it is
+                // the operator's to fix (the bundled ferrol releases are so, and `make demo` showed it as a WARN).
+                tracing::info!(
                     archive = %archive.display(),
                     chart = %top,
                     dependency = %dependency.name,
