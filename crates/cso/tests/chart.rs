@@ -498,16 +498,7 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         || async { (support::ready(&client, "cso-system").await == ["docker-ferrol-1-27-v1"]).then_some(()) },
     )
     .await;
-    assert!(support::terminate(&mut operator).success());
-    let log = std::fs::read_to_string(&log).unwrap();
-    let forbidden: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
-        .collect();
-    assert!(
-        forbidden.is_empty(),
-        "requests the chart's RBAC does not allow: {forbidden:#?}"
-    );
+    support::stop_and_assert_nothing_forbidden(&mut operator, &log, "the chart's RBAC");
     plane.stop();
 }
 
@@ -940,16 +931,7 @@ async fn the_go_operators_release_is_swapped_with_helm_upgrade_and_back_losing_n
             .await
             .unwrap();
     assert_eq!(discovery["status"], "Success", "{discovery}");
-    assert!(support::terminate(&mut operator).success());
-    let log = std::fs::read_to_string(&log).unwrap();
-    let forbidden: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
-        .collect();
-    assert!(
-        forbidden.is_empty(),
-        "requests the swapped chart's RBAC does not allow: {forbidden:#?}"
-    );
+    support::stop_and_assert_nothing_forbidden(&mut operator, &log, "the swapped chart's RBAC");
     let before = kept_uids(&client).await;
 
     // Back to the Go chart.

@@ -77,22 +77,12 @@ async fn rates(pid: u32, workload: &Client, metrics_port: u16, window: Duration)
 
 /// [`wait_for`] at a pace that leaves the API servers and the operator alone (a list of 50 ClusterAddons
 /// every 20 ms would be a load of its own).
-async fn poll<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+async fn poll<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_for_every(what, limit, Duration::from_millis(500), check).await
 }
 
 fn fighting(addon: &ClusterAddon) -> bool {

@@ -195,7 +195,16 @@ pub fn operator_command(
     command
 }
 
-pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait_for_every(what, limit, Duration::from_millis(20), check).await
+}
+
+/// [`wait_for`], looking every `interval`.
+pub async fn wait_for_every<T, F, Fut>(what: &str, limit: Duration, interval: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -209,8 +218,22 @@ where
             Instant::now() < deadline,
             "timed out after {limit:?} waiting for: {what}"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(interval).await;
     }
+}
+
+/// Stops `operator` (SIGTERM, a clean exit) and asserts its log has no request the RBAC refused.
+pub fn stop_and_assert_nothing_forbidden(operator: &mut KillOnDrop, log: &Path, rbac: &str) {
+    assert!(terminate(operator).success());
+    let log = std::fs::read_to_string(log).unwrap();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "requests {rbac} does not allow: {forbidden:#?}"
+    );
 }
 
 /// Sends SIGTERM and waits (at most 30 s) for the process to exit.
