@@ -5,14 +5,15 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
-use crate::{ClusterAddon, ClusterStack, ClusterStackRelease};
+use crate::{ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout};
 
-/// All three CRDs, in a stable order.
+/// All four CRDs, in a stable order (the Go operator's three, then the rollouts).
 pub fn all() -> Vec<CustomResourceDefinition> {
     let mut crds = vec![
         ClusterAddon::crd(),
         ClusterStack::crd(),
         ClusterStackRelease::crd(),
+        ClusterStackRollout::crd(),
     ];
     for crd in &mut crds {
         for version in &mut crd.spec.versions {

@@ -1,4 +1,4 @@
-//! The operator's API: the three `clusterstack.x-k8s.io/v1alpha1` CRDs, their conditions and constants, the
+//! The operator's API: the four `clusterstack.x-k8s.io/v1alpha1` CRDs, their conditions and constants, the
 //! Cluster API objects it reads, the names and versions of releases, and the domain rules every part of the
 //! operator shares ([`rules`]) (pure, no I/O).
 
@@ -6,9 +6,11 @@ pub mod capi;
 pub mod cluster_addon;
 pub mod cluster_stack;
 pub mod cluster_stack_release;
+pub mod cluster_stack_rollout;
 pub mod common;
 pub mod conditions;
 pub mod crd;
+pub mod duration;
 pub mod fleet;
 pub mod manifest;
 pub mod names;
@@ -21,6 +23,7 @@ pub mod wait;
 pub use cluster_addon::{ClusterAddon, ClusterAddonSpec, ClusterAddonStatus};
 pub use cluster_stack::{ClusterStack, ClusterStackSpec, ClusterStackStatus};
 pub use cluster_stack_release::{ClusterStackRelease, ClusterStackReleaseSpec, ClusterStackReleaseStatus};
+pub use cluster_stack_rollout::{ClusterStackRollout, ClusterStackRolloutSpec, ClusterStackRolloutStatus};
 pub use common::ObjectKey;
 pub use release_id::ReleaseId;
 pub use version::{Channel, KubernetesVersion, Version};

@@ -42,6 +42,20 @@ pub mod condition {
     /// objects it applied, so that they are put back again and again (with back-off); the message names each
     /// object, the field manager that changes it and the fields. Absent otherwise.
     pub const DRIFT_SETTLED: &str = "DriftSettled";
+    /// *New.* On a ClusterStackRollout: its spec and its ClusterStack's are valid (False, Error, `InvalidSpec`;
+    /// False, Warning, `ClusterStackNotFound`).
+    pub const ROLLOUT_SPEC_VALID: &str = "SpecValid";
+    /// *New.* On a ClusterStackRollout: the ClusterStackRelease the Clusters move to is ready (False, Info,
+    /// `ReleaseNotReady`: nothing is moved).
+    pub const RELEASE_READY: &str = "ReleaseReady";
+    /// *New.* On a ClusterStackRollout: no moved Cluster is failing (False, Warning, `WaveFailing`: the Clusters
+    /// not done within `waveTimeout`, each with why; the rollout is paused).
+    pub const CLUSTERS_HEALTHY: &str = "ClustersHealthy";
+    /// *New.* On a ClusterStackRollout: no Cluster was refused by the preflight (False, Warning,
+    /// `MoveRefused`: the refused Clusters, each with why; they are skipped).
+    pub const PREFLIGHT_PASSED: &str = "PreflightPassed";
+    /// *New.* On a ClusterStackRollout: not held by `spec.paused` (False, Info, `PausedBySpec`).
+    pub const ROLLOUT_ACTIVE: &str = "RolloutActive";
 }
 
 /// Condition reasons.
@@ -114,6 +128,16 @@ pub mod reason {
     /// *New.* `DriftSettled` False (Warning): objects were put back several times in a row, each soon after the
     /// last (a drift fight).
     pub const DRIFT_FIGHT: &str = "DriftFight";
+    /// *New.* `SpecValid` False (Warning): the rollout's ClusterStack does not exist.
+    pub const CLUSTER_STACK_NOT_FOUND: &str = "ClusterStackNotFound";
+    /// *New.* `ReleaseReady` False (Info): the ClusterStackRelease to move to is missing or not ready.
+    pub const RELEASE_NOT_READY: &str = "ReleaseNotReady";
+    /// *New.* `ClustersHealthy` False (Warning): moved Clusters are not done within `waveTimeout`.
+    pub const WAVE_FAILING: &str = "WaveFailing";
+    /// *New.* `PreflightPassed` False (Warning): Cluster API would refuse moving some Clusters.
+    pub const MOVE_REFUSED: &str = "MoveRefused";
+    /// *New.* `RolloutActive` False (Info): `spec.paused` is set.
+    pub const PAUSED_BY_SPEC: &str = "PausedBySpec";
 }
 
 /// Event reasons.
@@ -145,6 +169,21 @@ pub mod event {
     /// *New.* Warning, once per fight: an object is being changed by something else again and again, and put
     /// back with back-off (`DriftSettled` False says by whom).
     pub const DRIFT_FIGHT: &str = "DriftFight";
+    /// *New.* A rollout moved a Cluster to its release's class.
+    pub const CLUSTER_MOVED: &str = "ClusterMoved";
+    /// *New.* Warning: the preflight refused moving a Cluster; it is skipped until it changes.
+    pub const MOVE_REFUSED: &str = "MoveRefused";
+    /// *New.* Warning: a move could not be made now (the dry run or the patch failed); tried again.
+    pub const MOVE_FAILED: &str = "MoveFailed";
+    /// *New.* A rollout started moving the Clusters of a wave.
+    pub const WAVE_STARTED: &str = "WaveStarted";
+    /// *New.* A rollout paused: Warning for failing Clusters (`ClustersHealthy` False says which), Normal for
+    /// `spec.paused`.
+    pub const ROLLOUT_PAUSED: &str = "RolloutPaused";
+    /// *New.* A paused rollout goes on.
+    pub const ROLLOUT_RESUMED: &str = "RolloutResumed";
+    /// *New.* Every wave of a rollout is done.
+    pub const ROLLOUT_COMPLETED: &str = "RolloutCompleted";
     /// *New.*
     pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
     /// *New.*

@@ -226,6 +226,12 @@ fn signature(crd: &Value) -> (String, Value) {
     (kind, entry)
 }
 
+/// Kinds of ours the Go operator does not have: their CRDs are ours alone, so nothing is compared.
+const NEW_KINDS: [&str; 1] = [
+    // Issue 30: rolling a release out to the Clusters of a stack in waves.
+    "ClusterStackRollout",
+];
+
 #[test]
 fn generated_crds_match_the_go_operator() {
     let reference: Value = serde_json::from_str(include_str!(
@@ -292,10 +298,16 @@ fn generated_crds_match_the_go_operator() {
             );
         }
     }
+    let theirs: Vec<&String> = reference.as_object().unwrap().keys().collect();
+    let mut extra: Vec<&str> = ours
+        .keys()
+        .filter(|kind| !theirs.contains(kind))
+        .map(String::as_str)
+        .collect();
+    extra.sort_unstable();
     assert_eq!(
-        ours.len(),
-        reference.as_object().unwrap().len(),
-        "the same set of CRDs"
+        extra, NEW_KINDS,
+        "the Go operator's CRDs, and only the kinds it does not have beside them"
     );
     let unused: Vec<String> = WIDENINGS
         .iter()

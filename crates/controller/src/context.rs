@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
+use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, capi::Cluster};
 use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
@@ -558,7 +558,12 @@ macro_rules! typed_subject {
     )*};
 }
 
-typed_subject!(ClusterStack, ClusterStackRelease, ClusterAddon);
+typed_subject!(
+    ClusterStack,
+    ClusterStackRelease,
+    ClusterAddon,
+    ClusterStackRollout
+);
 
 impl Subject for Cluster {
     const KIND: &'static str = "Cluster";

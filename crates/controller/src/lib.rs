@@ -3,9 +3,9 @@
 //! through one applier (`applier`); the status is written once, from what the act step reported.
 //! `docs/architecture.md` shows the data flow module by module.
 //!
-//! [`run`] starts the controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) on
-//! one shared [`Context`], with the fleet status writer (`fleet_status`: the Cluster counts in the
-//! statuses), and runs them until shutdown.
+//! [`run`] starts the controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon,
+//! ClusterStackRollout) on one shared [`Context`], with the fleet status writer (`fleet_status`: the Cluster
+//! counts in the statuses), and runs them until shutdown.
 
 mod applier;
 pub mod cluster_addon;
@@ -23,6 +23,7 @@ pub mod preflight;
 pub mod preview;
 mod provider_watch;
 pub mod rendering;
+pub mod rollout;
 mod run;
 mod shard;
 mod stores;

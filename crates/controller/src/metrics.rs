@@ -6,7 +6,8 @@
 //! whose addons do not run (`cso_addons_not_running`, the same way) and the
 //! writes of those counts into the statuses (`cso_fleet_status_writes`); the False conditions of ClusterAddons
 //! and ClusterStackReleases and the hook runs in progress ([`conditions`], the same way); and
-//! leader election (client-go's `leader_election_master_status`, plus failed renewals); the process's own
+//! the waves of ClusterStackRollouts and their pauses (`cso_rollout_clusters`, `cso_rollout_paused`, the
+//! same way) and their moves; leader election (client-go's `leader_election_master_status`, plus failed renewals); the process's own
 //! memory, CPU and file descriptors under Prometheus' `process_*` names, and the renderer processes' memory
 //! ([`process`], read from `/proc` at scrape time).
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
@@ -162,6 +163,11 @@ pub struct Metrics {
     releases: OnceLock<reflector::Store<ClusterStackRelease>>,
     condition_false: Family<ConditionLabels, Gauge>,
     hooks_in_progress: Family<HookLabels, Gauge>,
+    /// The ClusterStackRollouts whose Clusters `rollout_clusters` and `rollout_paused` show, read at scrape time.
+    rollouts: OnceLock<reflector::Store<cso_api::ClusterStackRollout>>,
+    rollout_clusters: Family<RolloutClusterLabels, Gauge>,
+    rollout_paused: Family<RolloutLabels, Gauge>,
+    rollout_moves: Family<ResultLabels, Counter>,
     /// The long-lived renderer whose processes' memory `cso_renderer_resident_memory_bytes` shows.
     renderer: Arc<OnceLock<cso_render::Engine>>,
 }
@@ -181,6 +187,29 @@ struct ConditionLabels {
     reason: String,
     /// `Error`, `Warning`, `Info`, or empty.
     severity: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    /// `namespace/name` (a `namespace` label would clash with the scrape target's).
+    rollout: String,
+    /// Why it is paused: `WaveFailing` or `PausedBySpec`.
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutClusterLabels {
+    /// `namespace/name`.
+    rollout: String,
+    wave: String,
+    /// `clusters`, `moved`, `done`, `failing` or `skipped` (the wave's counts).
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    /// `moved`, `refused` or `failed`.
+    result: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -244,6 +273,10 @@ impl Default for Metrics {
             releases: OnceLock::new(),
             condition_false: Family::default(),
             hooks_in_progress: Family::default(),
+            rollouts: OnceLock::new(),
+            rollout_clusters: Family::default(),
+            rollout_paused: Family::default(),
+            rollout_moves: Family::default(),
             renderer: Arc::default(),
         };
         registry.0.register_collector(Box::new(process::ProcessCollector {
@@ -341,6 +374,24 @@ impl Default for Metrics {
             "ClusterAddons whose spec.hook names a lifecycle hook still running (a blocking hook holds its \
              Cluster meanwhile), per hook (default shard only)",
             metrics.hooks_in_progress.clone(),
+        );
+        registry.register(
+            "cso_rollout_clusters",
+            "Clusters of each wave of each ClusterStackRollout, by state: clusters (in the wave), moved, done, \
+             failing (not done within waveTimeout), skipped (refused by the preflight or moved elsewhere)",
+            metrics.rollout_clusters.clone(),
+        );
+        registry.register(
+            "cso_rollout_paused",
+            "ClusterStackRollouts that are paused (1), by reason: WaveFailing (a moved Cluster not done in time) or \
+             PausedBySpec",
+            metrics.rollout_paused.clone(),
+        );
+        registry.register(
+            "cso_rollout_moves",
+            "Moves of Clusters by ClusterStackRollouts, by result: moved, refused (by the preflight) or failed (tried \
+             again)",
+            metrics.rollout_moves.clone(),
         );
         registry.register(
             "cso_fleet_status_writes",
@@ -475,11 +526,76 @@ impl Metrics {
             }
         }
         self.count_conditions();
+        self.count_rollouts();
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &registry);
         text
+    }
+
+    /// Counts the rollouts of `store` at every scrape (`cso_rollout_clusters`, `cso_rollout_paused`).
+    pub(crate) fn watch_rollouts(&self, store: reflector::Store<cso_api::ClusterStackRollout>) {
+        let _ = self.rollouts.set(store);
+    }
+
+    /// Records a move of a ClusterStackRollout: `moved`, `refused` or `failed`.
+    pub(crate) fn rollout_move(&self, result: &str) {
+        self.rollout_moves
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets `cso_rollout_clusters` and `cso_rollout_paused` from the watched rollouts' statuses.
+    fn count_rollouts(&self) {
+        let Some(store) = self.rollouts.get() else {
+            return;
+        };
+        self.rollout_clusters.clear();
+        self.rollout_paused.clear();
+        for rollout in store.state() {
+            let Some(status) = &rollout.status else {
+                continue;
+            };
+            let name = format!(
+                "{}/{}",
+                rollout.metadata.namespace.as_deref().unwrap_or_default(),
+                rollout.metadata.name.as_deref().unwrap_or_default()
+            );
+            for wave in &status.waves {
+                for (state, count) in [
+                    ("clusters", wave.clusters),
+                    ("moved", wave.moved),
+                    ("done", wave.done),
+                    ("failing", wave.failing),
+                    ("skipped", wave.skipped),
+                ] {
+                    self.rollout_clusters
+                        .get_or_create(&RolloutClusterLabels {
+                            rollout: name.clone(),
+                            wave: wave.name.clone(),
+                            state: state.to_owned(),
+                        })
+                        .set(i64::from(count));
+                }
+            }
+            if status.phase == cso_api::cluster_stack_rollout::phase::PAUSED {
+                use cso_api::conditions::ConditionsExt;
+                let reason = if status.is_condition_false(cso_api::names::condition::CLUSTERS_HEALTHY) {
+                    cso_api::names::reason::WAVE_FAILING
+                } else {
+                    cso_api::names::reason::PAUSED_BY_SPEC
+                };
+                self.rollout_paused
+                    .get_or_create(&RolloutLabels {
+                        rollout: name,
+                        reason: reason.to_owned(),
+                    })
+                    .set(1);
+            }
+        }
     }
 
     /// Sets `cso_condition_false` and `cso_hooks_in_progress` from the watched objects (when watched).

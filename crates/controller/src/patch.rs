@@ -53,6 +53,7 @@ pub(crate) trait ControllerStatus: Serialize + PartialEq + Clone {
 }
 
 impl ControllerStatus for cso_api::ClusterAddonStatus {}
+impl ControllerStatus for cso_api::ClusterStackRolloutStatus {}
 
 /// The statuses whose `clusters` the fleet status writer owns: the controllers' part is the rest.
 macro_rules! counts_written_by_the_fleet_writer {

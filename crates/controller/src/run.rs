@@ -4,7 +4,7 @@
 use std::{future::Future, sync::Arc};
 
 use cso_api::{
-    ClusterAddon, ClusterStack, ClusterStackRelease, GROUP, ReleaseId,
+    ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, GROUP, ReleaseId,
     capi::{CAPI_GROUP, Cluster},
     cluster_addon::cluster_addon_name,
     names::RELEASE_LABEL,
@@ -33,6 +33,7 @@ use crate::{
     filter::{sharded_config, watcher_config},
     fleet_status,
     provider_watch::ProviderWatches,
+    rollout,
     stores::Stores,
     watch::changes_of,
     watch::{self, SharedWatch},
@@ -117,8 +118,8 @@ impl Operator {
     }
 }
 
-/// Runs the four controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon) and the
-/// fleet status writer until `shutdown` completes; reconciles in flight are given [`STOP_GRACE`] to finish.
+/// Runs the five controllers (ClusterStack, ClusterStackRelease, ClusterAddonCreate, ClusterAddon and, in the
+/// default shard, ClusterStackRollout) and the fleet status writer until `shutdown` completes; reconciles in flight are given [`STOP_GRACE`] to finish.
 pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send + 'static) {
     let ctx = match Context::assemble(operator) {
         Ok(ctx) => Arc::new(ctx),
@@ -405,6 +406,57 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             }
         });
 
+    // The rollouts are the default shard's alone; they look at the Clusters of every shard (its watches see
+    // them all). Any change of a Cluster (Cluster API's status too: TopologyReconciled), a ClusterAddon or a
+    // release may move a rollout on: each wakes every rollout (there are few), debounced.
+    let mut rollout_watch = management.then(|| {
+        SharedWatch::new(
+            scoped::<ClusterStackRollout>(&client, namespace),
+            config.clone(),
+            (),
+        )
+    });
+    let rollouts = rollout_watch.as_mut().map(|watch| {
+        ctx.metrics.watch_rollouts(watch.store());
+        let every = |store: kube::runtime::reflector::Store<ClusterStackRollout>| {
+            move || {
+                store
+                    .state()
+                    .iter()
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let (by_cluster, by_addon, by_release) =
+            (every(watch.store()), every(watch.store()), every(watch.store()));
+        watch
+            .controller(())
+            .watches_stream_with(
+                cluster_watch.touched(),
+                move |_| by_cluster(),
+                ctx.cluster_resource.clone(),
+            )
+            .watches_stream(addon_watch.touched(), move |_| by_addon())
+            .watches_stream(release_watch.touched(), move |_| by_release())
+            .with_config(
+                Config::default()
+                    .concurrency(1)
+                    .debounce(std::time::Duration::from_secs(1)),
+            )
+            .graceful_shutdown_on(shutdown.clone())
+            .run(
+                rollout::reconcile,
+                rollout::error_policy,
+                rollout::RolloutContext::new(ctx.clone()),
+            )
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "ClusterStackRollout controller");
+                }
+            })
+            .boxed()
+    });
+
     // The Cluster counts in the statuses of ClusterStacks and ClusterStackReleases, from the same watches.
     // Boxed: as a fifth unboxed future of the join below, rustc could not prove the join `Send` (a
     // "not general enough" error about the ClusterAddon controller's futures).
@@ -437,7 +489,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             release_watch.run(),
             addon_watch.run(),
             cluster_watch.run(),
-            secret_watch.run()
+            secret_watch.run(),
+            optional(rollout_watch.map(SharedWatch::run))
         );
     };
     tracing::info!(namespace = ?settings.namespace, "controllers started");
@@ -451,7 +504,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                     addon_create,
                     addons,
                     optional(fleet),
-                    optional(unattended)
+                    optional(unattended),
+                    optional(rollouts)
                 )
             } => {}
             () = watches => {}

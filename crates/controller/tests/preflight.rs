@@ -7,6 +7,10 @@
 //! refused by Cluster API's webhook in a dry run, explained as the variable `oidcConfig` and its field
 //! `groupsPrefix`, and the Cluster stays on v1. A Cluster without `oidcConfig` may move. With the API server
 //! unreachable the preflight says the dry run could not be made, and the classes decide.
+//!
+//! A ClusterStackRollout to v2 (the operator running in this process, the releases local) skips the Cluster
+//! the preflight refuses, reports it with the variable named and never retries it while it is unchanged,
+//! and moves the other.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -28,6 +32,8 @@ use kube::{
     core::GroupVersionKind,
 };
 use serde_json::{Value, json};
+
+mod support;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const V1: &str = "docker-scs-1-35-v1";
@@ -386,5 +392,150 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
             .as_deref()
             .is_some_and(|why| why.contains("cannot reach the API server")),
         "{report}"
+    );
+}
+
+/// `<release_dir>/cluster-stacks/` with `docker-scs-1-35-v1` (the fixture) and the narrowed `-v2`, as
+/// `--local` reads them.
+fn local_scs_releases(release_dir: &Path, scratch: &Path) {
+    let stacks = release_dir.join("cluster-stacks");
+    let v1 = stacks.join(V1);
+    std::fs::create_dir_all(&v1).unwrap();
+    for entry in std::fs::read_dir(fixture()).unwrap().flatten() {
+        std::fs::copy(entry.path(), v1.join(entry.file_name())).unwrap();
+    }
+    let narrowed = narrowed_release(scratch);
+    let v2 = stacks.join(V2);
+    std::fs::create_dir_all(&v2).unwrap();
+    for entry in std::fs::read_dir(narrowed).unwrap().flatten() {
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), v2.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_moves_the_others() {
+    use cso_api::{
+        ClusterStackRollout,
+        cluster_stack_rollout::outcome,
+        conditions::{ConditionStatus, ConditionsExt},
+        names::{condition, reason},
+    };
+
+    let env = shared_management_with_cluster_api();
+    let client = env.control_plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "rollout-refused").await.unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let release_dir = scratch.path().join("releases");
+    local_scs_releases(&release_dir, &scratch.path().join("narrowed"));
+    let _operator = support::RunningOperator::local(&client, &ns, &release_dir).await;
+    support::create_stack(
+        &client,
+        &ns,
+        "scs",
+        json!({"provider": "docker", "name": "scs", "kubernetesVersion": "1.35", "channel": "stable",
+               "autoSubscribe": false, "noProvider": true, "versions": ["v1", "v2"]}),
+    )
+    .await;
+    support::ready_release(&client, &ns, V1).await;
+    support::ready_release(&client, &ns, V2).await;
+    // Cluster API has reconciled both classes (their variables are what its webhook checks a move against).
+    let classes = api_for(&client, "cluster.x-k8s.io/v1beta2", "ClusterClass", &ns).await;
+    for class in [V1, V2] {
+        support::eventually(&format!("ClusterClass {class} reconciled"), TIMEOUT, || async {
+            let object = serde_json::to_value(classes.get(class).await.ok()?).unwrap();
+            (object.pointer("/status/observedGeneration") == object.pointer("/metadata/generation")
+                && condition_true(&object, "VariablesReady"))
+            .then_some(())
+        })
+        .await;
+    }
+
+    // c1 sets a value v2's narrowed enum refuses; c2 sets nothing v2 refuses.
+    let c1 = cluster_of_v1(
+        &client,
+        &ns,
+        "c1",
+        json!([{"name": "imageRepository", "value": "registry.k8s.io"}]),
+        true,
+    )
+    .await;
+    cluster_of_v1(&client, &ns, "c2", json!([]), true).await;
+
+    let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
+    rollouts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
+                "metadata": {"name": "scs-v2", "namespace": ns},
+                "spec": {"clusterStack": "scs", "version": "v2"}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let status = support::eventually("c1 refused and c2 moved", TIMEOUT, || async {
+        let status = rollouts.get("scs-v2").await.ok()?.status?;
+        let outcome_of = |name: &str| {
+            status
+                .moves
+                .iter()
+                .find(|m| m.cluster == format!("{ns}/{name}"))
+                .map(|m| m.outcome.clone())
+        };
+        (outcome_of("c1").as_deref() == Some(outcome::REFUSED)
+            && outcome_of("c2").as_deref() == Some(outcome::MOVED))
+        .then_some(status)
+    })
+    .await;
+    eprintln!("{}", serde_json::to_string_pretty(&status).unwrap());
+    let preflight = status.get_condition(condition::PREFLIGHT_PASSED).unwrap();
+    assert_eq!(preflight.status, ConditionStatus::False);
+    assert_eq!(preflight.reason.as_deref(), Some(reason::MOVE_REFUSED));
+    let message = preflight.message.clone().unwrap_or_default();
+    assert!(
+        message.contains(&format!("{ns}/c1")) && message.contains("imageRepository"),
+        "the Cluster and the variable are named: {message}"
+    );
+    assert_eq!(status.waves[0].skipped, 1);
+    let refused_at = status
+        .moves
+        .iter()
+        .find(|m| m.cluster.ends_with("/c1"))
+        .unwrap()
+        .at;
+
+    // c1 stays on v1, unchanged; c2 is on v2, moved by the rollout's field manager.
+    let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &Cluster::resource("v1beta2"));
+    let after = clusters.get("c1").await.unwrap();
+    assert_eq!(after.class().unwrap().name, V1);
+    assert_eq!(after.metadata.generation, c1.metadata.generation);
+    let c2 = api_for(&client, "cluster.x-k8s.io/v1beta2", "Cluster", &ns)
+        .await
+        .get("c2")
+        .await
+        .unwrap();
+    assert_eq!(c2.data.pointer("/spec/topology/classRef/name"), Some(&json!(V2)));
+    assert!(
+        c2.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|f| f.manager.as_deref() == Some(cso_controller::rollout::FIELD_MANAGER)),
+        "moved with the rollout's field manager"
+    );
+
+    // Never retried in a loop: the refusal keeps its time while c1 is unchanged.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let status = rollouts.get("scs-v2").await.unwrap().status.unwrap();
+    let again = status.moves.iter().find(|m| m.cluster.ends_with("/c1")).unwrap();
+    assert_eq!((again.outcome.as_str(), again.at), (outcome::REFUSED, refused_at));
+    assert_eq!(
+        clusters.get("c1").await.unwrap().class().unwrap().name,
+        V1,
+        "the refused Cluster is never moved"
     );
 }

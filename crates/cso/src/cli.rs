@@ -36,6 +36,28 @@ pub enum Command {
     /// The fleet: per release, how many Clusters have their addons on it and how many of them are ready,
     /// progressing or failing, naming the first failing ones (from the ClusterAddons).
     Status(StatusArgs),
+    /// ClusterStackRollouts: `cso rollout status NAME` shows one's waves, progress and failing Clusters.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// A rollout's phase, its waves (Clusters, moved, done, failing, skipped), the failing Clusters with why,
+    /// and the Clusters the preflight refused.
+    Status(RolloutStatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutStatusArgs {
+    /// The ClusterStackRollout.
+    pub name: String,
+    /// Its namespace; default: `default`.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    /// Kubeconfig of the management cluster; default: `KUBECONFIG`, then in-cluster.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -245,36 +267,9 @@ fn parse_shard(text: &str) -> Result<cso_api::shard::Shard, String> {
     cso_api::shard::Shard::parse(text)
 }
 
-/// Go-style durations: `300ms`, `30s`, `5m`, `1h`, and sums such as `1m30s`.
+/// Go-style durations: `300ms`, `30s`, `5m`, `1h`, and sums such as `1m30s` (`cso_api::duration`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration {text:?}: use e.g. 30s, 5m, 1h30m");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
-        if digits == 0 {
-            return Err(invalid());
-        }
-        let number: u64 = rest[..digits].parse().map_err(|_| invalid())?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let part = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(number),
-            "s" => Duration::from_secs(number),
-            "m" => Duration::from_secs(number.saturating_mul(60)),
-            "h" => Duration::from_secs(number.saturating_mul(3600)),
-            _ => return Err(invalid()),
-        };
-        total = total.saturating_add(part);
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
+    cso_api::duration::parse(text)
 }
 
 /// Rewrites Go's single-dash long flags (`-leader-elect=false`) into clap's `--leader-elect=false`.

@@ -16,7 +16,9 @@ async fn main() -> anyhow::Result<()> {
     match &cli.command {
         cli::Command::Run(run) => logging::init(&run.log_level, run.log_format == "json"),
         // Its output is the result: only errors are logged.
-        cli::Command::Render(_) | cli::Command::Status(_) => logging::init("error", false),
+        cli::Command::Render(_) | cli::Command::Status(_) | cli::Command::Rollout(_) => {
+            logging::init("error", false)
+        }
         _ => logging::init("info", false),
     }
     commands::run(cli.command).await

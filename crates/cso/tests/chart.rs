@@ -347,6 +347,7 @@ async fn the_chart_is_accepted_by_the_api_server_and_installs() {
         cso_webhook::admission::CLUSTER_ADDON_PATH,
         cso_webhook::admission::CLUSTER_STACK_PATH,
         cso_webhook::admission::CLUSTER_STACK_RELEASE_PATH,
+        cso_webhook::admission::CLUSTER_STACK_ROLLOUT_PATH,
     ];
     served.sort();
     assert_eq!(paths, served);

@@ -107,7 +107,7 @@ fn panel_expressions() -> Vec<String> {
 
 #[test]
 fn promtool_checks_the_rules_and_their_unit_tests_pass() {
-    assert_eq!(alerts().len(), 10);
+    assert_eq!(alerts().len(), 11);
     for args in [
         &["check", "rules", "prometheus-rules.yaml"][..],
         &["test", "rules", "prometheus-rules.test.yaml"],

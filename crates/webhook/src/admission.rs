@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use axum::{Json, Router, extract::State, routing::post};
 use cso_api::{
-    ClusterAddon, ClusterStack, ClusterStackRelease, ReleaseId,
+    ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, ReleaseId,
     capi::Cluster,
     rules::{self, StackSpec},
 };
@@ -39,6 +39,7 @@ pub const CLUSTER_PATH: &str = "/validate-cluster-x-k8s-io-v1beta1-cluster";
 pub const CLUSTER_ADDON_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusteraddon";
 pub const CLUSTER_STACK_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusterstack";
 pub const CLUSTER_STACK_RELEASE_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusterstackrelease";
+pub const CLUSTER_STACK_ROLLOUT_PATH: &str = "/validate-clusterstack-x-k8s-io-v1alpha1-clusterstackrollout";
 
 /// One rejected field.
 pub use cso_api::rules::FieldError;
@@ -261,6 +262,7 @@ pub fn router(client: Client, cluster_resource: ApiResource) -> Router {
         .route(CLUSTER_STACK_RELEASE_PATH, post(review_cluster_stack_release))
         .route(CLUSTER_ADDON_PATH, post(review_cluster_addon))
         .route(CLUSTER_PATH, post(review_cluster))
+        .route(CLUSTER_STACK_ROLLOUT_PATH, post(review_cluster_stack_rollout))
         .with_state(Arc::new(Admission {
             client,
             cluster_resource,
@@ -412,6 +414,28 @@ async fn review_cluster_addon(State(_): State<Arc<Admission>>, Json(review): Rev
             let addon: ClusterAddon = required(request.object.as_ref())?;
             let old: Option<ClusterAddon> = object(request.old_object.as_ref())?;
             Ok(Verdict::from_errors(cluster_addon(&addon, old.as_ref())))
+        },
+    )
+    .await
+}
+
+/// ClusterStackRollout create and update: its spec on its own ([`rules::rollout::validate`]: the version,
+/// the durations, the waves' names, the selectors). Whether its ClusterStack exists and has the version is
+/// the controller's to report: either may come after the rollout.
+pub fn cluster_stack_rollout(new: &ClusterStackRollout) -> Vec<FieldError> {
+    rules::rollout::validate(&new.spec)
+}
+
+async fn review_cluster_stack_rollout(State(_): State<Arc<Admission>>, Json(review): Review) -> Answer {
+    answer(
+        "ClusterStackRollout.clusterstack.x-k8s.io",
+        review,
+        |request| async move {
+            if request.operation == Operation::Delete {
+                return Ok(Verdict::allowed());
+            }
+            let rollout: ClusterStackRollout = required(request.object.as_ref())?;
+            Ok(Verdict::from_errors(cluster_stack_rollout(&rollout)))
         },
     )
     .await

@@ -9,7 +9,9 @@
 //! - [`hook_runs`]: which run of each hook a ClusterAddon is on, and its stage clock ([`HookRuns`]);
 //! - [`addons`]: what a ClusterAddon records as applied, and whether that is done ([`AppliedAddons`]);
 //! - [`class_move`]: whether Cluster API would accept moving a Cluster to another class, explained by the two
-//!   classes ([`class_move::explain`]).
+//!   classes ([`class_move::explain`]);
+//! - [`rollout`]: a ClusterStackRollout's waves, the next Clusters to move, pause and resume, and when a
+//!   Cluster is done on the new release ([`rollout::assess`], [`rollout::health`]).
 //!
 //! The identity of an applied object, [`crate::common::ObjectKey`], lives beside the inventory entry it keys.
 //! Nothing here talks to a cluster: every function takes the objects it reads.
@@ -18,6 +20,7 @@ pub mod addons;
 pub mod class_move;
 pub mod hook_runs;
 pub mod hooks;
+pub mod rollout;
 pub mod stack;
 pub mod users;
 

@@ -316,18 +316,7 @@ pub(crate) fn give_up(
 
 /// `timeout` as the flags spell durations (`10m`, `1h30m`, `45s`).
 fn go_duration(timeout: std::time::Duration) -> String {
-    let seconds = timeout.as_secs();
-    let (hours, minutes, seconds) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
-    let mut text = String::new();
-    for (value, unit) in [(hours, "h"), (minutes, "m"), (seconds, "s")] {
-        if value > 0 {
-            text.push_str(&format!("{value}{unit}"));
-        }
-    }
-    if text.is_empty() {
-        text = format!("{}ms", timeout.as_millis());
-    }
-    text
+    cso_api::duration::format(timeout)
 }
 
 /// What applying or deleting a stage's objects gave.

@@ -2,6 +2,7 @@
 
 mod crds;
 mod render;
+mod rollout;
 mod run;
 mod status;
 
@@ -13,6 +14,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Crds => crds::print(),
         Command::Render(args) => render::render(args).await,
         Command::Status(args) => status::print(args).await,
+        Command::Rollout(crate::cli::RolloutCommand::Status(args)) => rollout::print(args).await,
     }
 }
 

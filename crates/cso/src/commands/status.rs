@@ -2,13 +2,14 @@
 //! many are ready, progressing or failing, with the first failing ones named; counted by
 //! [`cso_api::fleet`], the rule the `cso_clusters` gauge and the `status.clusters` of ClusterStacks and
 //! ClusterStackReleases follow too. Then, for the releases whose `status.moves` the operator wrote, how many
-//! Clusters of their stack on other releases could move to them and which could not, and why (issue 30).
+//! Clusters of their stack on other releases could move to them and which could not, and why (issue 30);
+//! then the ClusterStackRollouts, one line each (`cso rollout status NAME` shows one in full).
 
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use cso_api::{
-    ClusterAddon, ClusterStackRelease,
+    ClusterAddon, ClusterStackRelease, ClusterStackRollout,
     fleet::{ReleaseCounts, fleet},
 };
 use kube::Api;
@@ -17,12 +18,21 @@ use crate::cli::StatusArgs;
 
 pub async fn print(args: StatusArgs) -> anyhow::Result<()> {
     let client = super::kube_client(args.kubeconfig.as_deref(), cso_apply::ClientLimits::UNLIMITED).await?;
-    let (addons, releases): (Api<ClusterAddon>, Api<ClusterStackRelease>) = match &args.namespace {
+    let (addons, releases, rollouts): (
+        Api<ClusterAddon>,
+        Api<ClusterStackRelease>,
+        Api<ClusterStackRollout>,
+    ) = match &args.namespace {
         Some(namespace) => (
+            Api::namespaced(client.clone(), namespace),
             Api::namespaced(client.clone(), namespace),
             Api::namespaced(client, namespace),
         ),
-        None => (Api::all(client.clone()), Api::all(client)),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client),
+        ),
     };
     let listed = addons
         .list(&Default::default())
@@ -38,6 +48,16 @@ pub async fn print(args: StatusArgs) -> anyhow::Result<()> {
     let moves = moves_table(&releases);
     if !moves.is_empty() {
         print!("\n{moves}");
+    }
+    // Rollouts too are an addition (an operator without their CRD has none).
+    let rollouts = rollouts
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let rollouts = super::rollout::summary_table(&rollouts);
+    if !rollouts.is_empty() {
+        print!("\n{rollouts}");
     }
     Ok(())
 }
@@ -122,7 +142,7 @@ fn table(counts: &[ReleaseCounts]) -> String {
 }
 
 /// `rows` (the headings first) in columns two spaces apart.
-fn align(rows: Vec<Vec<String>>) -> String {
+pub(super) fn align(rows: Vec<Vec<String>>) -> String {
     let columns = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
         .map(|column| {

@@ -1,0 +1,618 @@
+//! The ClusterStackRollout controller: moves the Clusters of a ClusterStack to one of its releases, wave by
+//! wave, each Cluster only after the preflight of its class move passes.
+//!
+//! Observe: the rollout as the API server has it (its status is the rollout's memory: what it moved, when,
+//! and what the preflight refused), its ClusterStack, the target ClusterStackRelease, and from the watch
+//! caches every Cluster whose class is in the rollout's namespace with its ClusterAddon (no request per
+//! Cluster). Decide: [`cso_api::rules::rollout::assess`] (pure) says how each Cluster is doing and which to
+//! move now; [`conclude`] (pure) turns the assessment and what the moves did into the status, the conditions
+//! and the events. Act: for each Cluster to move, [`crate::preflight::preflight`] (a server-side dry run of
+//! the change, explained by the two classes); a refused Cluster is recorded and skipped, never retried until
+//! it changes; an accepted one is moved by one JSON patch of its class (and Kubernetes version when the
+//! release's differs), guarded by a test of the class it was seen on, with the field manager [`FIELD_MANAGER`]:
+//! a Cluster moved by someone else meanwhile is left as it is. Cluster API then rolls the machines and calls
+//! cso's hooks as for a move by hand.
+//!
+//! Runs in the default shard only (where the ClusterStacks are reconciled) and sees the Clusters of every
+//! shard; it writes Clusters, never ClusterAddons. Deleting a rollout stops it and changes nothing (it has no
+//! finalizer).
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use cso_api::{
+    ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, ClusterStackRolloutStatus,
+    capi::Cluster,
+    cluster_addon::cluster_addon_name,
+    cluster_stack_rollout::{ClusterMove, outcome, phase},
+    conditions::{ConditionsExt, Severity},
+    names::{condition, event, reason},
+    rules::{
+        StackSpec,
+        class_move::Verdict,
+        rollout::{self, Assessment, Candidate, Hold, Plan},
+    },
+};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{DynamicObject, ListParams, Patch, PatchParams},
+    runtime::controller::Action,
+};
+use serde_json::json;
+
+use crate::{
+    Context, Error,
+    context::{ControllerContext, object_key},
+    events::{Events, Kind},
+};
+
+/// The field manager of the moves (the Cluster's class and version).
+pub const FIELD_MANAGER: &str = "cso-rollout";
+
+/// How often a rollout in progress is looked at without an event (Cluster and ClusterAddon changes wake it).
+const RESYNC: Duration = Duration::from_secs(60);
+/// How long a rollout waiting for its release or ClusterStack waits before looking again.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The rollout controller's context.
+pub type RolloutContext = ControllerContext<()>;
+
+/// Reconciles one ClusterStackRollout (recorded in the reconcile metrics as `clusterstackrollout`).
+pub async fn reconcile(rollout: Arc<ClusterStackRollout>, ctx: Arc<RolloutContext>) -> Result<Action, Error> {
+    ctx.bounded("clusterstackrollout", rollout, reconcile_object)
+        .await
+}
+
+pub fn error_policy(rollout: Arc<ClusterStackRollout>, error: &Error, ctx: Arc<RolloutContext>) -> Action {
+    let delay = ctx.retry_delay(&object_key(rollout.as_ref()));
+    tracing::warn!(rollout = %rollout.name_any(), namespace = ?rollout.namespace(), %error, retry_in = ?delay,
+        "the rollout failed");
+    Action::requeue(delay)
+}
+
+/// What the act step did to one Cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum MoveResult {
+    /// Moved; the Cluster's generation after the move.
+    Moved { from: String, generation: Option<i64> },
+    /// The preflight refused it, with why, at the Cluster's generation.
+    Refused {
+        from: String,
+        reasons: Vec<String>,
+        generation: Option<i64>,
+    },
+    /// Not moved now (the dry run could not be made, the patch failed or the Cluster changed meanwhile): why.
+    NotNow(String),
+}
+
+/// Why the rollout cannot start: a condition reason and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    pub(crate) reason: &'static str,
+    pub(crate) severity: Severity,
+    pub(crate) message: String,
+}
+
+async fn reconcile_object(
+    rollout: Arc<ClusterStackRollout>,
+    ctx: Arc<RolloutContext>,
+) -> Result<Action, Error> {
+    let namespace = rollout.namespace().unwrap_or_default();
+    let api: Api<ClusterStackRollout> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(rollout) = crate::patch::current(&ctx, &api, rollout.as_ref()).await? else {
+        return Ok(Action::await_change());
+    };
+    let before = rollout.status.clone();
+    let now = chrono::Utc::now();
+
+    let (plan, stack) = match plan_of(&ctx, &rollout).await? {
+        Ok(found) => found,
+        Err(blocked) => {
+            let (status, events) = conclude_blocked(&rollout, &blocked);
+            ctx.publish(&rollout, events).await;
+            crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
+            return Ok(Action::requeue(WAIT));
+        }
+    };
+    let target_class = plan.target.cluster_class_name();
+    if let Some(blocked) = release_not_ready(&ctx, &namespace, &plan.target.tag()).await? {
+        let (status, events) = conclude_blocked(&rollout, &blocked);
+        ctx.publish(&rollout, events).await;
+        crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
+        return Ok(Action::requeue(WAIT));
+    }
+
+    let clusters = clusters_of(&ctx, &namespace).await?;
+    let addons = addons_of(&ctx).await?;
+    let candidates: Vec<Candidate> = clusters
+        .iter()
+        .filter_map(|cluster| candidate(cluster, &addons, &target_class))
+        .collect();
+    let previous = rollout.status.clone().unwrap_or_default();
+    let assessment = rollout::assess(&plan, &candidates, &previous.moves, &previous.waves, now);
+
+    // Act: the preflight and the move of each Cluster the assessment names.
+    let mut results = Vec::new();
+    if !assessment.to_move.is_empty() {
+        let release = match ctx
+            .releases
+            .get_pinned(&plan.target, stack.pin(&plan.target))
+            .await
+        {
+            Ok(release) => Some(release),
+            Err(e) => {
+                tracing::warn!(rollout = %rollout.name_any(), error = %e, "the release to move to is not at hand");
+                None
+            }
+        };
+        for name in &assessment.to_move {
+            let Some(cluster) = clusters.iter().find(|c| cluster_name(c) == *name) else {
+                continue;
+            };
+            let result = match &release {
+                None => MoveResult::NotNow(format!("release {} is not at hand", plan.target.tag())),
+                Some(release) => move_cluster(&ctx, cluster, release).await,
+            };
+            ctx.metrics.rollout_move(match &result {
+                MoveResult::Moved { .. } => "moved",
+                MoveResult::Refused { .. } => "refused",
+                MoveResult::NotNow(_) => "failed",
+            });
+            results.push((name.clone(), result));
+        }
+    }
+    // The Clusters just moved are on the target now, whatever the cache shows yet.
+    let moved_now: Vec<&String> = results
+        .iter()
+        .filter(|(_, r)| matches!(r, MoveResult::Moved { .. }))
+        .map(|(name, _)| name)
+        .collect();
+    let records = records_after(&assessment, &results, now);
+    let after = if results.is_empty() {
+        assessment.clone()
+    } else {
+        let candidates: Vec<Candidate> = candidates
+            .into_iter()
+            .map(|mut c| {
+                if moved_now.contains(&&c.name) {
+                    c.release = plan.target.clone();
+                }
+                c
+            })
+            .collect();
+        rollout::assess(&plan, &candidates, &records, &previous.waves, now)
+    };
+    let (status, events) = conclude(&rollout, &plan, &after, &results);
+    ctx.publish(&rollout, events).await;
+    crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
+    let next = after.next_check.map_or(RESYNC, |d| d.min(RESYNC));
+    Ok(Action::requeue(next.max(Duration::from_secs(1))))
+}
+
+/// The rollout's plan and its ClusterStack's spec; why it cannot start otherwise.
+async fn plan_of(
+    ctx: &Context,
+    rollout: &ClusterStackRollout,
+) -> Result<Result<(Plan, StackSpec), Blocked>, Error> {
+    let namespace = rollout.namespace().unwrap_or_default();
+    let stacks: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &namespace);
+    let name = &rollout.spec.cluster_stack;
+    let Some(stack) = stacks
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::kube(format!("read ClusterStack {namespace}/{name}"), e))?
+    else {
+        return Ok(Err(Blocked {
+            reason: reason::CLUSTER_STACK_NOT_FOUND,
+            severity: Severity::Warning,
+            message: format!("ClusterStack {namespace}/{name} does not exist"),
+        }));
+    };
+    let stack = match StackSpec::parse(&stack) {
+        Ok(spec) => spec,
+        Err(e) => {
+            return Ok(Err(Blocked {
+                reason: reason::INVALID_SPEC,
+                severity: Severity::Error,
+                message: format!("ClusterStack {namespace}/{name} is invalid: {e}"),
+            }));
+        }
+    };
+    Ok(match Plan::of(&rollout.spec, &stack) {
+        Ok(plan) => Ok((plan, stack)),
+        Err(errors) => Err(Blocked {
+            reason: reason::INVALID_SPEC,
+            severity: Severity::Error,
+            message: errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        }),
+    })
+}
+
+/// Why the release `tag` cannot be moved to yet: its ClusterStackRelease missing or not ready.
+async fn release_not_ready(ctx: &Context, namespace: &str, tag: &str) -> Result<Option<Blocked>, Error> {
+    let release = match ctx.stores().and_then(|s| s.releases()) {
+        Some(store) => store
+            .get(&kube::runtime::reflector::ObjectRef::new(tag).within(namespace))
+            .map(|r| r.as_ref().clone()),
+        None => Api::<ClusterStackRelease>::namespaced(ctx.client.clone(), namespace)
+            .get_opt(tag)
+            .await
+            .map_err(|e| Error::kube(format!("read ClusterStackRelease {namespace}/{tag}"), e))?,
+    };
+    Ok(match release {
+        None => Some(Blocked {
+            reason: reason::RELEASE_NOT_READY,
+            severity: Severity::Info,
+            message: format!(
+                "ClusterStackRelease {namespace}/{tag} does not exist (is the version in the ClusterStack's spec.versions?)"
+            ),
+        }),
+        Some(release) if !release.status.as_ref().is_some_and(|s| s.ready) => Some(Blocked {
+            reason: reason::RELEASE_NOT_READY,
+            severity: Severity::Info,
+            message: format!("ClusterStackRelease {namespace}/{tag} is not ready yet"),
+        }),
+        Some(_) => None,
+    })
+}
+
+/// The Clusters whose class is in `namespace` (any Cluster namespace), not being deleted.
+async fn clusters_of(ctx: &Context, namespace: &str) -> Result<Vec<Cluster>, Error> {
+    let all = match ctx.stores().and_then(crate::stores::Stores::all_clusters) {
+        Some(all) => all,
+        None => {
+            let api: Api<Cluster> = Api::all_with(ctx.client.clone(), &ctx.cluster_resource);
+            api.list(&ListParams::default())
+                .await
+                .map_err(|e| Error::kube("list Clusters", e))?
+                .items
+        }
+    };
+    Ok(all
+        .into_iter()
+        .filter(|c| c.meta().deletion_timestamp.is_none())
+        .filter(|c| c.class().is_some_and(|class| class.namespace == namespace))
+        .collect())
+}
+
+/// Every ClusterAddon, by `namespace/name`.
+async fn addons_of(ctx: &Context) -> Result<HashMap<String, Arc<ClusterAddon>>, Error> {
+    let addons: Vec<Arc<ClusterAddon>> = match ctx.stores().and_then(|s| s.addons()) {
+        Some(store) => store.state(),
+        None => Api::<ClusterAddon>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::kube("list ClusterAddons", e))?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect(),
+    };
+    Ok(addons
+        .into_iter()
+        .map(|a| {
+            (
+                format!("{}/{}", a.namespace().unwrap_or_default(), a.name_any()),
+                a,
+            )
+        })
+        .collect())
+}
+
+fn cluster_name(cluster: &Cluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}
+
+/// The rollout's view of `cluster`, if its class is a cluster stack's.
+fn candidate(
+    cluster: &Cluster,
+    addons: &HashMap<String, Arc<ClusterAddon>>,
+    target_class: &str,
+) -> Option<Candidate> {
+    let (release, _) = cluster.stack_release()?;
+    let namespace = cluster.namespace().unwrap_or_default();
+    let addon = addons.get(&format!(
+        "{namespace}/{}",
+        cluster_addon_name(&cluster.name_any())
+    ));
+    let whole = cluster
+        .object
+        .as_deref()
+        .cloned()
+        .unwrap_or_else(|| serde_json::to_value(cluster).unwrap_or_default());
+    Some(Candidate {
+        name: cluster_name(cluster),
+        labels: cluster.labels().clone(),
+        release,
+        generation: cluster.meta().generation,
+        health: rollout::health(&whole, addon.map(AsRef::as_ref), target_class),
+    })
+}
+
+/// The preflight of moving `cluster` to `release`'s class, then the move if it passes.
+async fn move_cluster(ctx: &Context, cluster: &Cluster, release: &cso_release::Release) -> MoveResult {
+    let from = cluster.class().map(|c| c.name).unwrap_or_default();
+    let preflight =
+        crate::preflight::preflight(&ctx.client, &ctx.cluster_resource, cluster, release, None).await;
+    match preflight.verdict {
+        Verdict::Refused => {
+            return MoveResult::Refused {
+                from,
+                reasons: preflight.reasons.iter().map(ToString::to_string).collect(),
+                generation: cluster.meta().generation,
+            };
+        }
+        _ if preflight.dry_run_failed.is_some() => {
+            return MoveResult::NotNow(format!(
+                "the preflight could not be made: {}",
+                preflight.dry_run_failed.unwrap_or_default()
+            ));
+        }
+        Verdict::Accepted | Verdict::Likely => {}
+    }
+    let to = release.id.cluster_class_name();
+    let version = release.metadata.kubernetes.as_str();
+    let class_path = if ctx.cluster_resource.version == "v1beta1" {
+        "/spec/topology/class"
+    } else {
+        "/spec/topology/classRef/name"
+    };
+    let mut ops = vec![
+        json!({"op": "test", "path": class_path, "value": from}),
+        json!({"op": "replace", "path": class_path, "value": to}),
+    ];
+    if cluster.topology_version() != Some(version) {
+        ops.push(json!({"op": "replace", "path": "/spec/topology/version", "value": version}));
+    }
+    let patch: json_patch::Patch = match serde_json::from_value(serde_json::Value::Array(ops)) {
+        Ok(patch) => patch,
+        Err(e) => return MoveResult::NotNow(format!("internal error: a JSON patch: {e}")),
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.cluster_resource);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&cluster.name_any(), &params, &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(moved) => MoveResult::Moved {
+            from,
+            generation: moved.metadata.generation,
+        },
+        Err(kube::Error::Api(status)) => MoveResult::NotNow(format!(
+            "Cluster API refused the move ({} {}): {}",
+            status.code, status.reason, status.message
+        )),
+        Err(e) => MoveResult::NotNow(format!("the move could not be made: {e}")),
+    }
+}
+
+/// The records after the moves: the assessment's, with one per Cluster moved or refused now.
+pub(crate) fn records_after(
+    assessment: &Assessment,
+    results: &[(String, MoveResult)],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<ClusterMove> {
+    let wave_of = |name: &str| {
+        assessment
+            .states
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .and_then(|(_, w, _)| assessment.waves.get(*w))
+            .map(|w| w.name.clone())
+            .unwrap_or_default()
+    };
+    let mut records: Vec<ClusterMove> = assessment
+        .moves
+        .iter()
+        .filter(|m| !results.iter().any(|(name, _)| *name == m.cluster))
+        .cloned()
+        .collect();
+    for (name, result) in results {
+        let record = match result {
+            MoveResult::Moved { from, generation } => ClusterMove {
+                cluster: name.clone(),
+                wave: wave_of(name),
+                outcome: outcome::MOVED.to_owned(),
+                from: from.clone(),
+                at: now,
+                generation: *generation,
+                reasons: Vec::new(),
+            },
+            MoveResult::Refused {
+                from,
+                reasons,
+                generation,
+            } => ClusterMove {
+                cluster: name.clone(),
+                wave: wave_of(name),
+                outcome: outcome::REFUSED.to_owned(),
+                from: from.clone(),
+                at: now,
+                generation: *generation,
+                reasons: reasons.clone(),
+            },
+            MoveResult::NotNow(_) => continue,
+        };
+        records.push(record);
+    }
+    records.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    records
+}
+
+/// The status and events of a rollout that cannot start.
+pub(crate) fn conclude_blocked(
+    rollout: &ClusterStackRollout,
+    blocked: &Blocked,
+) -> (ClusterStackRolloutStatus, Events) {
+    let mut status = rollout.status.clone().unwrap_or_default();
+    let mut events = Events::default();
+    let condition_type = if blocked.reason == reason::RELEASE_NOT_READY {
+        condition::RELEASE_READY
+    } else {
+        condition::ROLLOUT_SPEC_VALID
+    };
+    let kind = if blocked.severity == Severity::Info {
+        Kind::Normal
+    } else {
+        Kind::Warning
+    };
+    events.report_false(
+        &mut status,
+        (condition_type, blocked.reason, blocked.severity),
+        &blocked.message,
+        (kind, blocked.reason),
+    );
+    if condition_type == condition::RELEASE_READY {
+        status.mark_true(condition::ROLLOUT_SPEC_VALID);
+    }
+    status.phase = phase::PENDING.to_owned();
+    status.observed_generation = rollout.metadata.generation;
+    status.set_summary();
+    (status, events)
+}
+
+/// The status and events of the rollout from the assessment after the moves and what the moves did.
+pub(crate) fn conclude(
+    rollout: &ClusterStackRollout,
+    plan: &Plan,
+    after: &Assessment,
+    results: &[(String, MoveResult)],
+) -> (ClusterStackRolloutStatus, Events) {
+    let before = rollout.status.clone().unwrap_or_default();
+    let mut status = before.clone();
+    let mut events = Events::default();
+    let target = plan.target.cluster_class_name();
+    for (name, result) in results {
+        match result {
+            MoveResult::Moved { from, .. } => {
+                events.normal(
+                    event::CLUSTER_MOVED,
+                    format!("moved Cluster {name} from {from} to {target}"),
+                );
+            }
+            MoveResult::Refused { reasons, .. } => events.warning(
+                event::MOVE_REFUSED,
+                format!("Cluster {name} cannot move to {target}: {}", reasons.join("; ")),
+            ),
+            MoveResult::NotNow(why) => {
+                events.warning(event::MOVE_FAILED, format!("Cluster {name} was not moved: {why}"));
+            }
+        }
+    }
+    let wave_name = |index: Option<usize>| index.and_then(|i| plan.waves.get(i)).map(|w| w.name.clone());
+    let current = wave_name(after.current_wave).unwrap_or_default();
+    if !current.is_empty() && current != before.current_wave {
+        events.normal(event::WAVE_STARTED, format!("wave {current} started"));
+    }
+    let count = |wanted: fn(&rollout::State) -> bool| i32::try_from(after.count(wanted)).unwrap_or(i32::MAX);
+    status.phase = after.phase.to_owned();
+    status.current_wave = current;
+    status.target_class = target.clone();
+    status.clusters = i32::try_from(after.states.len()).unwrap_or(i32::MAX);
+    status.done = count(|s| matches!(s, rollout::State::Done));
+    status.failing = count(|s| matches!(s, rollout::State::Failing(_)));
+    status.unassigned = i32::try_from(after.unassigned).unwrap_or(i32::MAX);
+    status.waves = after.waves.clone();
+    status.moves = after.moves.clone();
+    status.observed_generation = rollout.metadata.generation;
+
+    status.mark_true(condition::ROLLOUT_SPEC_VALID);
+    status.mark_true(condition::RELEASE_READY);
+    match &after.hold {
+        Some(Hold::Failing(failing)) => {
+            let named: Vec<String> = failing
+                .iter()
+                .take(rollout::FAILING_NAMED)
+                .map(|f| format!("{}: {}", f.cluster, f.reason))
+                .collect();
+            let more = failing.len().saturating_sub(rollout::FAILING_NAMED);
+            let message = format!(
+                "{} Cluster{} not done within {}, the rollout is paused: {}{}",
+                failing.len(),
+                if failing.len() == 1 { "" } else { "s" },
+                cso_api::duration::format(plan.wave_timeout),
+                named.join("; "),
+                if more > 0 {
+                    format!(" (and {more} more)")
+                } else {
+                    String::new()
+                }
+            );
+            events.report_false(
+                &mut status,
+                (
+                    condition::CLUSTERS_HEALTHY,
+                    reason::WAVE_FAILING,
+                    Severity::Warning,
+                ),
+                &message,
+                (Kind::Warning, event::ROLLOUT_PAUSED),
+            );
+        }
+        _ => status.mark_true(condition::CLUSTERS_HEALTHY),
+    }
+    let refused: Vec<&ClusterMove> = after
+        .moves
+        .iter()
+        .filter(|m| m.outcome == outcome::REFUSED)
+        .collect();
+    if refused.is_empty() {
+        status.mark_true(condition::PREFLIGHT_PASSED);
+    } else {
+        let named: Vec<String> = refused
+            .iter()
+            .take(rollout::FAILING_NAMED)
+            .map(|m| format!("{}: {}", m.cluster, m.reasons.join(", ")))
+            .collect();
+        status.mark_false(
+            condition::PREFLIGHT_PASSED,
+            reason::MOVE_REFUSED,
+            Severity::Warning,
+            format!(
+                "{} Cluster{} cannot move to {target} and {} skipped: {}",
+                refused.len(),
+                if refused.len() == 1 { "" } else { "s" },
+                if refused.len() == 1 { "is" } else { "are" },
+                named.join("; ")
+            ),
+        );
+    }
+    match &after.hold {
+        Some(Hold::BySpec) => status.mark_false(
+            condition::ROLLOUT_ACTIVE,
+            reason::PAUSED_BY_SPEC,
+            Severity::Info,
+            "spec.paused holds the rollout: no Cluster is moved",
+        ),
+        _ => status.mark_true(condition::ROLLOUT_ACTIVE),
+    }
+    let was_paused = before.phase == phase::PAUSED;
+    if was_paused && status.phase != phase::PAUSED {
+        events.normal(event::ROLLOUT_RESUMED, "the rollout goes on");
+    }
+    if matches!(after.hold, Some(Hold::BySpec)) && !was_paused {
+        events.normal(event::ROLLOUT_PAUSED, "paused by spec.paused");
+    }
+    if status.phase == phase::COMPLETED && before.phase != phase::COMPLETED {
+        events.normal(
+            event::ROLLOUT_COMPLETED,
+            format!("every wave is done: {} Clusters on {target}", status.done),
+        );
+    }
+    status.set_summary();
+    (status, events)
+}
+
+#[cfg(test)]
+mod tests;

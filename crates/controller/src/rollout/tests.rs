@@ -1,0 +1,248 @@
+//! Table tests of the rollout's conclusion: the status, conditions and events from an assessment and what
+//! the moves did.
+
+use std::collections::BTreeMap;
+
+use chrono::TimeZone;
+use cso_api::{
+    ClusterStack, ClusterStackRolloutSpec, ClusterStackSpec, ReleaseId,
+    cluster_stack_rollout::Wave,
+    conditions::ConditionStatus,
+    rules::rollout::{Candidate, assess},
+};
+
+use super::*;
+
+fn t(seconds: i64) -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc.timestamp_opt(1_800_000_000 + seconds, 0).unwrap()
+}
+
+fn plan() -> Plan {
+    let stack = ClusterStack::new(
+        "ferrol",
+        ClusterStackSpec {
+            provider: "docker".into(),
+            name: "ferrol".into(),
+            kubernetes_version: "1.27".into(),
+            channel: Default::default(),
+            versions: vec!["v1".into(), "v2".into()],
+            version_digests: BTreeMap::new(),
+            auto_subscribe: false,
+            no_provider: true,
+            provider_ref: None,
+        },
+    );
+    Plan::of(
+        &ClusterStackRolloutSpec {
+            cluster_stack: "ferrol".into(),
+            version: "v2".into(),
+            cluster_selector: None,
+            waves: vec![
+                Wave {
+                    name: "first".into(),
+                    cluster_selector: Some(cso_api::cluster_stack_rollout::LabelSelector {
+                        match_labels: [("ring".to_owned(), "1".to_owned())].into(),
+                        ..Default::default()
+                    }),
+                    max_in_progress: None,
+                },
+                Wave {
+                    name: "rest".into(),
+                    ..Wave::default()
+                },
+            ],
+            bake_time: None,
+            wave_timeout: Some("1m".into()),
+            paused: false,
+        },
+        &StackSpec::parse(&stack).unwrap(),
+    )
+    .unwrap()
+}
+
+fn cluster(name: &str, version: &str, ring: &str, done: bool) -> Candidate {
+    Candidate {
+        name: format!("ns/{name}"),
+        labels: [("ring".to_owned(), ring.to_owned())].into(),
+        release: ReleaseId::parse_tag(&format!("docker-ferrol-1-27-{version}")).unwrap(),
+        generation: Some(1),
+        health: if done {
+            Ok(())
+        } else {
+            Err("its addons are not ready".into())
+        },
+    }
+}
+
+fn rollout_with(status: Option<ClusterStackRolloutStatus>) -> ClusterStackRollout {
+    let mut rollout = ClusterStackRollout::new(
+        "to-v2",
+        ClusterStackRolloutSpec {
+            cluster_stack: "ferrol".into(),
+            version: "v2".into(),
+            cluster_selector: None,
+            waves: Vec::new(),
+            bake_time: None,
+            wave_timeout: None,
+            paused: false,
+        },
+    );
+    rollout.metadata.generation = Some(3);
+    rollout.status = status;
+    rollout
+}
+
+fn reasons(events: &Events) -> Vec<&'static str> {
+    events.0.iter().map(|e| e.reason).collect()
+}
+
+#[test]
+fn moves_and_refusals_are_recorded_announced_and_counted() {
+    let plan = plan();
+    let clusters = vec![
+        cluster("a", "v1", "1", false),
+        cluster("b", "v1", "1", false),
+        cluster("c", "v1", "2", false),
+    ];
+    let before = assess(&plan, &clusters, &[], &[], t(0));
+    assert_eq!(before.to_move, ["ns/a", "ns/b"]);
+    let results = vec![
+        (
+            "ns/a".to_owned(),
+            MoveResult::Moved {
+                from: "docker-ferrol-1-27-v1".into(),
+                generation: Some(2),
+            },
+        ),
+        (
+            "ns/b".to_owned(),
+            MoveResult::Refused {
+                from: "docker-ferrol-1-27-v1".into(),
+                reasons: vec!["variable identityRef: \"type\" is not in the new schema".into()],
+                generation: Some(1),
+            },
+        ),
+    ];
+    let records = records_after(&before, &results, t(0));
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.cluster.as_str(), r.outcome.as_str(), r.wave.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("ns/a", outcome::MOVED, "first"),
+            ("ns/b", outcome::REFUSED, "first")
+        ]
+    );
+    let mut moved = clusters.clone();
+    moved[0].release = plan.target.clone();
+    let after = assess(&plan, &moved, &records, &[], t(0));
+    let (status, events) = conclude(&rollout_with(None), &plan, &after, &results);
+    assert_eq!(
+        reasons(&events),
+        [event::CLUSTER_MOVED, event::MOVE_REFUSED, event::WAVE_STARTED]
+    );
+    assert_eq!(
+        (status.phase.as_str(), status.current_wave.as_str()),
+        (phase::PROGRESSING, "first")
+    );
+    assert_eq!((status.clusters, status.done, status.failing), (3, 0, 0));
+    assert_eq!((status.waves[0].moved, status.waves[0].skipped), (1, 1));
+    assert_eq!(status.target_class, "docker-ferrol-1-27-v2");
+    assert_eq!(status.observed_generation, Some(3));
+    let preflight = status.get_condition(condition::PREFLIGHT_PASSED).unwrap();
+    assert_eq!(preflight.status, ConditionStatus::False);
+    assert!(
+        preflight
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("ns/b: variable identityRef")
+    );
+    assert!(status.is_condition_true(condition::CLUSTERS_HEALTHY));
+    // A move that could not be made now is announced and not recorded.
+    let failed = vec![("ns/a".to_owned(), MoveResult::NotNow("the patch failed".into()))];
+    assert!(records_after(&before, &failed, t(0)).is_empty());
+    let (_, events) = conclude(&rollout_with(None), &plan, &before, &failed);
+    assert_eq!(reasons(&events)[0], event::MOVE_FAILED);
+}
+
+#[test]
+fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes() {
+    let plan = plan();
+    let records = vec![ClusterMove {
+        cluster: "ns/a".into(),
+        wave: "first".into(),
+        outcome: outcome::MOVED.into(),
+        from: "docker-ferrol-1-27-v1".into(),
+        at: t(0),
+        generation: Some(2),
+        reasons: Vec::new(),
+    }];
+    let failing = vec![cluster("a", "v2", "1", false), cluster("c", "v1", "2", false)];
+    let after = assess(&plan, &failing, &records, &[], t(120));
+    let (paused, events) = conclude(&rollout_with(None), &plan, &after, &[]);
+    assert_eq!(paused.phase, phase::PAUSED);
+    assert_eq!(reasons(&events), [event::WAVE_STARTED, event::ROLLOUT_PAUSED]);
+    let healthy = paused.get_condition(condition::CLUSTERS_HEALTHY).unwrap();
+    assert_eq!(
+        (healthy.status, healthy.reason.as_deref()),
+        (ConditionStatus::False, Some(reason::WAVE_FAILING))
+    );
+    assert!(
+        healthy
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("ns/a: its addons are not ready"),
+        "{healthy:?}"
+    );
+    assert_eq!(
+        paused.get_condition(cso_api::conditions::READY).unwrap().status,
+        ConditionStatus::False
+    );
+
+    // Still failing at the next look: no second event.
+    let (_, events) = conclude(&rollout_with(Some(paused.clone())), &plan, &after, &[]);
+    assert!(events.0.is_empty(), "{events:?}");
+
+    // It recovers: resumed, the next wave starts.
+    let recovered = vec![cluster("a", "v2", "1", true), cluster("c", "v1", "2", false)];
+    let after = assess(&plan, &recovered, &records, &paused.waves, t(130));
+    let (going, events) = conclude(&rollout_with(Some(paused)), &plan, &after, &[]);
+    assert_eq!(going.phase, phase::PROGRESSING);
+    assert_eq!(reasons(&events), [event::WAVE_STARTED, event::ROLLOUT_RESUMED]);
+    assert_eq!(going.current_wave, "rest");
+
+    // Everything done: completed, announced once.
+    let done = vec![cluster("a", "v2", "1", true), cluster("c", "v2", "2", true)];
+    let after = assess(&plan, &done, &records, &going.waves, t(200));
+    let (completed, events) = conclude(&rollout_with(Some(going)), &plan, &after, &[]);
+    assert_eq!((completed.phase.as_str(), completed.done), (phase::COMPLETED, 2));
+    assert_eq!(reasons(&events), [event::ROLLOUT_COMPLETED]);
+    assert!(completed.is_condition_true(cso_api::conditions::READY));
+    let (_, events) = conclude(&rollout_with(Some(completed)), &plan, &after, &[]);
+    assert!(events.0.is_empty());
+}
+
+#[test]
+fn a_rollout_that_cannot_start_says_why_once() {
+    let blocked = Blocked {
+        reason: reason::RELEASE_NOT_READY,
+        severity: Severity::Info,
+        message: "ClusterStackRelease ns/docker-ferrol-1-27-v2 is not ready yet".into(),
+    };
+    let (status, events) = conclude_blocked(&rollout_with(None), &blocked);
+    assert_eq!(status.phase, phase::PENDING);
+    assert!(status.is_condition_false(condition::RELEASE_READY));
+    assert_eq!(reasons(&events), [reason::RELEASE_NOT_READY]);
+    let (_, events) = conclude_blocked(&rollout_with(Some(status)), &blocked);
+    assert!(events.0.is_empty());
+    let invalid = Blocked {
+        reason: reason::INVALID_SPEC,
+        severity: Severity::Error,
+        message: "spec.version: invalid".into(),
+    };
+    let (status, _) = conclude_blocked(&rollout_with(None), &invalid);
+    assert!(status.is_condition_false(condition::ROLLOUT_SPEC_VALID));
+}
