@@ -429,7 +429,25 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     let scratch = tempfile::tempdir().unwrap();
     let release_dir = scratch.path().join("releases");
     local_scs_releases(&release_dir, &scratch.path().join("narrowed"));
-    let _operator = support::RunningOperator::local(&client, &ns, &release_dir).await;
+    // The 2026 releases do not vendor their charts' dependencies: a loopback mirror has them.
+    let mirror = cso_testenv::chart_repo::ChartRepo::start(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/charts"),
+    )
+    .await
+    .unwrap();
+    let source = std::sync::Arc::new(cso_release::source::local::LocalSource::new(
+        release_dir.join("cluster-stacks"),
+    ));
+    let (mut operator, renderer) = support::operator(&client, &ns, &release_dir, source.clone(), |_| {});
+    operator.releases = std::sync::Arc::new(
+        cso_release::ReleaseCache::new(&release_dir, source, cso_release::archive::UnpackLimits::default())
+            .unwrap()
+            .with_dependencies(cso_release::DependencyResolver::new(cso_release::ChartMirrors::all(
+                mirror.url(),
+            )))
+            .with_local_cache(&scratch.path().join("local-cache")),
+    );
+    let _operator = support::RunningOperator::run(operator, renderer).await;
     support::create_stack(
         &client,
         &ns,
