@@ -243,7 +243,7 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
         metric_sum(
             &metrics,
             "cso_rollout_paused",
-            &["reason=\"WaveFailing\"", "rollout=\"ferrol-v2\""]
+            &["reason=\"WaveFailing\"", &format!("rollout=\"{ns}/ferrol-v2\"")]
         ),
         1.0,
         "{metrics}"
