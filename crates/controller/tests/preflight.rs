@@ -440,12 +440,16 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     ));
     let (mut operator, renderer) = support::operator(&client, &ns, &release_dir, source.clone(), |_| {});
     operator.releases = std::sync::Arc::new(
-        cso_release::ReleaseCache::new(&release_dir, source, cso_release::archive::UnpackLimits::default())
-            .unwrap()
-            .with_dependencies(cso_release::DependencyResolver::new(cso_release::ChartMirrors::all(
-                mirror.url(),
-            )))
-            .with_local_cache(&scratch.path().join("local-cache")),
+        cso_release::ReleaseCache::new(
+            &release_dir,
+            source,
+            cso_release::archive::UnpackLimits::default(),
+        )
+        .unwrap()
+        .with_dependencies(cso_release::DependencyResolver::new(
+            cso_release::ChartMirrors::all(mirror.url()),
+        ))
+        .with_local_cache(&scratch.path().join("local-cache")),
     );
     let _operator = support::RunningOperator::run(operator, renderer).await;
     support::create_stack(

@@ -40,6 +40,7 @@
 //! | `CSO_BENCH_ARGS` | more flags for `cso run`, space-separated (e.g. `--clusteraddon-concurrency=1`) | none |
 //! | `CSO_BENCH_HELM_RUNS` | sequential `helm template` runs of the reference | `50` |
 //! | `CSO_BENCH_BINARY` | another `cso` binary to run (e.g. a release build of an older commit, to compare) | this package's |
+//! | `CSO_BENCH_MOVE` | `all`: the upgrade patches every Cluster's class at once; `rollout`: a ClusterStackRollout moves them in 3 waves (the Clusters labelled `wave=w0,w1,w2` round robin), each started when the one before is done; measured until it is `Completed` (issue 30) | `all` |
 //! | `CSO_BENCH_SHARDS` | `1`: one `cso run` as above; `3`: three (the default shard, `--shard=a`, `--shard=b`, each with `--leader-elect=true`, its own ports, release directory and log), the Clusters labelled `clusterstack.x-k8s.io/shard` round robin none/a/b at creation, and the cost reported per process and summed (issue 18) | `1` |
 //!
 //! With `CSO_BENCH_HOSTS=cluster` and more Clusters than workload API servers, Clusters sharing a server write
@@ -47,6 +48,12 @@
 //! changes what another Cluster applied: an operator that watches its objects for drift fights itself there.
 //! With `server` (the default) the chart renders are shared by the Clusters of one server (the render cache
 //! hits); the values are still templated once per Cluster.
+//!
+//! There is no Cluster API here: a rollout counts a Cluster done only once Cluster API reports its topology
+//! reconciled, so a stand-in of that part of Cluster API's contract runs beside it (both modes): for every
+//! Cluster whose `metadata.generation` is newer than its `status.observedGeneration`, it writes
+//! `status.observedGeneration` and `TopologyReconciled=True` (`capi_status_stand_in`); its writes go to the
+//! management API server, not through the operator.
 //!
 //! No assertions on times: it reports numbers. Everything it starts (API servers, `cso`, temporary
 //! directories) is stopped and removed at the end, on failure and on Ctrl-C.
@@ -96,6 +103,9 @@ struct Settings {
     binary: PathBuf,
     /// `CSO_BENCH_SHARDS`: 1 or 3 `cso run` processes.
     shards: usize,
+    /// `CSO_BENCH_MOVE=rollout`: the upgrade moves the Clusters by a ClusterStackRollout in 3 waves instead of
+    /// patching every Cluster at once.
+    rollout: bool,
 }
 
 /// The shard label of Cluster `i`: with 3 shards round robin none (the default shard), `a`, `b`.
@@ -162,6 +172,11 @@ impl Settings {
                 None | Some("1") => 1,
                 Some("3") => 3,
                 Some(other) => panic!("CSO_BENCH_SHARDS={other}: `1` or `3`"),
+            },
+            rollout: match var("CSO_BENCH_MOVE").as_deref() {
+                None | Some("all") => false,
+                Some("rollout") => true,
+                Some(other) => panic!("CSO_BENCH_MOVE={other}: `all` or `rollout`"),
             },
         }
     }
@@ -983,12 +998,14 @@ fn kubeconfig_secret(name: &str, kubeconfig: &str) -> DynamicObject {
     .unwrap()
 }
 
-/// A Cluster of the ferrol v1 class whose control plane is at `host`.
-fn cluster_object(name: &str, host: &str, shard: Option<&str>) -> DynamicObject {
-    let metadata = match shard {
-        Some(shard) => json!({"name": name, "labels": {"clusterstack.x-k8s.io/shard": shard}}),
-        None => json!({"name": name}),
-    };
+/// A Cluster of the ferrol v1 class whose control plane is at `host`, labelled with its shard and its rollout
+/// wave (`wave=w0`, `w1`, `w2`).
+fn cluster_object(name: &str, host: &str, shard: Option<&str>, wave: usize) -> DynamicObject {
+    let mut labels = json!({"wave": format!("w{}", wave % 3)});
+    if let Some(shard) = shard {
+        labels["clusterstack.x-k8s.io/shard"] = json!(shard);
+    }
+    let metadata = json!({"name": name, "labels": labels});
     serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "metadata": metadata,
         "spec": {"topology": {"class": V1, "version": "v1.27.3"},
@@ -1152,6 +1169,7 @@ async fn measure(
     let cluster = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster"));
     let secrets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &secret);
     let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &cluster);
+    let stand_in = tokio::spawn(capi_status_stand_in(clusters.clone()));
     let kubeconfigs: Vec<String> = env
         .workloads
         .iter()
@@ -1169,7 +1187,10 @@ async fn measure(
         .await
         .unwrap();
     clusters
-        .create(&dry_run, &cluster_object("warm-up", "warm-up.example.test", None))
+        .create(
+            &dry_run,
+            &cluster_object("warm-up", "warm-up.example.test", None, 0),
+        )
         .await
         .unwrap();
     println!(
@@ -1189,7 +1210,7 @@ async fn measure(
                 let secret = kubeconfig_secret(&name, &kubeconfigs[i % kubeconfigs.len()]);
                 secrets.create(&PostParams::default(), &secret).await?;
                 clusters
-                    .create(&PostParams::default(), &cluster_object(&name, &host, shard))
+                    .create(&PostParams::default(), &cluster_object(&name, &host, shard, i))
                     .await?;
                 Ok::<_, kube::Error>(())
             }
@@ -1252,27 +1273,42 @@ async fn measure(
     let before = snapshot(env, operator).await;
     let before_all = snapshots(env, &all_operators(operator, others)).await;
     let started = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let clusters = &clusters;
-            async move {
-                clusters
-                    .patch(
-                        &format!("c{i}"),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"topology": {"class": V2}}})),
-                    )
-                    .await
-            }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<Vec<_>>()
-        .await
+    let rollouts: Api<cso_api::ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
+    if settings.rollout {
+        let rollout: cso_api::ClusterStackRollout = serde_json::from_value(json!({
+            "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
+            "metadata": {"name": "ferrol-v2", "namespace": ns},
+            "spec": {"clusterStack": "ferrol", "version": "v2", "waves": [
+                {"name": "w0", "clusterSelector": {"matchLabels": {"wave": "w0"}}},
+                {"name": "w1", "clusterSelector": {"matchLabels": {"wave": "w1"}}},
+                {"name": "w2"}]}
+        }))
         .unwrap();
-    println!(
-        "  {n} Clusters moved to {V2} in {:.2} s",
-        started.elapsed().as_secs_f64()
-    );
+        rollouts.create(&PostParams::default(), &rollout).await.unwrap();
+        println!("  ClusterStackRollout to {V2} in 3 waves created");
+    } else {
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let clusters = &clusters;
+                async move {
+                    clusters
+                        .patch(
+                            &format!("c{i}"),
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"topology": {"class": V2}}})),
+                        )
+                        .await
+                }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap();
+        println!(
+            "  {n} Clusters moved to {V2} in {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
     let upgrade = wait_for_count(
         "ClusterAddons ready on v2",
         n,
@@ -1282,6 +1318,29 @@ async fn measure(
         ready_on(V2),
     )
     .await;
+    if settings.rollout {
+        // Done means Cluster API's part too; the rollout says Completed once the last wave is.
+        let deadline = Instant::now() + settings.timeout;
+        loop {
+            let phase = rollouts
+                .get("ferrol-v2")
+                .await
+                .ok()
+                .and_then(|r| r.status)
+                .map(|s| (s.phase, s.done))
+                .unwrap_or_default();
+            if phase.0 == "Completed" || Instant::now() > deadline {
+                println!(
+                    "  rollout {} ({} done) {:.2} s after it was created",
+                    phase.0,
+                    phase.1,
+                    started.elapsed().as_secs_f64()
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
     let after = snapshot(env, operator).await;
     let after_all = snapshots(env, &all_operators(operator, others)).await;
     let upgrade_cost = cost(&before, &after);
@@ -1328,8 +1387,42 @@ async fn measure(
         row.idle = Some(idle(n, env, operator, settings, window).await);
     }
     watch.abort();
+    stand_in.abort();
     row.failure = operator.exited();
     row
+}
+
+/// Cluster API's report of a reconciled topology, where no Cluster API runs: every Cluster of `clusters` whose
+/// generation is newer than its `status.observedGeneration` gets both, with `TopologyReconciled=True`.
+async fn capi_status_stand_in(clusters: Api<DynamicObject>) {
+    let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+    loop {
+        if let Ok(list) = clusters.list(&Default::default()).await {
+            for cluster in list {
+                let name = cluster.name_any();
+                let generation = cluster.metadata.generation.unwrap_or_default();
+                let observed = cluster
+                    .data
+                    .pointer("/status/observedGeneration")
+                    .and_then(serde_json::Value::as_i64)
+                    .unwrap_or_default();
+                if observed >= generation || seen.get(&name) == Some(&generation) {
+                    continue;
+                }
+                let status = json!({"status": {"observedGeneration": generation, "conditions": [
+                    {"type": "TopologyReconciled", "status": "True",
+                     "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}]}});
+                if clusters
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .is_ok()
+                {
+                    seen.insert(name, generation);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The operator and, with 3 shards, the shard processes `a` and `b`.

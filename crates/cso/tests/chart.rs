@@ -986,7 +986,11 @@ async fn the_go_operators_release_is_swapped_with_helm_upgrade_and_back_losing_n
         .filter_map(|c| c.metadata.name)
         .filter(|n| n.ends_with(".clusterstack.x-k8s.io"))
         .collect();
-    assert_eq!(crds_left.len(), 3, "helm uninstall keeps the CRDs: {crds_left:?}");
+    assert_eq!(
+        crds_left.len(),
+        cso_api::crd::all().len(),
+        "helm uninstall keeps the CRDs, ClusterStackRollout's too: {crds_left:?}"
+    );
     let stacks = Api::<cso_api::ClusterStack>::namespaced(client.clone(), "team-a");
     assert_eq!(
         stacks.get("ferrol").await.unwrap().metadata.uid,
