@@ -81,6 +81,22 @@ pub struct ClusterStackRolloutSpec {
     pub paused: bool,
 }
 
+impl ClusterStackRolloutSpec {
+    /// A rollout of `cluster_stack`'s release `version` (dot form) to all its Clusters at once: no selector,
+    /// one wave, no bake, the default wave timeout, not paused.
+    pub fn to(cluster_stack: &str, version: &str) -> Self {
+        ClusterStackRolloutSpec {
+            cluster_stack: cluster_stack.to_owned(),
+            version: version.to_owned(),
+            cluster_selector: None,
+            waves: Vec::new(),
+            bake_time: None,
+            wave_timeout: None,
+            paused: false,
+        }
+    }
+}
+
 /// One wave of a rollout.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -164,9 +164,7 @@ async fn install_class(client: &kube::Client, ns: &str, chart: &Path, class: &st
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let object = serde_json::to_value(classes.get(class).await.unwrap()).unwrap();
-        let ready = object.pointer("/status/observedGeneration") == object.pointer("/metadata/generation")
-            && condition_true(&object, "VariablesReady");
-        if ready {
+        if class_reconciled(&object) {
             return object;
         }
         assert!(
@@ -175,6 +173,13 @@ async fn install_class(client: &kube::Client, ns: &str, chart: &Path, class: &st
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Whether Cluster API has reconciled the ClusterClass `object` (its variables are what its webhook checks a
+/// Cluster against).
+fn class_reconciled(object: &Value) -> bool {
+    object.pointer("/status/observedGeneration") == object.pointer("/metadata/generation")
+        && condition_true(object, "VariablesReady")
 }
 
 fn condition_true(object: &Value, type_: &str) -> bool {
@@ -229,6 +234,12 @@ async fn cluster_of_v1(
     }
 }
 
+/// The Cluster `c1` of v1 with an `imageRepository` the narrowed v2's enum refuses, reconciled.
+async fn refused_by_v2(client: &kube::Client, ns: &str) -> Cluster {
+    let refused = json!([{"name": "imageRepository", "value": "registry.k8s.io"}]);
+    cluster_of_v1(client, ns, "c1", refused, true).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_variable_named() {
     let env = shared_management_with_cluster_api();
@@ -262,14 +273,7 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
     // A Cluster of v1 with a value v2's narrowed enum refuses, built and reconciled by Cluster API.
     let resource = Cluster::resource("v1beta2");
     let clusters: Api<Cluster> = Api::namespaced_with(client.clone(), &ns, &resource);
-    let c1 = cluster_of_v1(
-        &client,
-        &ns,
-        "c1",
-        json!([{"name": "imageRepository", "value": "registry.k8s.io"}]),
-        true,
-    )
-    .await;
+    let c1 = refused_by_v2(&client, &ns).await;
     let answer = preflight::preflight(&client, &resource, &c1, &v2, None).await;
     let report = preflight::describe(&answer, &format!("{ns}/c1"));
     eprintln!("{report}");
@@ -449,7 +453,7 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         .with_dependencies(cso_release::DependencyResolver::new(
             cso_release::ChartMirrors::all(mirror.url()),
         ))
-        .with_local_cache(&scratch.path().join("local-cache")),
+        .with_local_cache(scratch.path().join("local-cache")),
     );
     let _operator = support::RunningOperator::run(operator, renderer).await;
     support::create_stack(
@@ -462,27 +466,18 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     .await;
     support::ready_release(&client, &ns, V1).await;
     support::ready_release(&client, &ns, V2).await;
-    // Cluster API has reconciled both classes (their variables are what its webhook checks a move against).
+    // Cluster API has reconciled both classes.
     let classes = api_for(&client, "cluster.x-k8s.io/v1beta2", "ClusterClass", &ns).await;
     for class in [V1, V2] {
         support::eventually(&format!("ClusterClass {class} reconciled"), TIMEOUT, || async {
             let object = serde_json::to_value(classes.get(class).await.ok()?).unwrap();
-            (object.pointer("/status/observedGeneration") == object.pointer("/metadata/generation")
-                && condition_true(&object, "VariablesReady"))
-            .then_some(())
+            class_reconciled(&object).then_some(())
         })
         .await;
     }
 
     // c1 sets a value v2's narrowed enum refuses; c2 sets nothing v2 refuses.
-    let c1 = cluster_of_v1(
-        &client,
-        &ns,
-        "c1",
-        json!([{"name": "imageRepository", "value": "registry.k8s.io"}]),
-        true,
-    )
-    .await;
+    let c1 = refused_by_v2(&client, &ns).await;
     cluster_of_v1(&client, &ns, "c2", json!([]), true).await;
 
     let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);

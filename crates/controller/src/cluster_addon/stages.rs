@@ -1245,13 +1245,4 @@ mod tests {
         start(&mut a, Hook::AfterClusterUpgrade, &two_stages());
         assert!(a.get_condition(condition::HOOK_STAGES_COMPLETED).is_none());
     }
-
-    #[test]
-    fn durations_read_as_the_flags_spell_them() {
-        use std::time::Duration;
-        assert_eq!(go_duration(Duration::from_secs(600)), "10m");
-        assert_eq!(go_duration(Duration::from_secs(5400)), "1h30m");
-        assert_eq!(go_duration(Duration::from_secs(45)), "45s");
-        assert_eq!(go_duration(Duration::from_millis(300)), "300ms");
-    }
 }

@@ -1,11 +1,9 @@
 //! Table tests of the rollout's conclusion: the status, conditions and events from an assessment and what
 //! the moves did.
 
-use std::collections::BTreeMap;
-
 use chrono::TimeZone;
 use cso_api::{
-    ClusterStack, ClusterStackRolloutSpec, ClusterStackSpec, ReleaseId,
+    ClusterStack, ClusterStackRolloutSpec, ReleaseId,
     cluster_stack_rollout::Wave,
     conditions::ConditionStatus,
     rules::rollout::{Candidate, assess},
@@ -17,47 +15,33 @@ fn t(seconds: i64) -> chrono::DateTime<chrono::Utc> {
     chrono::Utc.timestamp_opt(1_800_000_000 + seconds, 0).unwrap()
 }
 
+/// ferrol v2 in two waves: `first` (ring=1), `rest`; timeout 1 minute.
 fn plan() -> Plan {
-    let stack = ClusterStack::new(
-        "ferrol",
-        ClusterStackSpec {
-            provider: "docker".into(),
-            name: "ferrol".into(),
-            kubernetes_version: "1.27".into(),
-            channel: Default::default(),
-            versions: vec!["v1".into(), "v2".into()],
-            version_digests: BTreeMap::new(),
-            auto_subscribe: false,
-            no_provider: true,
-            provider_ref: None,
-        },
-    );
-    Plan::of(
-        &ClusterStackRolloutSpec {
-            cluster_stack: "ferrol".into(),
-            version: "v2".into(),
-            cluster_selector: None,
-            waves: vec![
-                Wave {
-                    name: "first".into(),
-                    cluster_selector: Some(cso_api::cluster_stack_rollout::LabelSelector {
-                        match_labels: [("ring".to_owned(), "1".to_owned())].into(),
-                        ..Default::default()
-                    }),
-                    max_in_progress: None,
-                },
-                Wave {
-                    name: "rest".into(),
-                    ..Wave::default()
-                },
-            ],
-            bake_time: None,
-            wave_timeout: Some("1m".into()),
-            paused: false,
-        },
-        &StackSpec::parse(&stack).unwrap(),
-    )
-    .unwrap()
+    let stack: ClusterStack = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ferrol"},
+        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "versions": ["v1", "v2"],
+                 "autoSubscribe": false, "noProvider": true}
+    }))
+    .unwrap();
+    let spec = ClusterStackRolloutSpec {
+        waves: vec![
+            Wave {
+                name: "first".into(),
+                cluster_selector: Some(cso_api::cluster_stack_rollout::LabelSelector {
+                    match_labels: [("ring".to_owned(), "1".to_owned())].into(),
+                    ..Default::default()
+                }),
+                max_in_progress: None,
+            },
+            Wave {
+                name: "rest".into(),
+                ..Wave::default()
+            },
+        ],
+        wave_timeout: Some("1m".into()),
+        ..ClusterStackRolloutSpec::to("ferrol", "v2")
+    };
+    Plan::of(&spec, &StackSpec::parse(&stack).unwrap()).unwrap()
 }
 
 fn cluster(name: &str, version: &str, ring: &str, done: bool) -> Candidate {
@@ -75,18 +59,7 @@ fn cluster(name: &str, version: &str, ring: &str, done: bool) -> Candidate {
 }
 
 fn rollout_with(status: Option<ClusterStackRolloutStatus>) -> ClusterStackRollout {
-    let mut rollout = ClusterStackRollout::new(
-        "to-v2",
-        ClusterStackRolloutSpec {
-            cluster_stack: "ferrol".into(),
-            version: "v2".into(),
-            cluster_selector: None,
-            waves: Vec::new(),
-            bake_time: None,
-            wave_timeout: None,
-            paused: false,
-        },
-    );
+    let mut rollout = ClusterStackRollout::new("to-v2", ClusterStackRolloutSpec::to("ferrol", "v2"));
     rollout.metadata.generation = Some(3);
     rollout.status = status;
     rollout

@@ -199,18 +199,7 @@ mod tests {
     use super::*;
 
     fn rollout() -> ClusterStackRollout {
-        let mut rollout = ClusterStackRollout::new(
-            "to-v2",
-            ClusterStackRolloutSpec {
-                cluster_stack: "ferrol".into(),
-                version: "v2".into(),
-                cluster_selector: None,
-                waves: Vec::new(),
-                bake_time: None,
-                wave_timeout: None,
-                paused: false,
-            },
-        );
+        let mut rollout = ClusterStackRollout::new("to-v2", ClusterStackRolloutSpec::to("ferrol", "v2"));
         rollout.metadata.namespace = Some("ns".into());
         rollout.status = Some(ClusterStackRolloutStatus {
             phase: "Paused".into(),

@@ -77,35 +77,29 @@ fn stack() -> StackSpec {
 
 /// canary (ring=canary), early (ring=early, maxInProgress 2), late (the rest); bake 10 min, timeout 5 min.
 fn three_waves() -> Plan {
-    Plan::of(
-        &ClusterStackRolloutSpec {
-            cluster_stack: "ferrol".into(),
-            version: "v2".into(),
-            cluster_selector: None,
-            waves: vec![
-                Wave {
-                    name: "canary".into(),
-                    cluster_selector: selector(&[("ring", "canary")]),
-                    max_in_progress: None,
-                },
-                Wave {
-                    name: "early".into(),
-                    cluster_selector: selector(&[("ring", "early")]),
-                    max_in_progress: Some(2),
-                },
-                Wave {
-                    name: "late".into(),
-                    cluster_selector: None,
-                    max_in_progress: None,
-                },
-            ],
-            bake_time: Some("10m".into()),
-            wave_timeout: Some("5m".into()),
-            paused: false,
-        },
-        &stack(),
-    )
-    .unwrap()
+    let spec = ClusterStackRolloutSpec {
+        waves: vec![
+            Wave {
+                name: "canary".into(),
+                cluster_selector: selector(&[("ring", "canary")]),
+                max_in_progress: None,
+            },
+            Wave {
+                name: "early".into(),
+                cluster_selector: selector(&[("ring", "early")]),
+                max_in_progress: Some(2),
+            },
+            Wave {
+                name: "late".into(),
+                cluster_selector: None,
+                max_in_progress: None,
+            },
+        ],
+        bake_time: Some("10m".into()),
+        wave_timeout: Some("5m".into()),
+        ..ClusterStackRolloutSpec::to("ferrol", "v2")
+    };
+    Plan::of(&spec, &stack()).unwrap()
 }
 
 fn moved(name: &str, wave: &str, at: i64) -> ClusterMove {
@@ -513,26 +507,13 @@ fn the_spec_is_checked_field_by_field(
     #[case] fields: &[&str],
 ) {
     let mut spec = ClusterStackRolloutSpec {
-        cluster_stack: "ferrol".into(),
-        version: "v2".into(),
-        cluster_selector: None,
-        waves: vec![
-            Wave {
-                name: "canary".into(),
+        waves: ["canary", "early", "late"]
+            .map(|name| Wave {
+                name: name.into(),
                 ..Wave::default()
-            },
-            Wave {
-                name: "early".into(),
-                ..Wave::default()
-            },
-            Wave {
-                name: "late".into(),
-                ..Wave::default()
-            },
-        ],
-        bake_time: None,
-        wave_timeout: None,
-        paused: false,
+            })
+            .to_vec(),
+        ..ClusterStackRolloutSpec::to("ferrol", "v2")
     };
     change(&mut spec);
     let errors: Vec<String> = validate(&spec).iter().map(|e| e.field.to_string()).collect();
@@ -541,15 +522,7 @@ fn the_spec_is_checked_field_by_field(
 
 #[test]
 fn the_plan_of_a_spec_without_waves_is_one_wave_and_the_defaults() {
-    let spec = ClusterStackRolloutSpec {
-        cluster_stack: "ferrol".into(),
-        version: "v2".into(),
-        cluster_selector: None,
-        waves: Vec::new(),
-        bake_time: None,
-        wave_timeout: None,
-        paused: false,
-    };
+    let spec = ClusterStackRolloutSpec::to("ferrol", "v2");
     let plan = Plan::of(&spec, &stack()).unwrap();
     assert_eq!(plan.target, release("v2"));
     assert_eq!(
