@@ -53,8 +53,72 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// How long a rollout waiting for its release or ClusterStack waits before looking again.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The rollout controller's context.
-pub type RolloutContext = ControllerContext<()>;
+/// The rollout controller's context: the shared one, and the moves that could not be made lately.
+pub type RolloutContext = ControllerContext<Retries>;
+
+/// The first wait before a Cluster whose move could not be made is tried again; it doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// The Clusters (`namespace/name`) whose move could not be made now (the dry run or the patch failed), with
+/// how often in a row and when they may be tried again: a Cluster that cannot be moved is not tried at every
+/// wake-up (any Cluster's change wakes the rollout), and its `MoveFailed` event is published once per
+/// problem, not once per attempt. In memory: a restart tries again at once.
+#[derive(Debug, Default)]
+pub struct Retries(std::sync::Mutex<HashMap<String, Retry>>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Retry {
+    failures: u32,
+    not_before: std::time::Instant,
+    why: String,
+}
+
+impl Retries {
+    /// Whether `cluster` may be tried now.
+    fn may_try(&self, cluster: &str, now: std::time::Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cluster)
+            .is_none_or(|r| now >= r.not_before)
+    }
+
+    /// How long until the first Cluster in back-off may be tried again.
+    fn next_try(&self, now: std::time::Instant) -> Option<Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|r| r.not_before > now)
+            .map(|r| r.not_before - now)
+            .min()
+    }
+
+    /// Records what the move of `cluster` gave; returns whether a failure is news (first, or another reason).
+    fn record(&self, cluster: &str, result: &MoveResult, now: std::time::Instant) -> bool {
+        let mut retries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let MoveResult::NotNow(why) = result else {
+            retries.remove(cluster);
+            return false;
+        };
+        let previous = retries.get(cluster).cloned();
+        let failures = previous.as_ref().map_or(0, |r| r.failures).saturating_add(1);
+        let wait = RETRY_FIRST
+            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
+            .min(RETRY_MAX);
+        retries.insert(
+            cluster.to_owned(),
+            Retry {
+                failures,
+                not_before: now + wait,
+                why: why.clone(),
+            },
+        );
+        previous.is_none_or(|p| p.why != *why)
+    }
+}
 
 /// Reconciles one ClusterStackRollout (recorded in the reconcile metrics as `clusterstackrollout`).
 pub async fn reconcile(rollout: Arc<ClusterStackRollout>, ctx: Arc<RolloutContext>) -> Result<Action, Error> {
@@ -144,10 +208,14 @@ async fn reconcile_object(
                 None
             }
         };
+        let tried_at = std::time::Instant::now();
         for name in &assessment.to_move {
             let Some(cluster) = clusters.iter().find(|c| cluster_name(c) == *name) else {
                 continue;
             };
+            if !ctx.own.may_try(name, tried_at) {
+                continue;
+            }
             let result = match &release {
                 None => MoveResult::NotNow(format!("release {} is not at hand", plan.target.tag())),
                 Some(release) => move_cluster(&ctx, cluster, release).await,
@@ -157,9 +225,16 @@ async fn reconcile_object(
                 MoveResult::Refused { .. } => "refused",
                 MoveResult::NotNow(_) => "failed",
             });
-            results.push((name.clone(), result));
+            let news = ctx.own.record(name, &result, tried_at);
+            results.push((name.clone(), result, news));
         }
     }
+    let results: Vec<(String, MoveResult)> = results
+        .into_iter()
+        // A failure already announced is not announced again; the Cluster waits for its next try.
+        .filter(|(_, result, news)| *news || !matches!(result, MoveResult::NotNow(_)))
+        .map(|(name, result, _)| (name, result))
+        .collect();
     // The Clusters just moved are on the target now, whatever the cache shows yet.
     let moved_now: Vec<&String> = results
         .iter()
@@ -184,7 +259,10 @@ async fn reconcile_object(
     let (status, events) = conclude(&rollout, &plan, &after, &results);
     ctx.publish(&rollout, events).await;
     crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
-    let next = after.next_check.map_or(RESYNC, |d| d.min(RESYNC));
+    let next = [after.next_check, ctx.own.next_try(std::time::Instant::now())]
+        .into_iter()
+        .flatten()
+        .fold(RESYNC, Duration::min);
     Ok(Action::requeue(next.max(Duration::from_secs(1))))
 }
 

@@ -219,3 +219,42 @@ fn a_rollout_that_cannot_start_says_why_once() {
     let (status, _) = conclude_blocked(&rollout_with(None), &invalid);
     assert!(status.is_condition_false(condition::ROLLOUT_SPEC_VALID));
 }
+
+#[test]
+fn a_move_that_cannot_be_made_waits_doubling_and_is_announced_once_per_reason() {
+    let retries = Retries::default();
+    let start = std::time::Instant::now();
+    let failed = |why: &str| MoveResult::NotNow(why.into());
+    assert!(retries.may_try("ns/a", start));
+    assert!(
+        retries.record("ns/a", &failed("the dry run could not be made"), start),
+        "news"
+    );
+    assert!(!retries.may_try("ns/a", start));
+    assert!(retries.may_try("ns/b", start), "others go on");
+    assert_eq!(retries.next_try(start), Some(Duration::from_secs(5)));
+    let later = start + Duration::from_secs(5);
+    assert!(retries.may_try("ns/a", later));
+    assert!(
+        !retries.record("ns/a", &failed("the dry run could not be made"), later),
+        "the same: quiet"
+    );
+    assert_eq!(retries.next_try(later), Some(Duration::from_secs(10)), "doubled");
+    assert!(
+        retries.record("ns/a", &failed("Cluster API refused the move"), later),
+        "another reason: news"
+    );
+    assert_eq!(
+        retries.next_try(later + Duration::from_secs(3600)),
+        None,
+        "nothing waits once due"
+    );
+    // Moved at last: forgotten.
+    let moved = MoveResult::Moved {
+        from: "docker-ferrol-1-27-v1".into(),
+        generation: Some(2),
+    };
+    assert!(!retries.record("ns/a", &moved, later));
+    assert!(retries.may_try("ns/a", later));
+    assert_eq!(retries.next_try(later), None);
+}
