@@ -308,12 +308,15 @@ pub(crate) struct ClassCache {
 
 impl ClassCache {
     fn class(&self, namespace: &str, name: &str) -> Option<ClassView> {
+        Some(ClassView::from_object(&self.object(namespace, name)?))
+    }
+
+    /// The ClusterClass `namespace/name` as the watch last saw it, if it has.
+    pub(crate) fn object(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         let object = self
             .store
             .get(&ObjectRef::new_with(name, self.resource.clone()).within(namespace))?;
-        Some(ClassView::from_object(
-            &serde_json::to_value(object.as_ref()).ok()?,
-        ))
+        serde_json::to_value(object.as_ref()).ok()
     }
 }
 

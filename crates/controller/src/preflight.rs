@@ -124,13 +124,20 @@ fn is_refusal(status: &kube::core::Status) -> bool {
     matches!(status.code, 400 | 422) || status.message.contains("admission webhook")
 }
 
-/// Reads a ClusterClass: `Ok(None)` when it does not exist.
+/// A watch cache of ClusterClasses: the class `(namespace, name)` as a whole object, if the cache has it.
+pub type CachedClasses<'a> = &'a (dyn Fn(&str, &str) -> Option<Value> + Send + Sync);
+
+/// Reads a ClusterClass, from `cached` when it has it: `Ok(None)` when it does not exist.
 async fn read_class(
     client: &Client,
     cluster_resource: &ApiResource,
+    cached: Option<CachedClasses<'_>>,
     namespace: &str,
     name: &str,
 ) -> Result<Option<Value>, String> {
+    if let Some(object) = cached.and_then(|lookup| lookup(namespace, name)) {
+        return Ok(Some(object));
+    }
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &class_resource(cluster_resource));
     match api.get_opt(name).await {
@@ -155,6 +162,19 @@ pub async fn preflight(
     release: &Release,
     rendered_class: Option<&Value>,
 ) -> Preflight {
+    preflight_with(client, cluster_resource, cluster, release, rendered_class, None).await
+}
+
+/// [`preflight`] reading the two classes from `cached` where it has them (a rollout moving many Clusters reads
+/// them from the release controller's ClusterClass watch, not once per Cluster); the dry run is always made.
+pub async fn preflight_with(
+    client: &Client,
+    cluster_resource: &ApiResource,
+    cluster: &Cluster,
+    release: &Release,
+    rendered_class: Option<&Value>,
+    cached: Option<CachedClasses<'_>>,
+) -> Preflight {
     let whole = cluster
         .object
         .as_deref()
@@ -170,23 +190,25 @@ pub async fn preflight(
 
     let mut failed: Vec<String> = Vec::new();
     let from_class = match &from {
-        Some(class) => match read_class(client, cluster_resource, &class.namespace, &class.name).await {
-            Ok(Some(object)) => ClassView::from_object(&object),
-            Ok(None) => ClassView {
-                name: class.name.clone(),
-                ..ClassView::default()
-            },
-            Err(e) => {
-                failed.push(e);
-                ClassView {
+        Some(class) => {
+            match read_class(client, cluster_resource, cached, &class.namespace, &class.name).await {
+                Ok(Some(object)) => ClassView::from_object(&object),
+                Ok(None) => ClassView {
                     name: class.name.clone(),
                     ..ClassView::default()
+                },
+                Err(e) => {
+                    failed.push(e);
+                    ClassView {
+                        name: class.name.clone(),
+                        ..ClassView::default()
+                    }
                 }
             }
-        },
+        }
         None => ClassView::default(),
     };
-    let live_to = match read_class(client, cluster_resource, &class_namespace, &to_name).await {
+    let live_to = match read_class(client, cluster_resource, cached, &class_namespace, &to_name).await {
         Ok(live) => live,
         Err(e) => {
             failed.push(e);

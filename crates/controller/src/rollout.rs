@@ -19,6 +19,8 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use futures::StreamExt;
+
 use cso_api::{
     ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, ClusterStackRolloutStatus,
     capi::Cluster,
@@ -53,8 +55,38 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// How long a rollout waiting for its release or ClusterStack waits before looking again.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The rollout controller's context: the shared one, and the moves that could not be made lately.
-pub type RolloutContext = ControllerContext<Retries>;
+/// The rollout controller's context: the shared one, the moves that could not be made lately, and the
+/// ClusterClass cache the preflight reads the classes from.
+pub type RolloutContext = ControllerContext<RolloutMemory>;
+
+/// What the rollout controller keeps across its reconciles.
+#[derive(Default)]
+pub struct RolloutMemory {
+    retries: Retries,
+    classes: Option<crate::fleet_status::ClassCache>,
+}
+
+impl std::fmt::Debug for RolloutMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RolloutMemory")
+            .field("retries", &self.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The rollout controller's context, reading ClusterClasses from `classes` (the release controller's watch).
+pub(crate) fn context(shared: Arc<Context>, classes: crate::fleet_status::ClassCache) -> Arc<RolloutContext> {
+    ControllerContext::with(
+        shared,
+        RolloutMemory {
+            retries: Retries::default(),
+            classes: Some(classes),
+        },
+    )
+}
+
+/// How many Clusters of a wave are checked and moved at once.
+const MOVES_AT_ONCE: usize = 8;
 
 /// The first wait before a Cluster whose move could not be made is tried again; it doubles up to
 /// [`RETRY_MAX`].
@@ -209,25 +241,26 @@ async fn reconcile_object(
             }
         };
         let tried_at = std::time::Instant::now();
+        let mut moves = Vec::new();
         for name in &assessment.to_move {
-            let Some(cluster) = clusters.iter().find(|c| cluster_name(c) == *name) else {
-                continue;
-            };
-            if !ctx.own.may_try(name, tried_at) {
+            if !ctx.own.retries.may_try(name, tried_at) {
                 continue;
             }
-            let result = match &release {
-                None => MoveResult::NotNow(format!("release {} is not at hand", plan.target.tag())),
-                Some(release) => move_cluster(&ctx, cluster, release).await,
-            };
-            ctx.metrics.rollout_move(match &result {
-                MoveResult::Moved { .. } => "moved",
-                MoveResult::Refused { .. } => "refused",
-                MoveResult::NotNow(_) => "failed",
-            });
-            let news = ctx.own.record(name, &result, tried_at);
-            results.push((name.clone(), result, news));
+            if let Some(cluster) = clusters.iter().find(|c| cluster_name(c) == *name) {
+                moves.push(try_move(
+                    &ctx,
+                    cluster,
+                    release.as_deref(),
+                    &plan.target,
+                    tried_at,
+                ));
+            }
         }
+        results = futures::stream::iter(moves)
+            .buffer_unordered(MOVES_AT_ONCE)
+            .collect()
+            .await;
+        results.sort_by(|a, b| a.0.cmp(&b.0));
     }
     let results: Vec<(String, MoveResult)> = results
         .into_iter()
@@ -259,10 +292,13 @@ async fn reconcile_object(
     let (status, events) = conclude(&rollout, &plan, &after, &results);
     ctx.publish(&rollout, events).await;
     crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
-    let next = [after.next_check, ctx.own.next_try(std::time::Instant::now())]
-        .into_iter()
-        .flatten()
-        .fold(RESYNC, Duration::min);
+    let next = [
+        after.next_check,
+        ctx.own.retries.next_try(std::time::Instant::now()),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(RESYNC, Duration::min);
     Ok(Action::requeue(next.max(Duration::from_secs(1))))
 }
 
@@ -414,11 +450,43 @@ fn candidate(
     })
 }
 
+/// [`move_cluster`] to `release` (`None`: the release `target` is not at hand), recorded in the metrics and
+/// the retries; with whether a failure is news.
+async fn try_move(
+    ctx: &RolloutContext,
+    cluster: &Cluster,
+    release: Option<&cso_release::Release>,
+    target: &cso_api::ReleaseId,
+    tried_at: std::time::Instant,
+) -> (String, MoveResult, bool) {
+    let name = cluster_name(cluster);
+    let result = match release {
+        None => MoveResult::NotNow(format!("release {} is not at hand", target.tag())),
+        Some(release) => move_cluster(ctx, cluster, release).await,
+    };
+    ctx.metrics.rollout_move(match &result {
+        MoveResult::Moved { .. } => "moved",
+        MoveResult::Refused { .. } => "refused",
+        MoveResult::NotNow(_) => "failed",
+    });
+    let news = ctx.own.retries.record(&name, &result, tried_at);
+    (name, result, news)
+}
+
 /// The preflight of moving `cluster` to `release`'s class, then the move if it passes.
-async fn move_cluster(ctx: &Context, cluster: &Cluster, release: &cso_release::Release) -> MoveResult {
+async fn move_cluster(ctx: &RolloutContext, cluster: &Cluster, release: &cso_release::Release) -> MoveResult {
     let from = cluster.class().map(|c| c.name).unwrap_or_default();
+    // The two classes from the release controller's ClusterClass cache where it has them (not two reads per
+    // Cluster); the dry run is made for each.
+    let cached = ctx
+        .own
+        .classes
+        .as_ref()
+        .map(|classes| move |namespace: &str, name: &str| classes.object(namespace, name));
+    let lookup = cached.as_ref().map(|f| f as crate::preflight::CachedClasses<'_>);
     let preflight =
-        crate::preflight::preflight(&ctx.client, &ctx.cluster_resource, cluster, release, None).await;
+        crate::preflight::preflight_with(&ctx.client, &ctx.cluster_resource, cluster, release, None, lookup)
+            .await;
     match preflight.verdict {
         Verdict::Refused => {
             return MoveResult::Refused {

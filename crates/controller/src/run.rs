@@ -408,7 +408,8 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
 
     // The rollouts are the default shard's alone; they look at the Clusters of every shard (its watches see
     // them all). Any change of a Cluster (Cluster API's status too: TopologyReconciled), a ClusterAddon or a
-    // release may move a rollout on: each wakes every rollout (there are few), debounced.
+    // release may move a rollout on: each wakes every rollout (there are few), at most once a second however
+    // busy the fleet (throttled, never starved).
     let mut rollout_watch = management.then(|| {
         SharedWatch::new(
             scoped::<ClusterStackRollout>(&client, namespace),
@@ -418,36 +419,20 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     });
     let rollouts = rollout_watch.as_mut().map(|watch| {
         ctx.metrics.watch_rollouts(watch.store());
-        let every = |store: kube::runtime::reflector::Store<ClusterStackRollout>| {
-            move || {
-                store
-                    .state()
-                    .iter()
-                    .map(|r| ObjectRef::from_obj(r.as_ref()))
-                    .collect::<Vec<_>>()
-            }
-        };
-        let (by_cluster, by_addon, by_release) =
-            (every(watch.store()), every(watch.store()), every(watch.store()));
+        let changes = futures::stream::select_all([
+            cluster_watch.touched().map(|_| ()).boxed(),
+            addon_watch.touched().map(|_| ()).boxed(),
+            release_watch.touched().map(|_| ()).boxed(),
+        ]);
         watch
             .controller(())
-            .watches_stream_with(
-                cluster_watch.touched(),
-                move |_| by_cluster(),
-                ctx.cluster_resource.clone(),
-            )
-            .watches_stream(addon_watch.touched(), move |_| by_addon())
-            .watches_stream(release_watch.touched(), move |_| by_release())
-            .with_config(
-                Config::default()
-                    .concurrency(1)
-                    .debounce(std::time::Duration::from_secs(1)),
-            )
+            .reconcile_all_on(watch::throttled(changes, ROLLOUT_LOOK_EVERY))
+            .with_config(Config::default().concurrency(1))
             .graceful_shutdown_on(shutdown.clone())
             .run(
                 rollout::reconcile,
                 rollout::error_policy,
-                rollout::RolloutContext::new(ctx.clone()),
+                rollout::context(ctx.clone(), class_cache.clone()),
             )
             .for_each(|result| async move {
                 if let Err(e) = result {
@@ -528,6 +513,9 @@ async fn optional(controller: Option<impl Future<Output = ()>>) {
         controller.await;
     }
 }
+
+/// How often at most a change of the fleet wakes the rollouts.
+const ROLLOUT_LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a stop waits for reconciles in flight. Reconciles are level-based, so one cut short is redone by
 /// the next start (or the next leader); a stop never waits on a stuck request.

@@ -297,6 +297,31 @@ where
         .filter_map(|(object, change)| std::future::ready((change == Change::Changed).then_some(Ok(object))))
 }
 
+/// At most one item of `ticks` per `every`, never starved: the first item passes at once; one that comes
+/// sooner than `every` after the last passed waits until then, and whatever else came meanwhile is folded
+/// into it. Unlike a debounce (kube-runtime's restarts its wait at every new request), a steady stream of
+/// changes still lets one through every `every`: a rollout woken by every Cluster of a busy fleet looks at
+/// least once a second, and at most.
+pub(crate) fn throttled(
+    ticks: impl Stream<Item = ()> + Send + 'static,
+    every: Duration,
+) -> impl Stream<Item = ()> + Send + 'static {
+    use futures::FutureExt as _;
+    futures::stream::unfold(
+        (ticks.fuse().boxed(), None::<tokio::time::Instant>),
+        move |(mut ticks, last)| async move {
+            ticks.next().await?;
+            if let Some(last) = last {
+                tokio::time::sleep_until(last + every).await;
+            }
+            // Fold in what came while waiting (without waiting for more).
+            while let Some(Some(())) = ticks.next().now_or_never() {}
+            Some(((), (ticks, Some(tokio::time::Instant::now()))))
+        },
+    )
+    .fuse()
+}
+
 #[cfg(test)]
 mod tests {
     use std::{
@@ -514,5 +539,43 @@ mod tests {
                 (Some("uid-2".into()), None),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_steady_stream_passes_once_per_period_and_never_starves() {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let ticks =
+            futures::stream::unfold(receiver, |mut r| async move { r.recv().await.map(|()| ((), r)) });
+        let mut passed = pin!(throttled(ticks, Duration::from_millis(100)));
+        // A change every 10 ms for 600 ms, then none.
+        let feeding = tokio::spawn(async move {
+            for _ in 0..60 {
+                let _ = sender.send(());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let mut while_feeding = 0;
+        while !feeding.is_finished() {
+            tokio::select! {
+                Some(()) = passed.next() => while_feeding += 1,
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        // A debounce would let nothing through while changes keep coming; unthrottled, all 60 would pass.
+        assert!(
+            (3..=8).contains(&while_feeding),
+            "about one per 100 ms while changes keep coming: {while_feeding}"
+        );
+        // What came last is folded into one more, and then nothing.
+        let after = tokio::time::timeout(Duration::from_millis(300), async {
+            let mut n = 0;
+            while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(150), passed.next()).await {
+                n += 1;
+            }
+            n
+        })
+        .await
+        .unwrap_or(0);
+        assert!(after <= 1, "{after}");
     }
 }
