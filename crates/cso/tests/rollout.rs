@@ -6,6 +6,7 @@
 //! rollout starts: its addons cannot be applied, so it is not done within the wave timeout, and the rollout
 //! pauses with a condition (and the `cso_rollout_paused` metric) naming it; the third wave stays on v1. When
 //! the proxy is restored, its addons land, the wave bakes, the third wave moves and the rollout completes.
+//! Deleted, the rollout is gone at once and leaves every Cluster where it is.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{collections::BTreeMap, process::Command, time::Duration};
@@ -304,5 +305,11 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
         6.0,
         "{text}"
     );
+
+    // Deleting the rollout stops it and changes nothing: gone at once (no finalizer), every Cluster where it was.
+    let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
+    rollouts.delete("ferrol-v2", &Default::default()).await.unwrap();
+    assert!(rollouts.get_opt("ferrol-v2").await.unwrap().is_none());
+    assert!(classes(&client, &ns).await.values().all(|c| c == V2));
     drop(stand_in);
 }
