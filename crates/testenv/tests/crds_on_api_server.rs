@@ -33,6 +33,7 @@ async fn our_crds_are_established_with_short_names() {
         ("clusterstacks.clusterstack.x-k8s.io", "csk"),
         ("clusterstackreleases.clusterstack.x-k8s.io", "cskr"),
         ("clusteraddons.clusterstack.x-k8s.io", "caddon"),
+        ("clusterstackrollouts.clusterstack.x-k8s.io", "csro"),
     ] {
         let crd = api.get(name).await.unwrap();
         let conditions = crd.status.unwrap().conditions.unwrap();

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, capi::Cluster};
+use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, capi::Cluster};
 use cso_webhook::{TlsServer, admission, admission_router};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::{
@@ -75,6 +75,8 @@ async fn start_webhooks(client: &Client, ns: &str) -> Webhooks {
                 ours("clusterstacks", json!(["CREATE", "UPDATE", "DELETE"]))),
             webhook("validation.clusterstackrelease.clusterstack.x-k8s.io", admission::CLUSTER_STACK_RELEASE_PATH,
                 port, &ca, ns, ours("clusterstackreleases", json!(["DELETE"]))),
+            webhook("validation.clusterstackrollout.clusterstack.x-k8s.io", admission::CLUSTER_STACK_ROLLOUT_PATH,
+                port, &ca, ns, ours("clusterstackrollouts", json!(["CREATE", "UPDATE"]))),
         ],
     }))
     .unwrap();
@@ -325,6 +327,49 @@ async fn cluster_addons_must_reference_their_own_cluster() {
         message.contains("spec.clusterRef.name: field is immutable"),
         "{message}"
     );
+    webhooks.stop(&client, &ns).await;
+}
+
+#[tokio::test]
+async fn rollouts_are_refused_with_each_bad_field_named() {
+    let (client, ns, webhooks) = namespace_with_webhooks("adm-rollout").await;
+    let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
+    let rollout = |name: &str, spec: Value| -> ClusterStackRollout {
+        parse(
+            json!({"apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
+                     "metadata": {"name": name}, "spec": spec}),
+        )
+    };
+    let (code, message) = refusal(
+        rollouts
+            .create(
+                &PostParams::default(),
+                &rollout(
+                    "bad",
+                    json!({"clusterStack": "ferrol", "version": "2", "bakeTime": "ten minutes",
+                           "waves": [{"name": "canary"}, {"name": "canary"}]}),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(code, 422);
+    for field in ["spec.version", "spec.bakeTime", "spec.waves[1].name"] {
+        assert!(message.contains(field), "{field} named: {message}");
+    }
+    // A valid one is created; an update that breaks it is refused.
+    rollouts
+        .create(
+            &PostParams::default(),
+            &rollout(
+                "good",
+                json!({"clusterStack": "ferrol", "version": "v2", "waves": [{"name": "all"}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let (code, message) = refusal(merge(&rollouts, "good", json!({"spec": {"waveTimeout": "soon"}})).await);
+    assert_eq!(code, 422);
+    assert!(message.contains("spec.waveTimeout"), "{message}");
     webhooks.stop(&client, &ns).await;
 }
 
