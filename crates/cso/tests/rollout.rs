@@ -305,6 +305,23 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
         6.0,
         "{text}"
     );
+    // `cso status` ends with the rollout.
+    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+        .args(["status", "-n", &ns])
+        .arg(format!(
+            "--kubeconfig={}",
+            env.control_plane.kubeconfig_path().display()
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{ns}/ferrol-v2")))
+        .unwrap_or_else(|| panic!("no rollout line in cso status: {text}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cells[1..], [V2, "Completed", "6/6", "0"], "{line}");
 
     // Deleting the rollout stops it and changes nothing: gone at once (no finalizer), every Cluster where it was.
     let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
