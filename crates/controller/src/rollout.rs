@@ -64,6 +64,8 @@ pub type RolloutContext = ControllerContext<RolloutMemory>;
 pub struct RolloutMemory {
     retries: Retries,
     classes: Option<crate::fleet_status::ClassCache>,
+    /// The ClusterStacks as the ClusterStack controller's watch has them.
+    stacks: Option<crate::stores::Listed<ClusterStack>>,
 }
 
 impl std::fmt::Debug for RolloutMemory {
@@ -74,13 +76,20 @@ impl std::fmt::Debug for RolloutMemory {
     }
 }
 
-/// The rollout controller's context, reading ClusterClasses from `classes` (the release controller's watch).
-pub(crate) fn context(shared: Arc<Context>, classes: crate::fleet_status::ClassCache) -> Arc<RolloutContext> {
+/// The rollout controller's context, reading ClusterClasses from `classes` (the release controller's watch)
+/// and ClusterStacks from `stacks` (the ClusterStack controller's): a rollout woken every second by a busy
+/// fleet asks the API server for neither.
+pub(crate) fn context(
+    shared: Arc<Context>,
+    classes: crate::fleet_status::ClassCache,
+    stacks: crate::stores::Listed<ClusterStack>,
+) -> Arc<RolloutContext> {
     ControllerContext::with(
         shared,
         RolloutMemory {
             retries: Retries::default(),
             classes: Some(classes),
+            stacks: Some(stacks),
         },
     )
 }
@@ -304,17 +313,20 @@ async fn reconcile_object(
 
 /// The rollout's plan and its ClusterStack's spec; why it cannot start otherwise.
 async fn plan_of(
-    ctx: &Context,
+    ctx: &RolloutContext,
     rollout: &ClusterStackRollout,
 ) -> Result<Result<(Plan, StackSpec), Blocked>, Error> {
     let namespace = rollout.namespace().unwrap_or_default();
-    let stacks: Api<ClusterStack> = Api::namespaced(ctx.client.clone(), &namespace);
     let name = &rollout.spec.cluster_stack;
-    let Some(stack) = stacks
-        .get_opt(name)
-        .await
-        .map_err(|e| Error::kube(format!("read ClusterStack {namespace}/{name}"), e))?
-    else {
+    let cached = ctx.own.stacks.as_ref().and_then(|s| s.get(&namespace, name));
+    let stack = match cached {
+        Some(cached) => cached.map(|s| s.as_ref().clone()),
+        None => Api::<ClusterStack>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube(format!("read ClusterStack {namespace}/{name}"), e))?,
+    };
+    let Some(stack) = stack else {
         return Ok(Err(Blocked {
             reason: reason::CLUSTER_STACK_NOT_FOUND,
             severity: Severity::Warning,

@@ -432,7 +432,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             .run(
                 rollout::reconcile,
                 rollout::error_policy,
-                rollout::context(ctx.clone(), class_cache.clone()),
+                rollout::context(ctx.clone(), class_cache.clone(), stack_watch.cache()),
             )
             .for_each(|result| async move {
                 if let Err(e) = result {

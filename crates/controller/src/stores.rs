@@ -62,6 +62,17 @@ where
     }
 }
 
+impl<K> Listed<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// The object `name` in `namespace` as the watch last saw it: `Some(None)` when it has none, `None` when
+    /// the store cannot tell (not listed yet).
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<Option<Arc<K>>> {
+        Some(self.store()?.get(&ObjectRef::new(name).within(namespace)))
+    }
+}
+
 impl Stores {
     pub(crate) fn releases(&self) -> Option<&Store<ClusterStackRelease>> {
         self.releases.store()
