@@ -209,8 +209,15 @@ async fn reconcile_object(
     let before = rollout.status.clone();
     let now = chrono::Utc::now();
 
-    let (plan, stack) = match plan_of(&ctx, &rollout).await? {
-        Ok(found) => found,
+    let ready = match plan_of(&ctx, &rollout).await? {
+        Ok((plan, stack)) => match release_not_ready(&ctx, &namespace, &plan.target.tag()).await? {
+            None => Ok((plan, stack)),
+            Some(blocked) => Err(blocked),
+        },
+        Err(blocked) => Err(blocked),
+    };
+    let (plan, stack) = match ready {
+        Ok(ready) => ready,
         Err(blocked) => {
             let (status, events) = conclude_blocked(&rollout, &blocked);
             ctx.publish(&rollout, events).await;
@@ -219,12 +226,6 @@ async fn reconcile_object(
         }
     };
     let target_class = plan.target.cluster_class_name();
-    if let Some(blocked) = release_not_ready(&ctx, &namespace, &plan.target.tag()).await? {
-        let (status, events) = conclude_blocked(&rollout, &blocked);
-        ctx.publish(&rollout, events).await;
-        crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
-        return Ok(Action::requeue(WAIT));
-    }
 
     let clusters = clusters_of(&ctx, &namespace).await?;
     let addons = addons_of(&ctx).await?;

@@ -100,6 +100,23 @@ async fn rollout(client: &Client, namespace: &str) -> ClusterStackRollout {
         .unwrap()
 }
 
+/// What `cso ARGS --kubeconfig=KUBECONFIG` prints; it must succeed.
+fn cso(args: &[&str], kubeconfig: &std::path::Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
+        .args(args)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cso {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    eprintln!("{text}");
+    text
+}
+
 fn names(of: &[&str]) -> Vec<String> {
     of.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -262,20 +279,9 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
     assert_eq!(on["c4"], V1);
     assert_eq!(rollout(&client, &ns).await.status.unwrap().phase, phase::PAUSED);
     // `cso rollout status` says the same.
-    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
-        .args(["rollout", "status", "ferrol-v2", "-n", &ns])
-        .arg(format!(
-            "--kubeconfig={}",
-            env.control_plane.kubeconfig_path().display()
-        ))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{text}");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let text = cso(
+        &["rollout", "status", "ferrol-v2", "-n", &ns],
+        env.control_plane.kubeconfig_path(),
     );
     assert!(text.contains("Paused, wave early"), "{text}");
     assert!(text.contains(&format!("  {ns}/c3 (wave early): ")), "{text}");
@@ -306,16 +312,7 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
         "{text}"
     );
     // `cso status` ends with the rollout.
-    let output = Command::new(env!("CARGO_BIN_EXE_cso"))
-        .args(["status", "-n", &ns])
-        .arg(format!(
-            "--kubeconfig={}",
-            env.control_plane.kubeconfig_path().display()
-        ))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{text}");
+    let text = cso(&["status", "-n", &ns], env.control_plane.kubeconfig_path());
     let line = text
         .lines()
         .find(|l| l.starts_with(&format!("{ns}/ferrol-v2")))
