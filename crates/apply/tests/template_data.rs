@@ -66,7 +66,7 @@ async fn cluster_with_references(client: &Client, ns: &str) -> (Api<DynamicObjec
         json!({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
                "metadata": {"name": "c1", "labels": {"team": "a"}},
                "spec": {
-                   "clusterNetwork": {"pods": {"cidrBlocks": ["10.244.0.0/16", "fd00::/104"]},
+                   "clusterNetwork": {"pods": {"cidrBlocks": ["10.244.0.0/16", "fd10:244::/104"]},
                                       "serviceDomain": "c1.local"},
                    "topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3",
                                 "variables": [{"name": "region", "value": "eu-north"}]},
@@ -134,7 +134,7 @@ async fn templates_see_the_whole_cluster_and_its_references() {
     );
     assert_eq!(
         full["spec"]["clusterNetwork"]["pods"]["cidrBlocks"],
-        json!(["10.244.0.0/16", "fd00::/104"])
+        json!(["10.244.0.0/16", "fd10:244::/104"])
     );
     assert_eq!(full["spec"]["clusterNetwork"]["serviceDomain"], "c1.local");
     assert_eq!(

@@ -5,8 +5,11 @@
 //! reported at the next periodic pass.
 //!
 //! The simulated pods have no network: an APIService served by one of them can never become Available (the
-//! API server cannot reach it), so the ferrol release here leaves out metrics-server's APIService with the
-//! chart's own value (`apiService.create: false`); the APIService rule is tested in `cso_apply::health`.
+//! API server's dial of its Service fails on this machine: `cso_testenv::egress`). The ferrol release keeps
+//! metrics-server's APIService as released: where a test needs the addons ready, the APIService is annotated
+//! not to be judged (`clusterstack.x-k8s.io/skip-health-check`, through the chart's own
+//! `apiService.annotations`) and the test checks that it was applied and found not Available; in the upgrade
+//! test it is judged, reported by the health gate beside the Deployment, and the wait ends at the timeout.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
 mod support;
@@ -18,9 +21,12 @@ use cso_api::{
     conditions::{ConditionStatus, ConditionsExt},
     names::{condition, reason},
 };
-use k8s_openapi::api::{
-    apps::v1::{DaemonSet, Deployment},
-    core::v1::{ConfigMap, Pod},
+use k8s_openapi::{
+    api::{
+        apps::v1::{DaemonSet, Deployment},
+        core::v1::{ConfigMap, Pod},
+    },
+    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{Api, ResourceExt, api::ListParams};
 use serde_json::json;
@@ -54,7 +60,8 @@ async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() 
         r#"values: |
   metrics-server:
     apiService:
-      create: false
+      annotations:
+        clusterstack.x-k8s.io/skip-health-check: "true"
     commonLabels:
       domain: "{{ .Cluster.spec.controlPlaneEndpoint.host }}"
       clusterAddonVersion: "v1"
@@ -132,6 +139,32 @@ async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() 
     assert!(
         found_running.timestamp() >= became_available.as_second(),
         "AddonsHealthy True at {found_running}, metrics-server Available at {became_available}"
+    );
+    // metrics-server's APIService was applied as released; the API server's check of it fails on this machine.
+    let api_service = eventually(
+        "the APIService checked by the workload API server",
+        Duration::from_secs(60),
+        || async {
+            let api_services: Api<APIService> = Api::all(workload.clone());
+            let checked = api_services.get("v1beta1.metrics.k8s.io").await.ok()?;
+            let available = checked
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == "Available")?;
+            (available.reason.as_deref() == Some("FailedDiscoveryCheck")).then_some(available)
+        },
+    )
+    .await;
+    assert_eq!(api_service.status, "False");
+    assert!(
+        api_service
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("no route to host"),
+        "{api_service:?}"
     );
 
     // The simulated kubelets stop (kwok is paused: no node Lease is renewed, and after the node monitor's
@@ -352,15 +385,19 @@ async fn a_single_chart_upgrade_that_does_not_run_holds_before_cluster_upgrade_u
     let own = running_workload_plane("health-upgrade", 1).await;
     let dir = tempfile::tempdir().unwrap();
     local_releases(dir.path(), &["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"]);
-    for (version, node_selector) in [
-        ("v1", ""),
+    // v1 runs (its APIService, never Available on simulated pods, is not judged); v2's metrics-server can be
+    // scheduled nowhere and its APIService is judged.
+    let not_judged =
+        "\n    apiService:\n      annotations:\n        clusterstack.x-k8s.io/skip-health-check: \"true\"";
+    for (version, extra) in [
+        ("v1", not_judged),
         ("v2", "\n    nodeSelector:\n      cso.test/pool: nowhere"),
     ] {
         std::fs::write(
             dir.path()
                 .join(format!("cluster-stacks/docker-ferrol-1-27-{version}/cluster-addon-values.yaml")),
             format!(
-                "values: |\n  metrics-server:\n    apiService:\n      create: false{node_selector}\n    commonLabels:\n      clusterAddonVersion: \"{version}\"\n"
+                "values: |\n  metrics-server:{extra}\n    commonLabels:\n      clusterAddonVersion: \"{version}\"\n"
             ),
         )
         .unwrap();
@@ -399,6 +436,18 @@ async fn a_single_chart_upgrade_that_does_not_run_holds_before_cluster_upgrade_u
         message.contains("Deployment kube-system/metrics-server"),
         "{message}"
     );
+    eventually(
+        "the health gate names the APIService too",
+        Duration::from_secs(60),
+        || async {
+            let addon = addons.get("cluster-addon-c3").await.ok()?;
+            let (_, _, message) = health_of(&addon)?;
+            message
+                .contains("APIService v1beta1.metrics.k8s.io")
+                .then_some(message)
+        },
+    )
+    .await;
     while started.elapsed() < stage_timeout - Duration::from_secs(8) {
         let addon = addons.get("cluster-addon-c3").await.unwrap();
         match cso_webhook::hooks::decide(&addon, &before_upgrade) {

@@ -1038,7 +1038,7 @@ async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
         json!({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
                "metadata": {"name": "c9", "labels": {"team": "blue"}},
                "spec": {
-                   "clusterNetwork": {"pods": {"cidrBlocks": ["10.244.0.0/16", "fd00::/104"]}},
+                   "clusterNetwork": {"pods": {"cidrBlocks": ["10.244.0.0/16", "fd10:244::/104"]}},
                    "topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3",
                                 "variables": [{"name": "region", "value": "eu-north"}]},
                    "controlPlaneEndpoint": {"host": "c9.example.test", "port": 6443},
@@ -1052,7 +1052,7 @@ async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
     let annotation = |key: &str| metrics.annotations().get(key).cloned().unwrap_or_default();
     assert_eq!(annotation("cso.test/name"), "c9", "{:?}", metrics.annotations());
     assert_eq!(annotation("cso.test/team"), "blue");
-    assert_eq!(annotation("cso.test/pod-cidrs"), "10.244.0.0/16,fd00::/104");
+    assert_eq!(annotation("cso.test/pod-cidrs"), "10.244.0.0/16,fd10:244::/104");
     assert_eq!(
         annotation("cso.test/variables"),
         r#"[{"name":"region","value":"eu-north"}]"#

@@ -416,9 +416,10 @@ async fn query(prometheus: &str, expr: &str) -> serde_json::Value {
     body["data"]["result"].clone()
 }
 
-/// Ferrol v1 and v2 as released, except that metrics-server leaves out its APIService (chart value
-/// `apiService.create: false`): the simulated pods have no network, so the API server could never reach it and
-/// the addons would never count as running (as in crates/controller/tests/health_gates.rs).
+/// Ferrol v1 and v2 as released, except that metrics-server's APIService is not judged (the chart's own
+/// `apiService.annotations` set `clusterstack.x-k8s.io/skip-health-check`): the simulated pods have no network,
+/// so the API server can never reach it (its dial fails on this machine) and the addons would never count as
+/// running (as in crates/controller/tests/health_gates.rs).
 async fn github_with_runnable_ferrol(dir: &Path) -> cso_testenv::github::FakeGithub {
     let fake = cso_testenv::github::FakeGithub::start(30).await.unwrap();
     for version in ["v1", "v2"] {
@@ -432,7 +433,8 @@ async fn github_with_runnable_ferrol(dir: &Path) -> cso_testenv::github::FakeGit
         std::fs::write(
             release.join("cluster-addon-values.yaml"),
             format!(
-                "values: |\n  metrics-server:\n    apiService:\n      create: false\n    commonLabels:\n      \
+                "values: |\n  metrics-server:\n    apiService:\n      annotations:\n        \
+                 clusterstack.x-k8s.io/skip-health-check: \"true\"\n    commonLabels:\n      \
                  domain: \"{{{{ .Cluster.spec.controlPlaneEndpoint.host }}}}\"\n      \
                  clusterAddonVersion: \"{version}\"\n"
             ),

@@ -404,7 +404,7 @@ metadata:
   labels: {team: blue}
 spec:
   clusterNetwork:
-    pods: {cidrBlocks: [10.244.0.0/16, "fd00::/104"]}
+    pods: {cidrBlocks: [10.244.0.0/16, "fd10:244::/104"]}
   topology:
     class: docker-ferrol-1-27-v1
     version: v1.27.3
@@ -423,7 +423,7 @@ spec:
     assert_eq!(annotation("cso.test/name"), "c7", "{annotations:?}");
     assert_eq!(annotation("cso.test/team"), "blue", "{annotations:?}");
     assert_eq!(annotation("cso.test/first-pod-cidr"), "10.244.0.0/16");
-    assert_eq!(annotation("cso.test/pod-cidrs"), "10.244.0.0/16,fd00::/104");
+    assert_eq!(annotation("cso.test/pod-cidrs"), "10.244.0.0/16,fd10:244::/104");
     assert_eq!(
         annotation("cso.test/variables"),
         r#"[{"name":"region","value":"eu-north"}]"#

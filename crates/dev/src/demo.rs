@@ -128,7 +128,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     for tag in STACK_RELEASES {
         let copy = release_dir.join("cluster-stacks").join(tag);
         cso_release::release::copy_release_dir(&releases.join(tag), &copy)?;
-        without_metrics_api_service(&copy)?;
+        metrics_api_service_not_judged(&copy)?;
     }
     let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
     // What `cso run` renders with by default: one long-lived renderer on Helm's engine.
@@ -167,6 +167,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let mut running = None;
     let mut upgraded = None;
     let mut running_after = None;
+    let mut api_service = None;
     if classes.is_ok() {
         steps.begin(&format!(
             "creating Cluster {NAMESPACE}/{CLUSTER} with a topology of class {CLUSTER_CLASS}: Cluster API builds \
@@ -176,6 +177,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         steps.end("Cluster to addons running");
         if matches!(addons, Some(Ok(_))) {
             running = Some(running_pods(&workload_client).await);
+            api_service = Some(api_service_check(&workload_client).await);
         }
         if matches!(addons, Some(Ok(_))) {
             steps.begin(&format!(
@@ -235,6 +237,13 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     for pod in running {
         println!("  {pod}");
     }
+    if let Some(check) = api_service {
+        println!(
+            "  APIService {METRICS_API_SERVICE}: {} (simulated pods have no network; the check's dial stays on \
+             this machine; not judged here, a real cluster serves it)",
+            check.unwrap_or_else(|e| format!("{e:#}"))
+        );
+    }
     println!("after the upgrade to {UPGRADE_CLASS}:");
     for object in upgraded_objects {
         println!("  {object}");
@@ -254,10 +263,12 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
 /// Simulated nodes of the demo's workload cluster.
 const WORKLOAD_NODES: usize = 2;
 
-/// Leaves metrics-server's APIService out of the release copy at `release`: the simulated pods have no
-/// network, so the API server could never reach metrics-server and the APIService would never become
-/// Available (a real cluster serves it). Everything else of the release is as bundled.
-fn without_metrics_api_service(release: &Path) -> anyhow::Result<()> {
+/// Keeps metrics-server's APIService in the release copy at `release` but has the health gates leave it out
+/// (`clusterstack.x-k8s.io/skip-health-check`, through the chart's own `apiService.annotations`): the simulated
+/// pods have no network, so the API server's check of it fails (on this machine: `cso_testenv::egress`) and it
+/// never becomes Available (a real cluster serves it). The demo prints what the check found. Everything else
+/// of the release is as bundled.
+fn metrics_api_service_not_judged(release: &Path) -> anyhow::Result<()> {
     let file = release.join("cluster-addon-values.yaml");
     let values =
         std::fs::read_to_string(&file).with_context(|| format!("failed to read {}", file.display()))?;
@@ -265,8 +276,47 @@ fn without_metrics_api_service(release: &Path) -> anyhow::Result<()> {
     if !values.contains(key) {
         bail!("{} has no metrics-server values", file.display());
     }
-    let values = values.replacen(key, &format!("{key}    apiService:\n      create: false\n"), 1);
+    let not_judged = format!(
+        "{key}    apiService:\n      annotations:\n        {}: \"true\"\n",
+        cso_apply::health::SKIP_ANNOTATION
+    );
+    let values = values.replacen(key, &not_judged, 1);
     std::fs::write(&file, values).with_context(|| format!("failed to write {}", file.display()))
+}
+
+/// metrics-server's APIService, as the ferrol addons apply it.
+const METRICS_API_SERVICE: &str = "v1beta1.metrics.k8s.io";
+
+/// What the workload API server's check of metrics-server's APIService found: `Available=<status> (<reason>:
+/// <message>)`, once it has checked (up to 30 s).
+async fn api_service_check(workload: &kube::Client) -> anyhow::Result<String> {
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    let api_services: Api<APIService> = Api::all(workload.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let checked = api_services
+            .get_opt(METRICS_API_SERVICE)
+            .await
+            .context("failed to read the APIService")?;
+        let available = checked
+            .and_then(|a| a.status)
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .find(|c| c.type_ == "Available");
+        match available {
+            Some(c) if c.status == "True" || c.reason.as_deref() == Some("FailedDiscoveryCheck") => {
+                return Ok(format!(
+                    "Available={} ({}: {})",
+                    c.status,
+                    c.reason.unwrap_or_default(),
+                    c.message.unwrap_or_default()
+                ));
+            }
+            _ if Instant::now() > deadline => bail!("not checked by the API server within 30s"),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
 }
 
 /// The pods of the workload cluster: `namespace/name: phase on node`, sorted.

@@ -758,8 +758,9 @@ impl TopologyCluster<'_> {
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": {
                 "clusterNetwork": {
-                    "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                    "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+                    // The environment's own ranges, kept on this machine (crate::egress).
+                    "services": {"cidrBlocks": [crate::egress::SERVICE_CIDR]},
+                    "pods": {"cidrBlocks": [crate::egress::NODE_POD_CIDRS]},
                     "serviceDomain": "cluster.local"
                 },
                 "topology": topology,

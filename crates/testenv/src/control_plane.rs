@@ -45,7 +45,11 @@ impl ControlPlane {
     /// Its ports are picked free, then bound by etcd and kube-apiserver a moment later; another process (a
     /// test binary running beside this one) may take one in between. That start is tried again on new ports,
     /// up to [`PORT_RACE_ATTEMPTS`] times.
+    ///
+    /// Before anything starts, the addresses its clusters will use are kept on this machine
+    /// ([`crate::egress::ensure`]).
     pub async fn start(tools: &Tools, name: &str, dir: Option<&Path>) -> Result<Self, Error> {
+        crate::egress::ensure()?;
         let mut attempt = 1;
         loop {
             match Self::start_once(tools, name, dir).await {
@@ -263,7 +267,9 @@ fn start_apiserver(
         format!("--service-account-issuer=https://127.0.0.1:{port}/"),
         format!("--service-account-key-file={}", path(&pki.sa_public_key)),
         format!("--service-account-signing-key-file={}", path(&pki.sa_private_key)),
-        "--service-cluster-ip-range=10.0.0.0/24".into(),
+        format!("--service-cluster-ip-range={}", crate::egress::SERVICE_CIDR),
+        // As kubeadm sets it: a node's kubelet is dialled at its address, never by a name looked up in DNS.
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
         "--disable-admission-plugins=ServiceAccount".into(),
         "--allow-privileged=true".into(),
         "--enable-priority-and-fairness=false".into(),

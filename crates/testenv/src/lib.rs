@@ -7,7 +7,7 @@
 //! would be needed. [`workloads`] makes a control plane run workloads (kube-controller-manager, kube-scheduler
 //! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]). [`cosign`] signs releases with cosign and
 //! with a signer of its own, for the tests of release verification. [`cert_manager`] issues what cert-manager would
-//! for the chart tests.
+//! for the chart tests. [`egress`] keeps every address the simulated clusters use on this machine.
 
 pub mod archive;
 pub mod capi;
@@ -16,6 +16,7 @@ pub mod chart_repo;
 pub mod control_plane;
 pub mod cosign;
 pub mod crds;
+pub mod egress;
 pub mod github;
 pub mod go_operator;
 pub mod pki;

@@ -253,7 +253,7 @@ impl WorkloadRuntime {
                 format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}"),
                 format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
                 // Pods on a managed node without a pod CIDR (one not created here) take their IPs from this.
-                "--cidr=10.245.0.0/16".into(),
+                format!("--cidr={}", crate::egress::KWOK_POD_CIDR),
             ])
             // Its work directory: kwok reads `<workdir>/kwok.yaml` when it exists (`~/.kwok` by default).
             .env("KWOK_WORKDIR", &kwok_dir);
