@@ -21,54 +21,11 @@ cp "$CSO_HELM" "$OUT/rootfs/usr/local/bin/helm"
 cp "$CSO_RENDERER" "$OUT/rootfs/usr/local/bin/cso-renderer"
 cp /etc/ssl/certs/ca-certificates.crt "$OUT/rootfs/etc/ssl/certs/ca-certificates.crt"
 
-python3 - "$OUT" <<'PY'
-import gzip, hashlib, io, json, os, sys, tarfile
-out = sys.argv[1]
-rootfs = os.path.join(out, "rootfs")
-layer = io.BytesIO()
-with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-    for base, dirs, files in sorted(os.walk(rootfs)):
-        dirs.sort()
-        for name in sorted(dirs) + sorted(files):
-            path = os.path.join(base, name)
-            info = tar.gettarinfo(path, arcname=os.path.relpath(path, rootfs))
-            info.uid = info.gid = 0; info.uname = info.gname = ""; info.mtime = 0
-            if info.isfile():
-                with open(path, "rb") as f: tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-raw = layer.getvalue()
-packed = gzip.compress(raw, compresslevel=9, mtime=0)
-blobs = {}
-def blob(data, media):
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    blobs[digest] = data
-    return {"mediaType": media, "digest": digest, "size": len(data)}
-config = json.dumps({
-    "architecture": "amd64", "os": "linux",
-    "config": {"User": "65532:65532", "Entrypoint": ["/usr/local/bin/cso"], "Cmd": ["run"],
-               "Env": ["PATH=/usr/local/bin", "HOME=/tmp", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"]},
-    "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw).hexdigest()]},
-}).encode()
-manifest = json.dumps({
-    "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-    "config": blob(config, "application/vnd.oci.image.config.v1+json"),
-    "layers": [blob(packed, "application/vnd.oci.image.layer.v1.tar+gzip")],
-}).encode()
-entry = blob(manifest, "application/vnd.oci.image.manifest.v1+json")
-entry["annotations"] = {"org.opencontainers.image.ref.name": "cso:latest", "io.containerd.image.name": "cso:latest"}
-index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [entry]}).encode()
-with tarfile.open(os.path.join(out, "cso-image.tar"), "w") as tar:
-    def add(name, data):
-        info = tarfile.TarInfo(name); info.size = len(data); tar.addfile(info, io.BytesIO(data))
-    add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-    add("index.json", index)
-    for digest, data in blobs.items():
-        add("blobs/sha256/" + digest.split(":")[1], data)
-mib = lambda n: f"{n / 1048576:.1f} MiB"
-print(f"image: {os.path.join(out, 'cso-image.tar')}")
-print(f"  compressed (pulled) size: {mib(len(packed) + len(config) + len(manifest))}")
-print(f"  unpacked size: {mib(len(raw))}")
-for name in ("usr/local/bin/cso", "usr/local/bin/helm", "usr/local/bin/cso-renderer"):
-    print(f"  {name}: {mib(os.path.getsize(os.path.join(rootfs, name)))}")
-PY
+# Fully qualified (what `docker load` calls `cso:latest`): containerd's CRI plugin finds no image imported under a
+# short name. CSO_IMAGE_NAME names it otherwise.
+python3 hack/oci-archive.py "$OUT/rootfs" "$OUT/cso-image.tar" --name "${CSO_IMAGE_NAME:-docker.io/library/cso:latest}" \
+  --user 65532:65532 --entrypoint '["/usr/local/bin/cso"]' --cmd '["run"]' \
+  --env PATH=/usr/local/bin --env HOME=/tmp --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+for name in cso helm cso-renderer; do
+  echo "  usr/local/bin/$name: $(du -m "$OUT/rootfs/usr/local/bin/$name" | cut -f1) MiB"
+done

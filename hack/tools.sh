@@ -26,6 +26,15 @@
 #   CAPI managers   Cluster API's core manager, kubeadm bootstrap and control-plane providers and the Docker/Dev
 #                   infrastructure provider, built from the wrapper module hack/testenv/capi (its go.mod holds the
 #                   version, v1.14.x); cold: ~5 minutes for all four, 1.2 GiB
+#   kubelet, kube-proxy
+#                   the same module and version as kube-apiserver, stamped the same way: real nodes
+#                   (crates/testenv/src/node.rs); after kube-apiserver, warm build cache: ~30 s + ~10 s
+#   pause           the sandbox image: build/pause/linux/pause.c of the k8s.io/kubernetes module, compiled statically
+#                   with the machine's gcc and packed as a one-layer OCI archive (hack/oci-archive.py) named
+#                   registry.k8s.io/pause:$PAUSE_VERSION, the kubelet's default; seconds
+#   containerd, runc, CNI plugins
+#                   Debian's packages (containerd 1.6, runc 1.1, containernetworking-plugins 1.1): the real nodes'
+#                   runtime; their system services are not started (each node runs its own containerd)
 #   cert-manager    its CRDs, from the github.com/cert-manager/cert-manager module (for the chart test)
 #   etcd            comes from the crates.io crate etcd-bin-vendored-linux-amd64 (built by cargo, nothing to do here)
 #   docker-registry Debian's CNCF distribution registry, for the OCI tests
@@ -67,6 +76,13 @@ K8S_DIR="$CACHE/k8s-$K8S_VERSION"
 KUBE_APISERVER="$K8S_DIR/kube-apiserver"
 KUBE_CONTROLLER_MANAGER="$K8S_DIR/kube-controller-manager"
 KUBE_SCHEDULER="$K8S_DIR/kube-scheduler"
+KUBELET="$K8S_DIR/kubelet"
+KUBE_PROXY="$K8S_DIR/kube-proxy"
+# The sandbox image the kubelet of $K8S_VERSION names by default (build/pause/Makefile's TAG).
+PAUSE_VERSION=3.10.1
+PAUSE_IMAGE="$CACHE/pause-$PAUSE_VERSION/pause.tar"
+# A test image of this project's: Debian's static busybox (its applets linked in /bin), named under cso.test.
+BUSYBOX_IMAGE="$CACHE/test-images/busybox.tar"
 # kwok: the version is the one the wrapper module requires.
 KWOK_VERSION="$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$ROOT/hack/testenv/kwok/go.mod")"
 KWOK="$CACHE/kwok-$KWOK_VERSION/kwok"
@@ -111,6 +127,14 @@ print_env() {
   print_tool CSO_KUBE_CONTROLLER_MANAGER "$KUBE_CONTROLLER_MANAGER"
   print_tool CSO_KUBE_SCHEDULER "$KUBE_SCHEDULER"
   print_tool CSO_KWOK "$KWOK"
+  print_tool CSO_KUBELET "$KUBELET"
+  print_tool CSO_KUBE_PROXY "$KUBE_PROXY"
+  if [[ -f "$PAUSE_IMAGE" ]]; then echo "CSO_PAUSE_IMAGE=$PAUSE_IMAGE"; fi
+  if [[ -f "$BUSYBOX_IMAGE" ]]; then echo "CSO_BUSYBOX_IMAGE=$BUSYBOX_IMAGE"; fi
+  if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]]; then
+    echo "CSO_CONTAINERD=$(command -v containerd)"
+    echo "CSO_CNI_BIN_DIR=/usr/lib/cni"
+  fi
   print_tool CSO_COSIGN "$COSIGN"
   if [[ -n "$cert_manager_dir" ]]; then echo "CSO_CERT_MANAGER_CRD_DIR=$cert_manager_dir/deploy/crds"; fi
   print_tool CSO_HELM "$HELM"
@@ -149,6 +173,63 @@ build_kubernetes() {
     mv "$target.tmp" "$target"
     say "$name: built in $((SECONDS - start))s"
   done
+}
+
+# build_node_tools: what a real node runs (crates/testenv/src/node.rs): kubelet and kube-proxy of the wrapper module,
+# Debian's containerd, runc and CNI plugins, and the pause image built here.
+build_node_tools() {
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  local ld="-s -w" pkg name target start
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  done
+  for name in kubelet kube-proxy; do
+    target="$K8S_DIR/$name"
+    if [[ -x "$target" ]]; then say "$name $K8S_VERSION: cached at $target"; continue; fi
+    say "$name $K8S_VERSION: building from the Go module proxy (after kube-apiserver: under a minute)"
+    mkdir -p "$K8S_DIR"
+    start=$SECONDS
+    (cd "$ROOT/hack/testenv/kubernetes" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 \
+      go build -trimpath -ldflags "$ld" -o "$target.tmp" "k8s.io/kubernetes/cmd/$name")
+    mv "$target.tmp" "$target"
+    say "$name: built in $((SECONDS - start))s"
+  done
+  if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]] \
+    && [[ -x /bin/busybox ]]; then
+    say "containerd, runc, CNI plugins, busybox: installed"
+  elif [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    say "containerd, runc, CNI plugins: not installed and cannot apt-get them here; the real-node tests will fail"
+  else
+    say "containerd, runc, CNI plugins: installing Debian's packages"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd runc \
+      containernetworking-plugins busybox-static >/dev/null
+    # No system service: each node runs a containerd of its own.
+    (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1 || true)
+  fi
+  if [[ -f "$BUSYBOX_IMAGE" ]]; then say "busybox test image: cached at $BUSYBOX_IMAGE"
+  elif [[ -x /bin/busybox ]]; then
+    local rootfs applet
+    rootfs="$(mktemp -d)"
+    mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/www"
+    cp /bin/busybox "$rootfs/bin/busybox"
+    for applet in $(/bin/busybox --list); do [[ "$applet" == busybox ]] || ln -s busybox "$rootfs/bin/$applet"; done
+    python3 "$ROOT/hack/oci-archive.py" "$rootfs" "$BUSYBOX_IMAGE" --name "cso.test/busybox:debian-12" \
+      --env PATH=/bin --cmd '["/bin/sh"]' >/dev/null
+    rm -rf "$rootfs"
+    say "busybox test image: $BUSYBOX_IMAGE"
+  fi
+  if [[ -f "$PAUSE_IMAGE" ]]; then say "pause $PAUSE_VERSION: cached at $PAUSE_IMAGE"; return; fi
+  say "pause $PAUSE_VERSION: compiling build/pause/linux/pause.c of k8s.io/kubernetes $K8S_VERSION"
+  local source work
+  source="$(module_dir "k8s.io/kubernetes@$K8S_VERSION")/build/pause/linux/pause.c"
+  work="$(mktemp -d)"
+  mkdir -p "$work/rootfs" "$(dirname "$PAUSE_IMAGE")"
+  gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-cso" -o "$work/rootfs/pause" "$source"
+  python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$PAUSE_IMAGE" --name "registry.k8s.io/pause:$PAUSE_VERSION" \
+    --user 65535:65535 --entrypoint '["/pause"]' >/dev/null
+  rm -rf "$work"
+  say "pause: $PAUSE_IMAGE"
 }
 
 # build_kwok: kwok of the wrapper module hack/testenv/kwok, stamped with its version as kwok's releases are (the
@@ -373,6 +454,19 @@ install_registry() {
   (systemctl disable --now docker-registry >/dev/null 2>&1 || service docker-registry stop >/dev/null 2>&1 || true)
 }
 
+# iptables (Debian's package): the test environment's egress guard (cso_testenv::egress) counts and drops, on the
+# machine's uplink, any packet to the simulated clusters' addresses; `ip` (iproute2) and `flock` (util-linux) come
+# with the machine.
+install_network_tools() {
+  if command -v iptables >/dev/null 2>&1 && command -v ip6tables >/dev/null 2>&1; then say "iptables: installed"; return; fi
+  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    say "iptables: not installed and cannot apt-get it here; the test environment will refuse to start"; return
+  fi
+  say "iptables: installing Debian's package"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >/dev/null
+}
+
 install_prometheus() {
   if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
     say "prometheus, promtool: installed"; return
@@ -396,6 +490,7 @@ install_for_demo() {
   say "installing what the demo needs (\`make tools\` installs the rest, for the tests)"
   build_renderer
   link_renderer
+  install_network_tools
   build_kubernetes
   build_kwok
   build_capi
@@ -420,7 +515,9 @@ case "${1:-install}" in
     link_renderer
     install_registry
     install_prometheus
+    install_network_tools
     build_kubernetes
+    build_node_tools
     build_kwok
     build_cosign
     build_capi

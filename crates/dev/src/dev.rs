@@ -41,6 +41,49 @@ pub struct UpOptions {
     pub hook_port: u16,
 }
 
+/// `cso-dev nodes`: a cluster of real nodes ([`cso_testenv::node::RealCluster`]) until SIGINT or SIGTERM.
+pub async fn real_nodes(dir: &Path, nodes: usize, images: &[std::path::PathBuf]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let tools = Tools::discover()?;
+    if let Err(why) = cso_testenv::node::RealCluster::support(&tools) {
+        anyhow::bail!("this machine cannot run real nodes: {why}");
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("failed to clean {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let cluster = cso_testenv::node::RealCluster::start(&tools, "real", Some(&dir), nodes).await?;
+    for image in images {
+        cluster.import_image(image)?;
+    }
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, cluster.control_plane.kubeconfig_yaml())?;
+    println!(
+        "ready in {:.1}s: {} node(s) ({}), slot {}, API server {}, kubeconfig {}",
+        started.elapsed().as_secs_f64(),
+        cluster.nodes().len(),
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("{} {}", n.name, n.address))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cluster.slot(),
+        cluster.control_plane.server_url(),
+        kubeconfig.display()
+    );
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!("stopping: the nodes, the control plane, then what they left on the machine");
+    cluster.stop();
+    Ok(())
+}
+
 pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
     let started = Instant::now();
     let tools = Tools::discover()?;

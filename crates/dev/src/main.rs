@@ -54,6 +54,21 @@ enum Command {
         #[arg(long, default_value_t = 9442)]
         hook_port: u16,
     },
+    /// Start a cluster with real nodes (containerd + runc + kubelet + kube-proxy in network namespaces of their
+    /// own, the control plane in the first node's, as kind runs it) and keep it until SIGINT or SIGTERM; then
+    /// remove everything it put on the machine (a watchdog does the same if `cso-dev` is killed). Needs root.
+    /// Writes `DIR/kubeconfig`; imports the OCI image archives given with `--image` into every node.
+    Nodes {
+        /// Where to keep the cluster's files (cleaned first).
+        #[arg(long)]
+        dir: PathBuf,
+        /// How many nodes.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// OCI image archives (`hack/oci-archive.py`, `hack/image.sh`) to import into every node.
+        #[arg(long = "image")]
+        images: Vec<PathBuf>,
+    },
     /// Show what the control planes started by `cso-dev up --dir DIR` serve (version and CRDs) and the Cluster
     /// API managers with their restart counts.
     Status {
@@ -102,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         Command::Status { dir } => dev::status(&dir).await,
+        Command::Nodes { dir, nodes, images } => dev::real_nodes(&dir, nodes, &images).await,
         Command::Demo { dir, releases } => demo::demo(&dir, releases.as_deref()).await,
     }
 }

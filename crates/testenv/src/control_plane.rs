@@ -22,6 +22,51 @@ const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Starts of one control plane before a lost race for its ports fails it.
 const PORT_RACE_ATTEMPTS: u32 = 3;
 
+/// Where a control plane's servers run and listen: loopback of this machine ([`Placement::default`]), or a
+/// real node's network namespace, as kind runs a control plane in its control-plane node ([`crate::node`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The address etcd and kube-apiserver listen on and the API server advertises (the `kubernetes`
+    /// Service's endpoint).
+    pub address: std::net::IpAddr,
+    /// The network namespace (`/run/netns/<name>`) they run in; `None` is this machine's own.
+    pub netns: Option<String>,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            address: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            netns: None,
+        }
+    }
+}
+
+impl Placement {
+    /// A command that runs `program` in this placement's network namespace (only that namespace is entered:
+    /// the mounts stay the machine's, which a kubelet and its container runtime must share).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match &self.netns {
+            None => Command::new(program),
+            Some(netns) => {
+                let mut command = Command::new("nsenter");
+                command
+                    .arg(format!("--net=/run/netns/{netns}"))
+                    .arg("--")
+                    .arg(program);
+                command
+            }
+        }
+    }
+
+    /// Whether the control plane serves real nodes: then the API server authorizes kubelets (`Node`), admits
+    /// what `NodeRestriction` allows, mounts service-account tokens into pods and calls kubelets with a client
+    /// certificate.
+    pub fn serves_real_nodes(&self) -> bool {
+        self.netns.is_some()
+    }
+}
+
 /// A running etcd + kube-apiserver pair. Dropping it stops both.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -32,6 +77,7 @@ pub struct ControlPlane {
     kubeconfig_yaml: String,
     ca_cert: PathBuf,
     sa_private_key: PathBuf,
+    pki: Pki,
     // Field order is drop order: the API server stops before its etcd.
     apiserver: Supervised,
     etcd: Supervised,
@@ -49,10 +95,20 @@ impl ControlPlane {
     /// Before anything starts, the addresses its clusters will use are kept on this machine
     /// ([`crate::egress::ensure`]).
     pub async fn start(tools: &Tools, name: &str, dir: Option<&Path>) -> Result<Self, Error> {
+        Self::start_placed(tools, name, dir, &Placement::default()).await
+    }
+
+    /// [`ControlPlane::start`], with the servers where `placement` says.
+    pub async fn start_placed(
+        tools: &Tools,
+        name: &str,
+        dir: Option<&Path>,
+        placement: &Placement,
+    ) -> Result<Self, Error> {
         crate::egress::ensure()?;
         let mut attempt = 1;
         loop {
-            match Self::start_once(tools, name, dir).await {
+            match Self::start_once(tools, name, dir, placement).await {
                 Err(Error::Process(message))
                     if message.contains("address already in use") && attempt < PORT_RACE_ATTEMPTS =>
                 {
@@ -67,7 +123,12 @@ impl ControlPlane {
         }
     }
 
-    async fn start_once(tools: &Tools, name: &str, dir: Option<&Path>) -> Result<Self, Error> {
+    async fn start_once(
+        tools: &Tools,
+        name: &str,
+        dir: Option<&Path>,
+        placement: &Placement,
+    ) -> Result<Self, Error> {
         let (tempdir, dir) = match dir {
             Some(dir) => (None, dir.to_path_buf()),
             None => {
@@ -80,19 +141,20 @@ impl ControlPlane {
             }
         };
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let pki = Pki::generate(&dir)?;
+        let pki = Pki::generate_for(&dir, &[placement.address.to_string()])?;
+        let host = placement.address;
 
         let (client_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
         // etcd stops last, so its watchdog removes a temporary directory the owner never dropped.
         let orphan_dir = tempdir.as_ref().map(tempfile::TempDir::path);
-        let mut etcd = start_etcd(tools, &dir, client_port, peer_port, orphan_dir)?;
+        let mut etcd = start_etcd(tools, &dir, placement, client_port, peer_port, orphan_dir)?;
         etcd.wait_ready(ETCD_READY_TIMEOUT, Duration::from_millis(100), || {
-            etcd_healthy(client_port)
+            etcd_healthy(host, client_port)
         })
         .await?;
 
-        let mut apiserver = start_apiserver(tools, &dir, &pki, client_port, api_port)?;
-        let server_url = format!("https://127.0.0.1:{api_port}");
+        let mut apiserver = start_apiserver(tools, &dir, &pki, placement, client_port, api_port)?;
+        let server_url = format!("https://{}", std::net::SocketAddr::new(host, api_port));
         let kubeconfig_yaml = render_kubeconfig(name, &server_url, &pki);
         let kubeconfig_path = dir.join("kubeconfig");
         std::fs::write(&kubeconfig_path, &kubeconfig_yaml).map_err(|e| Error::io(&kubeconfig_path, e))?;
@@ -111,6 +173,7 @@ impl ControlPlane {
             kubeconfig_yaml,
             ca_cert: pki.ca_cert.clone(),
             sa_private_key: pki.sa_private_key.clone(),
+            pki,
             apiserver,
             etcd,
             _tempdir: tempdir,
@@ -143,6 +206,11 @@ impl ControlPlane {
     /// The CA (PEM file) that signed the API server's serving certificate and the admin client certificate.
     pub fn ca_cert_path(&self) -> &Path {
         &self.ca_cert
+    }
+
+    /// The control plane's certificates, and its CA to sign more (real nodes' certificates).
+    pub fn pki(&self) -> &Pki {
+        &self.pki
     }
 
     /// The private key (PEM file) the API server signs service-account tokens with.
@@ -201,13 +269,20 @@ pub(crate) fn free_port() -> Result<u16, Error> {
 fn start_etcd(
     tools: &Tools,
     dir: &Path,
+    placement: &Placement,
     client_port: u16,
     peer_port: u16,
     orphan_dir: Option<&Path>,
 ) -> Result<Supervised, Error> {
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut command = Command::new(&tools.etcd);
+    let client_url = format!(
+        "http://{}",
+        std::net::SocketAddr::new(placement.address, client_port)
+    );
+    let peer_url = format!(
+        "http://{}",
+        std::net::SocketAddr::new(placement.address, peer_port)
+    );
+    let mut command = placement.command(&tools.etcd);
     command
         .arg("--data-dir")
         .arg(dir.join("etcd"))
@@ -229,11 +304,11 @@ fn start_etcd(
 }
 
 /// `GET /health` over plain HTTP.
-async fn etcd_healthy(port: u16) -> bool {
+async fn etcd_healthy(host: std::net::IpAddr, port: u16) -> bool {
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await?;
         stream
-            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .write_all(format!("GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
             .await?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await?;
@@ -249,32 +324,53 @@ fn start_apiserver(
     tools: &Tools,
     dir: &Path,
     pki: &Pki,
+    placement: &Placement,
     etcd_port: u16,
     port: u16,
 ) -> Result<Supervised, Error> {
-    let mut command = Command::new(&tools.kube_apiserver);
+    let mut command = placement.command(&tools.kube_apiserver);
     let path = |p: &Path| p.display().to_string();
+    let host = placement.address;
     command.args([
-        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
+        format!(
+            "--etcd-servers=http://{}",
+            std::net::SocketAddr::new(host, etcd_port)
+        ),
+        format!("--bind-address={host}"),
+        format!("--advertise-address={host}"),
         format!("--secure-port={port}"),
         format!("--cert-dir={}", path(&dir.join("apiserver-certs"))),
         format!("--tls-cert-file={}", path(&pki.serving_cert)),
         format!("--tls-private-key-file={}", path(&pki.serving_key)),
         format!("--client-ca-file={}", path(&pki.ca_cert)),
-        "--authorization-mode=RBAC".into(),
-        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!(
+            "--service-account-issuer=https://{}/",
+            std::net::SocketAddr::new(host, port)
+        ),
         format!("--service-account-key-file={}", path(&pki.sa_public_key)),
         format!("--service-account-signing-key-file={}", path(&pki.sa_private_key)),
         format!("--service-cluster-ip-range={}", crate::egress::SERVICE_CIDR),
         // As kubeadm sets it: a node's kubelet is dialled at its address, never by a name looked up in DNS.
         "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
-        "--disable-admission-plugins=ServiceAccount".into(),
         "--allow-privileged=true".into(),
         "--enable-priority-and-fairness=false".into(),
         "--profiling=false".into(),
     ]);
+    if placement.serves_real_nodes() {
+        command.args([
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!("--kubelet-client-certificate={}", path(&pki.admin_cert)),
+            format!("--kubelet-client-key={}", path(&pki.admin_key)),
+            format!("--kubelet-certificate-authority={}", path(&pki.ca_cert)),
+        ]);
+    } else {
+        // No kubelet mounts tokens on simulated nodes, and no node authenticates.
+        command.args([
+            "--authorization-mode=RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+        ]);
+    }
     Supervised::spawn("kube-apiserver", command, &dir.join("kube-apiserver.log"), None)
 }
 

@@ -161,7 +161,7 @@ pub fn counters() -> Result<Counters, Error> {
 }
 
 fn install(state: &Path, pid: u32) -> Result<(), String> {
-    if !nix_is_root() {
+    if !is_root() {
         return Err(format!(
             "keeping the simulated clusters' addresses ({}) on this machine takes unreachable routes and an \
              iptables chain, which need root (CAP_NET_ADMIN); run as root, or set {UNGUARDED_ENV}=1 where \
@@ -356,6 +356,9 @@ impl Machine {
                 .map_err(|e| format!("ip -j address: {e}"))?;
         for link in addresses.as_array().into_iter().flatten() {
             let device = link["ifname"].as_str().unwrap_or_default().to_owned();
+            if is_ours(&device) {
+                continue;
+            }
             for info in link["addr_info"].as_array().into_iter().flatten() {
                 if let Some(address) = info["local"].as_str().and_then(|a| a.parse().ok()) {
                     machine.addresses.push((address, device.clone()));
@@ -401,6 +404,9 @@ impl Machine {
             }
             let gateway = route["gateway"].as_str().and_then(|g| g.parse().ok());
             let device = route["dev"].as_str().unwrap_or_default().to_owned();
+            if is_ours(&device) {
+                continue;
+            }
             match route["dst"].as_str() {
                 Some("default") => self.defaults.push((gateway, device)),
                 Some(dst) => {
@@ -463,6 +469,12 @@ impl Machine {
         }
         None
     }
+}
+
+/// Whether a network device is the environment's own (a real-node bridge or veth, `crate::node`): its
+/// addresses and routes are inside the guarded ranges by design.
+fn is_ours(device: &str) -> bool {
+    device.starts_with("cso")
 }
 
 /// The `nameserver` addresses of a resolv.conf.
@@ -542,7 +554,7 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-fn nix_is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // /proc/self/status: "Uid: real effective saved fs".
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -555,7 +567,7 @@ fn nix_is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
@@ -612,6 +624,7 @@ mod tests {
             {"type": "unreachable", "dst": "10.0.0.0/24", "protocol": "199"},
             {"type": "local", "dst": "192.0.2.2", "table": "local", "dev": "eth0"},
             {"dst": "default", "gateway": "fd00::1", "dev": "eth0"},
+            {"dst": "172.18.3.0/24", "dev": "cso3br", "protocol": "kernel"},
         ]));
         machine
     }

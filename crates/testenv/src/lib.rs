@@ -19,6 +19,7 @@ pub mod crds;
 pub mod egress;
 pub mod github;
 pub mod go_operator;
+pub mod node;
 pub mod pki;
 pub mod process;
 pub mod registry;

@@ -21,30 +21,35 @@ pub struct Pki {
     pub ca_pem: String,
     pub admin_cert_pem: String,
     pub admin_key_pem: String,
+    /// The admin client certificate and key as files (kube-apiserver's client of the kubelets).
+    pub admin_cert: PathBuf,
+    pub admin_key: PathBuf,
+    /// The CA's key (PEM), for the certificates of real nodes ([`Pki::sign`]).
+    ca_key_pem: String,
 }
 
 impl Pki {
-    /// Generates everything into `dir`.
+    /// Generates everything into `dir`; the serving certificate is for `localhost` and `127.0.0.1`.
     pub fn generate(dir: &Path) -> Result<Self, Error> {
+        Self::generate_for(dir, &[])
+    }
+
+    /// Generates everything into `dir`; the serving certificate is also for `addresses`.
+    pub fn generate_for(dir: &Path, addresses: &[String]) -> Result<Self, Error> {
         let pki_err = |e: rcgen::Error| Error::Pki(e.to_string());
 
         let ca_key = KeyPair::generate().map_err(pki_err)?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err)?;
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "cso-testenv-ca");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let ca_params = ca_params()?;
         let ca_cert = ca_params.self_signed(&ca_key).map_err(pki_err)?;
         let ca = Issuer::new(ca_params, ca_key);
 
         let serving_key = KeyPair::generate().map_err(pki_err)?;
-        let mut serving =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).map_err(pki_err)?;
+        let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        names.extend(addresses.iter().cloned());
+        // The in-cluster names, for clients that reach the API server through the `kubernetes` Service.
+        names.extend(["kubernetes", "kubernetes.default", "kubernetes.default.svc"].map(str::to_owned));
+        names.push(crate::egress::SERVICE_CIDR.replace(".0/24", ".1"));
+        let mut serving = CertificateParams::new(names).map_err(pki_err)?;
         serving
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
@@ -73,11 +78,68 @@ impl Pki {
             serving_key: write("serving.key", &serving_key.serialize_pem())?,
             sa_public_key: write("sa.pub", &sa_key.public_key_pem())?,
             sa_private_key: write("sa.key", &sa_key.serialize_pem())?,
+            admin_cert: write("admin.crt", &admin_cert.pem())?,
+            admin_key: write("admin.key", &admin_key.serialize_pem())?,
             ca_pem: ca_cert.pem(),
             admin_cert_pem: admin_cert.pem(),
             admin_key_pem: admin_key.serialize_pem(),
+            ca_key_pem: ca.key().serialize_pem(),
         })
     }
+
+    /// Signs a certificate with this CA into `dir/<name>.crt` and `dir/<name>.key`: a client certificate
+    /// (`CN=common_name, O=organization`) when `addresses` is empty, else a serving certificate for them.
+    /// Returns the two paths.
+    pub fn sign(
+        &self,
+        dir: &Path,
+        name: &str,
+        common_name: &str,
+        organization: Option<&str>,
+        addresses: &[String],
+    ) -> Result<(PathBuf, PathBuf), Error> {
+        let pki_err = |e: rcgen::Error| Error::Pki(e.to_string());
+        let ca_key = KeyPair::from_pem(&self.ca_key_pem).map_err(pki_err)?;
+        let ca = Issuer::new(ca_params()?, ca_key);
+        let key = KeyPair::generate().map_err(pki_err)?;
+        let mut params = CertificateParams::new(addresses.to_vec()).map_err(pki_err)?;
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        if let Some(organization) = organization {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, organization);
+        }
+        params.extended_key_usages = if addresses.is_empty() {
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
+        } else {
+            vec![ExtendedKeyUsagePurpose::ServerAuth]
+        };
+        let cert = params.signed_by(&key, &ca).map_err(pki_err)?;
+        let write = |file: String, contents: String| -> Result<PathBuf, Error> {
+            let path = dir.join(file);
+            std::fs::write(&path, contents).map_err(|e| Error::io(&path, e))?;
+            Ok(path)
+        };
+        Ok((
+            write(format!("{name}.crt"), cert.pem())?,
+            write(format!("{name}.key"), key.serialize_pem())?,
+        ))
+    }
+}
+
+/// The CA's certificate parameters: the same every time, so that [`Pki::sign`] issues under the CA it made.
+fn ca_params() -> Result<CertificateParams, Error> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| Error::Pki(e.to_string()))?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "cso-testenv-ca");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
 }
 
 /// Writes a fresh CA-signed serving certificate for `localhost` and `127.0.0.1` into `cert_dir` as

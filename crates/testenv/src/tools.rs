@@ -46,6 +46,18 @@ pub struct Tools {
     pub promtool: Option<PathBuf>,
     /// The Prometheus server of the same package (`CSO_PROMETHEUS`).
     pub prometheus: Option<PathBuf>,
+    /// kubelet and kube-proxy, of the same Kubernetes version as `kube_apiserver` (`CSO_KUBELET`,
+    /// `CSO_KUBE_PROXY`): real nodes ([`crate::node`]).
+    pub kubelet: Option<PathBuf>,
+    pub kube_proxy: Option<PathBuf>,
+    /// Debian's containerd (`CSO_CONTAINERD`) and the CNI plugins' directory (`CSO_CNI_BIN_DIR`).
+    pub containerd: Option<PathBuf>,
+    pub cni_bin_dir: Option<PathBuf>,
+    /// The sandbox image `registry.k8s.io/pause`, an OCI archive built by `make tools` (`CSO_PAUSE_IMAGE`).
+    pub pause_image: Option<PathBuf>,
+    /// A test image of this project's, `cso.test/busybox:debian-12` (Debian's static busybox), an OCI archive
+    /// built by `make tools` (`CSO_BUSYBOX_IMAGE`).
+    pub busybox_image: Option<PathBuf>,
 }
 
 impl Tools {
@@ -106,6 +118,12 @@ impl Tools {
             kwok: lookup("CSO_KWOK").map(PathBuf::from),
             promtool: lookup("CSO_PROMTOOL").map(PathBuf::from),
             prometheus: lookup("CSO_PROMETHEUS").map(PathBuf::from),
+            kubelet: lookup("CSO_KUBELET").map(PathBuf::from),
+            kube_proxy: lookup("CSO_KUBE_PROXY").map(PathBuf::from),
+            containerd: lookup("CSO_CONTAINERD").map(PathBuf::from),
+            cni_bin_dir: lookup("CSO_CNI_BIN_DIR").map(PathBuf::from),
+            pause_image: lookup("CSO_PAUSE_IMAGE").map(PathBuf::from),
+            busybox_image: lookup("CSO_BUSYBOX_IMAGE").map(PathBuf::from),
         })
     }
 }

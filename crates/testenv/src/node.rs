@@ -1,0 +1,972 @@
+//! Real nodes: containerd + runc + kubelet + kube-proxy, joined to a control plane of the environment, as kind
+//! runs them.
+//!
+//! A [`RealCluster`] takes a *slot* `c` of this machine (1 to 250, shared with every other process through
+//! `/run/cso-testenv/nodes`) and a bridge `cso<c>br` with `172.18.<c>.1/24` on this machine. Each node `i` is a
+//! network namespace `cso-<c>-<i>` on that bridge with the address `172.18.<c>.<i + 2>` and no default route,
+//! so that nothing in it can reach beyond the bridge. As in kind, the first node also holds the control plane:
+//! etcd and kube-apiserver run in its namespace and listen on its address, so that the API server reaches
+//! Services, pods and webhooks the way a control-plane node does; kube-controller-manager and kube-scheduler
+//! run on this machine and reach it over the bridge, and so do the tests.
+//!
+//! In each node's namespace (entered with `nsenter --net`: the mounts stay the machine's, which the kubelet and
+//! the runtime must share): a containerd of its own (root, state and socket in the node's directory, CRI with the
+//! CNI `bridge` plugin on `cni0`, pod CIDR `10.244.<i>.0/24`, routes only to the environment's ranges, no
+//! masquerade; `restrict_oom_score_adj`, which root here needs), a kubelet (cgroup v1 with the `cgroupfs` driver
+//! under the cgroup `/cso-<c>-<i>`, client certificate `system:node:<name>`, a serving certificate for its
+//! address, webhook authentication and authorization) and kube-proxy (iptables mode, in the namespace only; it
+//! leaves the machine's conntrack settings alone). Images come from archives imported into the node's containerd
+//! ([`RealCluster::import_image`]); the sandbox image is the `pause` that `make tools` builds.
+//!
+//! Stopping (or dropping) the cluster, or the death of the process that started it, runs the slot's teardown
+//! script: every process in the nodes' cgroups and every shim of their containerds is killed, the mounts under
+//! the nodes' directories are undone, the namespaces, the bridge and the cgroups are removed, and the sysctls
+//! the kubelet sets (`kernel.panic`, `kernel.panic_on_oops`, `vm.overcommit_memory`) are put back once no other
+//! real-node cluster runs. [`RealCluster::support`] says in one line why a machine cannot run nodes.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, api::ListParams};
+
+use crate::{
+    ControlPlane, Error, Tools, control_plane::Placement, process::Supervised, workloads::WorkloadRuntime,
+};
+
+/// Where slots, their teardown scripts and the saved sysctls live.
+pub const STATE_DIR: &str = "/run/cso-testenv/nodes";
+/// The sysctls the kubelet sets, put back when the last real-node cluster stops.
+const KUBELET_SYSCTLS: [&str; 3] = ["kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory"];
+/// How long a node may take from its kubelet's start to `Ready`.
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Seconds the slot's watchdog waits after its process is gone, so that the node processes' own watchdogs have
+/// stopped them (they give 3 s of grace).
+const TEARDOWN_DELAY_SECS: u32 = 5;
+/// The cluster DNS address handed to pods (the tenth Service IP, as kubeadm picks it).
+pub const CLUSTER_DNS: &str = "10.0.0.10";
+
+/// The executables a real node runs, found by `make tools` (environment file) or on `PATH`.
+#[derive(Debug, Clone)]
+pub struct NodeTools {
+    pub kubelet: PathBuf,
+    pub kube_proxy: PathBuf,
+    pub containerd: PathBuf,
+    pub cni_bin_dir: PathBuf,
+    pub pause_image: PathBuf,
+}
+
+impl NodeTools {
+    /// The node tools, or one line saying what is missing (and how to get it).
+    pub fn find(tools: &Tools) -> Result<Self, String> {
+        let need = |path: &Option<PathBuf>, what: &str| {
+            path.clone()
+                .filter(|p| p.exists())
+                .ok_or_else(|| format!("{what} is missing: run `make tools`"))
+        };
+        Ok(NodeTools {
+            kubelet: need(&tools.kubelet, "kubelet")?,
+            kube_proxy: need(&tools.kube_proxy, "kube-proxy")?,
+            containerd: need(&tools.containerd, "containerd (Debian's package)")?,
+            cni_bin_dir: need(
+                &tools.cni_bin_dir,
+                "the CNI plugins (Debian's containernetworking-plugins)",
+            )?,
+            pause_image: need(&tools.pause_image, "the pause image")?,
+        })
+    }
+}
+
+/// A control plane in its first node's network namespace, kube-controller-manager and kube-scheduler, and real
+/// nodes. Dropping it stops everything and leaves nothing behind.
+#[derive(Debug)]
+pub struct RealCluster {
+    // Field order is drop order: the nodes, then the control plane, then the slot's teardown.
+    nodes: Vec<RealNode>,
+    pub runtime: WorkloadRuntime,
+    pub control_plane: ControlPlane,
+    slot: Slot,
+    dir: PathBuf,
+    _tempdir: Option<tempfile::TempDir>,
+}
+
+/// One node's processes and where its files are.
+#[derive(Debug)]
+pub struct RealNode {
+    // Field order is drop order.
+    kube_proxy: Supervised,
+    kubelet: Supervised,
+    containerd: Supervised,
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl RealNode {
+    /// The node's containerd socket.
+    pub fn containerd_socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Process ids of containerd, the kubelet and kube-proxy (for measuring their memory).
+    pub fn pids(&self) -> [u32; 3] {
+        [self.containerd.pid(), self.kubelet.pid(), self.kube_proxy.pid()]
+    }
+
+    fn check_running(&mut self) -> Result<(), Error> {
+        for (what, process) in [
+            ("containerd", &mut self.containerd),
+            ("kubelet", &mut self.kubelet),
+            ("kube-proxy", &mut self.kube_proxy),
+        ] {
+            if let Some(exit) = process.exited() {
+                return Err(Error::Process(format!(
+                    "node {}: {what} {exit}\n{}",
+                    self.name,
+                    process.log_tail()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RealCluster {
+    /// Why this machine cannot run real nodes, in one line; `Ok` when it can.
+    pub fn support(tools: &Tools) -> Result<NodeTools, String> {
+        if !crate::egress::is_root() {
+            return Err("real nodes need root (network namespaces, cgroups, mounts): run as root".into());
+        }
+        if !Path::new("/sys/fs/cgroup/memory").is_dir()
+            && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+        {
+            return Err("real nodes need cgroups: /sys/fs/cgroup has neither v1 hierarchies nor v2".into());
+        }
+        for tool in ["nsenter", "ip", "iptables"] {
+            if crate::egress::which(tool).is_none() {
+                return Err(format!("real nodes need `{tool}`: run `make tools`"));
+            }
+        }
+        NodeTools::find(tools)
+    }
+
+    /// Starts a control plane in the first node's namespace, kube-controller-manager and kube-scheduler, and
+    /// `nodes` real nodes (`<name>-node-<i>`); returns once every node is `Ready`. Files live in `dir`, or in a
+    /// temporary directory removed on drop.
+    pub async fn start(tools: &Tools, name: &str, dir: Option<&Path>, nodes: usize) -> Result<Self, Error> {
+        let node_tools = Self::support(tools).map_err(Error::Tools)?;
+        if nodes == 0 {
+            return Err(Error::Process("a real cluster needs at least one node".into()));
+        }
+        crate::egress::ensure()?;
+        let (tempdir, dir) = match dir {
+            Some(dir) => (None, dir.to_path_buf()),
+            None => {
+                let tmp = tempfile::Builder::new()
+                    .prefix(&format!("cso-{name}-"))
+                    .tempdir_in("/var/tmp")
+                    .map_err(|e| Error::io(Path::new("/var/tmp"), e))?;
+                let path = tmp.path().to_path_buf();
+                (Some(tmp), path)
+            }
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let slot = Slot::take(&dir, nodes)?;
+        for i in 0..nodes {
+            slot.make_namespace(i)?;
+        }
+        let placement = Placement {
+            address: IpAddr::V4(slot.node_address(0)),
+            netns: Some(slot.netns(0)),
+        };
+        let control_plane =
+            ControlPlane::start_placed(tools, name, Some(&dir.join("control-plane")), &placement).await?;
+        let runtime = WorkloadRuntime::start(tools, &control_plane, &[]).await?;
+        let mut cluster = RealCluster {
+            nodes: Vec::new(),
+            runtime,
+            control_plane,
+            slot,
+            dir,
+            _tempdir: tempdir,
+        };
+        for i in 0..nodes {
+            let node = cluster.start_node(&node_tools, name, i)?;
+            cluster.nodes.push(node);
+        }
+        cluster.wait_ready().await?;
+        Ok(cluster)
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RealNode] {
+        &self.nodes
+    }
+
+    /// The cluster's directory (control plane and nodes).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The machine-wide slot this cluster holds (its bridge `cso<slot>br`, namespaces `cso-<slot>-<i>`).
+    pub fn slot(&self) -> u8 {
+        self.slot.index
+    }
+
+    /// Imports an OCI image archive (`hack/oci-archive.py`) into every node's containerd, under the name it
+    /// carries (fully qualified: the CRI plugin finds no image imported under a short name).
+    pub fn import_image(&self, archive: &Path) -> Result<(), Error> {
+        for node in &self.nodes {
+            import(&node.socket, archive)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the nodes, the runtime and the control plane, then removes what the nodes left on the machine.
+    pub fn stop(self) {
+        drop(self);
+    }
+
+    fn start_node(&self, node_tools: &NodeTools, cluster: &str, index: usize) -> Result<RealNode, Error> {
+        let name = format!("{cluster}-node-{index}");
+        let address = self.slot.node_address(index);
+        let dir = self.dir.join("nodes").join(&name);
+        for sub in [
+            "containerd/root",
+            "containerd/state",
+            "cni/conf",
+            "cni/ipam",
+            "kubelet",
+            "pod-logs",
+            "certs.d/_default",
+        ] {
+            let path = dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        }
+        let placement = Placement {
+            address: IpAddr::V4(address),
+            netns: Some(self.slot.netns(index)),
+        };
+        let pki = self.control_plane.pki();
+        let cgroup = self.slot.cgroup(index);
+        make_cgroup(&cgroup)?;
+
+        // containerd, its CRI plugin and CNI.
+        let socket = dir.join("containerd.sock");
+        let write = |file: &str, contents: String| -> Result<PathBuf, Error> {
+            let path = dir.join(file);
+            std::fs::write(&path, contents).map_err(|e| Error::io(&path, e))?;
+            Ok(path)
+        };
+        write(
+            "cni/conf/10-cso.conflist",
+            cni_config(index, &dir.join("cni/ipam")),
+        )?;
+        // No registry outside this machine: every host resolves to nothing, and a missing image fails at once.
+        write(
+            "certs.d/_default/hosts.toml",
+            "# cso_testenv::node: no registry beyond this machine; images are imported.\n\
+             server = \"http://127.0.0.1:9\"\n[host.\"http://127.0.0.1:9\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+                .to_owned(),
+        )?;
+        let containerd_config = write(
+            "containerd.toml",
+            containerd_config(&dir, &socket, &node_tools.cni_bin_dir),
+        )?;
+        let mut command = placement.command(&node_tools.containerd);
+        command.arg("--config").arg(&containerd_config);
+        let containerd = Supervised::spawn("containerd", command, &dir.join("containerd.log"), None)?;
+        // Its shims (and so the containers) start in its cgroup: the teardown finds them there.
+        join_cgroup(&cgroup, containerd.pid())?;
+        wait_for_socket(&socket, Duration::from_secs(30))?;
+        import(&socket, &node_tools.pause_image)?;
+
+        // The kubelet.
+        let (client_cert, client_key) = pki.sign(
+            &dir,
+            "kubelet-client",
+            &format!("system:node:{name}"),
+            Some("system:nodes"),
+            &[],
+        )?;
+        let (serving_cert, serving_key) = pki.sign(
+            &dir,
+            "kubelet-serving",
+            &name,
+            None,
+            &[address.to_string(), name.clone()],
+        )?;
+        let kubelet_kubeconfig = write(
+            "kubelet.kubeconfig",
+            kubeconfig_with_cert(
+                self.control_plane.server_url(),
+                &pki.ca_pem,
+                &client_cert,
+                &client_key,
+            )?,
+        )?;
+        write(
+            "resolv.conf",
+            "# cso_testenv::node: no resolver beyond the cluster's DNS\n".to_owned(),
+        )?;
+        let kubelet_config = write(
+            "kubelet.yaml",
+            kubelet_config(
+                &dir,
+                &socket,
+                &pki.ca_cert,
+                &serving_cert,
+                &serving_key,
+                address,
+                &cgroup,
+            ),
+        )?;
+        let mut command = placement.command(&node_tools.kubelet);
+        command
+            .arg(format!("--config={}", kubelet_config.display()))
+            .arg(format!("--kubeconfig={}", kubelet_kubeconfig.display()))
+            .arg(format!("--root-dir={}", dir.join("kubelet").display()))
+            .arg(format!("--hostname-override={name}"))
+            .arg(format!("--node-ip={address}"))
+            .arg("--v=1");
+        let kubelet = Supervised::spawn("kubelet", command, &dir.join("kubelet.log"), None)?;
+
+        // kube-proxy, with the admin's kubeconfig.
+        let proxy_config = write(
+            "kube-proxy.yaml",
+            kube_proxy_config(&self.control_plane.kubeconfig_path().display().to_string(), &name),
+        )?;
+        let mut command = placement.command(&node_tools.kube_proxy);
+        command.arg(format!("--config={}", proxy_config.display()));
+        let kube_proxy = Supervised::spawn("kube-proxy", command, &dir.join("kube-proxy.log"), None)?;
+
+        Ok(RealNode {
+            kube_proxy,
+            kubelet,
+            containerd,
+            name,
+            address,
+            dir,
+            socket,
+        })
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), Error> {
+        let client = self.control_plane.client().await?;
+        let nodes: Api<Node> = Api::all(client);
+        let deadline = Instant::now() + NODE_READY_TIMEOUT;
+        loop {
+            for node in &mut self.nodes {
+                node.check_running()?;
+            }
+            let list = nodes
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| Error::Kube(e.to_string()))?;
+            let ready: Vec<String> = list
+                .items
+                .iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            if self.nodes.iter().all(|n| ready.contains(&n.name)) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let tails: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| format!("{}'s kubelet:\n{}", n.name, n.kubelet.log_tail()))
+                    .collect();
+                return Err(Error::Process(format!(
+                    "nodes not Ready after {NODE_READY_TIMEOUT:?} (ready: {ready:?})\n{}",
+                    tails.join("\n")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// A slot of this machine: its index, the bridge, the namespaces and cgroups of its nodes, and the teardown
+/// script that removes them (run on drop, and by a watchdog when the process dies).
+#[derive(Debug)]
+struct Slot {
+    index: u8,
+    nodes: usize,
+    teardown: PathBuf,
+    lock: PathBuf,
+}
+
+impl Slot {
+    /// Takes the first free slot (none held by a live process), after tearing down what a dead holder left.
+    fn take(dir: &Path, nodes: usize) -> Result<Self, Error> {
+        let state = Path::new(STATE_DIR);
+        let slots = state.join("slots");
+        std::fs::create_dir_all(&slots).map_err(|e| Error::io(&slots, e))?;
+        let lock_path = state.join("lock");
+        let lock = std::fs::File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+        let mut chosen = None;
+        for index in 1..=250u8 {
+            let holder = slots.join(index.to_string());
+            match std::fs::read_to_string(&holder) {
+                Ok(pid) if alive(pid.trim()) => continue,
+                Ok(_) => {
+                    // A dead holder's leftovers: its teardown script, then the slot is free.
+                    let script = slots.join(format!("{index}.teardown"));
+                    if script.exists() {
+                        let _ = Command::new("sh")
+                            .arg(&script)
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .status();
+                    }
+                    let _ = std::fs::remove_file(&holder);
+                }
+                Err(_) => {}
+            }
+            chosen = Some(index);
+            break;
+        }
+        let index = chosen
+            .ok_or_else(|| Error::Process("all 250 real-node slots of this machine are taken".into()))?;
+        // The sysctls the kubelet changes, saved by the first slot taken.
+        let saved = state.join("sysctls");
+        let others = std::fs::read_dir(&slots)
+            .map_err(|e| Error::io(&slots, e))?
+            .filter_map(Result::ok)
+            .any(|e| !e.file_name().to_string_lossy().contains('.'));
+        if !others || !saved.exists() {
+            let values: Vec<String> = KUBELET_SYSCTLS
+                .iter()
+                .filter_map(|key| {
+                    let value = std::fs::read_to_string(Path::new("/proc/sys").join(key)).ok()?;
+                    Some(format!("{key}={}", value.trim()))
+                })
+                .collect();
+            std::fs::write(&saved, values.join("\n") + "\n").map_err(|e| Error::io(&saved, e))?;
+        }
+        let slot = Slot {
+            index,
+            nodes,
+            teardown: slots.join(format!("{index}.teardown")),
+            lock: lock_path.clone(),
+        };
+        std::fs::write(&slot.teardown, slot.teardown_script(dir))
+            .map_err(|e| Error::io(&slot.teardown, e))?;
+        let holder = slots.join(index.to_string());
+        std::fs::write(&holder, std::process::id().to_string()).map_err(|e| Error::io(&holder, e))?;
+        slot.spawn_watchdog()
+            .map_err(|e| Error::Process(format!("the real nodes' watchdog: {e}")))?;
+        // The bridge of the slot, with this machine's address on it.
+        let bridge = slot.bridge();
+        run("ip", &["link", "add", &bridge, "type", "bridge"])?;
+        run(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{}/24", slot.host_address()),
+                "dev",
+                &bridge,
+            ],
+        )?;
+        run("ip", &["link", "set", &bridge, "up"])?;
+        drop(lock);
+        Ok(slot)
+    }
+
+    fn bridge(&self) -> String {
+        format!("cso{}br", self.index)
+    }
+
+    fn host_address(&self) -> Ipv4Addr {
+        Ipv4Addr::new(172, 18, self.index, 1)
+    }
+
+    fn node_address(&self, node: usize) -> Ipv4Addr {
+        Ipv4Addr::new(172, 18, self.index, u8::try_from(node + 2).unwrap_or(u8::MAX))
+    }
+
+    fn netns(&self, node: usize) -> String {
+        format!("cso-{}-{node}", self.index)
+    }
+
+    fn cgroup(&self, node: usize) -> String {
+        format!("/cso-{}-{node}", self.index)
+    }
+
+    /// The namespace of node `node`: its end of a veth pair on the slot's bridge, its address, loopback, and
+    /// forwarding inside it (pods to Services); no default route.
+    fn make_namespace(&self, node: usize) -> Result<(), Error> {
+        let netns = self.netns(node);
+        let host_end = format!("cso{}n{node}", self.index);
+        run("ip", &["netns", "add", &netns])?;
+        run(
+            "ip",
+            &[
+                "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &netns,
+            ],
+        )?;
+        run("ip", &["link", "set", &host_end, "master", &self.bridge(), "up"])?;
+        let inside = |args: &[&str]| run("ip", &[&["-n", netns.as_str()][..], args].concat());
+        inside(&[
+            "addr",
+            "add",
+            &format!("{}/24", self.node_address(node)),
+            "dev",
+            "eth0",
+        ])?;
+        inside(&["link", "set", "eth0", "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{netns}"),
+                "--",
+                "sh",
+                "-c",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward",
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The shell script that removes everything of this slot (idempotent; each step may find nothing).
+    fn teardown_script(&self, dir: &Path) -> String {
+        let slots = Path::new(STATE_DIR).join("slots");
+        let mut script = format!(
+            "#!/bin/sh\n# Written by cso_testenv::node: removes real-node slot {index} ({dir}).\n",
+            index = self.index,
+            dir = dir.display()
+        );
+        // Processes: whatever is in the nodes' cgroups (containerd's shims, containers), then anything of the
+        // nodes that is still around (by its files' paths on the command line).
+        for node in 0..self.nodes {
+            let cgroup = self.cgroup(node);
+            script.push_str(&format!(
+                "for procs in $(find /sys/fs/cgroup/pids{cgroup} /sys/fs/cgroup/memory{cgroup} -name cgroup.procs 2>/dev/null); do\n  \
+                 for pid in $(cat \"$procs\"); do kill -KILL \"$pid\" 2>/dev/null; done\ndone\n"
+            ));
+        }
+        script.push_str(&format!(
+            "pkill -KILL -f -- '{dir}/' 2>/dev/null\nsleep 1\n",
+            dir = dir.display()
+        ));
+        // Mounts below the cluster's directory, deepest first.
+        script.push_str(&format!(
+            "for m in $(awk '{{print $5}}' /proc/self/mountinfo | grep -F -- '{dir}/' | sort -r); do umount -l \"$m\" 2>/dev/null; done\n",
+            dir = dir.display()
+        ));
+        for node in 0..self.nodes {
+            script.push_str(&format!(
+                "ip netns del {} 2>/dev/null\nip link del cso{}n{node} 2>/dev/null\n",
+                self.netns(node),
+                self.index
+            ));
+            let cgroup = self.cgroup(node);
+            script.push_str(&format!(
+                "for h in /sys/fs/cgroup/*; do [ -d \"$h{cgroup}\" ] && find \"$h{cgroup}\" -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\n"
+            ));
+        }
+        script.push_str(&format!("ip link del {} 2>/dev/null\n", self.bridge()));
+        script.push_str(&format!(
+            "rm -f {slots}/{index} \"$0\"\n\
+             # The kubelet's sysctls, back as they were once no other slot is held.\n\
+             for held in {slots}/*; do\n  case \"$held\" in *.teardown) continue;; esac\n  \
+             [ -e \"$held\" ] && kill -0 \"$(cat \"$held\")\" 2>/dev/null && exit 0\ndone\n\
+             if [ -f {state}/sysctls ]; then\n  while IFS='=' read -r key value; do\n    \
+             [ -n \"$key\" ] && echo \"$value\" > \"/proc/sys/$key\"\n  done < {state}/sysctls\n  rm -f {state}/sysctls\nfi\n\
+             exit 0\n",
+            slots = slots.display(),
+            index = self.index,
+            state = STATE_DIR,
+        ));
+        script
+    }
+
+    /// Runs the teardown once this process is gone ([`TEARDOWN_DELAY_SECS`] later), in a process group of its
+    /// own so that killing the test's group leaves it running.
+    fn spawn_watchdog(&self) -> std::io::Result<()> {
+        let pid = std::process::id();
+        let body = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; sleep {TEARDOWN_DELAY_SECS}; \
+             if [ \"$(cat \"$3\" 2>/dev/null)\" = {pid} ]; then exec flock \"$1\" sh \"$2\"; fi"
+        );
+        let holder = Path::new(STATE_DIR).join("slots").join(self.index.to_string());
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", &body, "cso-nodes-watchdog"])
+            .arg(&self.lock)
+            .arg(&self.teardown)
+            .arg(holder)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command.spawn().map(drop)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let _ = Command::new("flock")
+            .arg(&self.lock)
+            .arg("sh")
+            .arg(&self.teardown)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// What the machine still holds of real-node slot `slot` whose files were in `dir`: its namespaces (and any pod
+/// namespace `cni-*` outside a node's directory), links, cgroups, mounts below `dir` and processes with `dir` on
+/// their command line. Empty once a cluster has stopped.
+pub fn left_on_the_machine(slot: u8, dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let dir = dir.display().to_string();
+    let netns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    for line in String::from_utf8_lossy(&netns).lines() {
+        // The node's, and the pods' (containerd's `cni-<uuid>`, which belong under the node's state directory).
+        if line.starts_with(&format!("cso-{slot}-")) || line.starts_with("cni-") {
+            found.push(format!("namespace {line}"));
+        }
+    }
+    let links = Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    for line in String::from_utf8_lossy(&links).lines() {
+        let name = line
+            .split(':')
+            .nth(1)
+            .unwrap_or_default()
+            .trim()
+            .split('@')
+            .next()
+            .unwrap_or_default();
+        if name == format!("cso{slot}br") || name.starts_with(&format!("cso{slot}n")) {
+            found.push(format!("link {name}"));
+        }
+    }
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        for sub in std::fs::read_dir(entry.path())
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+        {
+            if sub
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("cso-{slot}-"))
+            {
+                found.push(format!("cgroup {}", sub.path().display()));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    found.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&dir))
+            .map(|l| format!("mount {l}")),
+    );
+    for entry in std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&dir) {
+            found.push(format!(
+                "process {}: {cmdline}",
+                entry.file_name().to_string_lossy()
+            ));
+        }
+    }
+    found
+}
+
+fn alive(pid: &str) -> bool {
+    !pid.is_empty() && Path::new("/proc").join(pid).exists()
+}
+
+/// Creates the cgroup in every v1 hierarchy (the cpuset one with its parent's CPUs and memory nodes).
+fn make_cgroup(cgroup: &str) -> Result<(), Error> {
+    let root = Path::new("/sys/fs/cgroup");
+    for entry in std::fs::read_dir(root)
+        .map_err(|e| Error::io(root, e))?
+        .filter_map(Result::ok)
+    {
+        let hierarchy = entry.path();
+        if hierarchy.file_name().is_some_and(|n| n == "unified") || !hierarchy.join("cgroup.procs").exists() {
+            continue;
+        }
+        let path = hierarchy.join(cgroup.trim_start_matches('/'));
+        std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        if hierarchy.file_name().is_some_and(|n| n == "cpuset") {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let value = std::fs::read_to_string(hierarchy.join(file)).unwrap_or_default();
+                let _ = std::fs::write(path.join(file), value.trim());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Moves `pid` into the cgroup in every v1 hierarchy.
+fn join_cgroup(cgroup: &str, pid: u32) -> Result<(), Error> {
+    let root = Path::new("/sys/fs/cgroup");
+    for entry in std::fs::read_dir(root)
+        .map_err(|e| Error::io(root, e))?
+        .filter_map(Result::ok)
+    {
+        let procs = entry
+            .path()
+            .join(cgroup.trim_start_matches('/'))
+            .join("cgroup.procs");
+        if procs.exists() {
+            std::fs::write(&procs, pid.to_string()).map_err(|e| Error::io(&procs, e))?;
+        }
+    }
+    Ok(())
+}
+
+fn wait_for_socket(socket: &Path, timeout: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + timeout;
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            return Err(Error::Process(format!(
+                "{} did not appear within {timeout:?}",
+                socket.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// `ctr images import` of an OCI archive into the node's `k8s.io` namespace (the CRI plugin's).
+fn import(socket: &Path, archive: &Path) -> Result<(), Error> {
+    let output = Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .args(["--namespace", "k8s.io", "images", "import", "--no-unpack"])
+        .arg(archive)
+        .output()
+        .map_err(|e| Error::Process(format!("ctr: {e}")))?;
+    if !output.status.success() {
+        return Err(Error::Process(format!(
+            "ctr images import {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn run(tool: &str, args: &[&str]) -> Result<String, Error> {
+    let output = Command::new(tool)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::Process(format!("{tool}: {e}")))?;
+    if !output.status.success() {
+        return Err(Error::Process(format!(
+            "{tool} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn kubeconfig_with_cert(server: &str, ca_pem: &str, cert: &Path, key: &Path) -> Result<String, Error> {
+    use base64::{Engine, engine::general_purpose::STANDARD};
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::io(p, e));
+    Ok(format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    \
+         certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    client-certificate-data: {cert}\n    \
+         client-key-data: {key}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+        ca = STANDARD.encode(ca_pem),
+        cert = STANDARD.encode(read(cert)?),
+        key = STANDARD.encode(read(key)?),
+    ))
+}
+
+/// The pod CIDR of node `index`.
+pub fn pod_cidr(index: usize) -> String {
+    format!("10.244.{index}.0/24")
+}
+
+/// CNI: a bridge `cni0` in the node's namespace, the node's pod CIDR, routes only to the environment's ranges
+/// (no default route, no masquerade).
+fn cni_config(index: usize, ipam_dir: &Path) -> String {
+    serde_json::json!({
+        "cniVersion": "0.4.0",
+        "name": "cso",
+        "plugins": [
+            {
+                "type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": false,
+                "ipMasq": false, "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": ipam_dir,
+                    "ranges": [[{"subnet": pod_cidr(index)}]],
+                    "routes": [
+                        {"dst": crate::egress::NODE_POD_CIDRS},
+                        {"dst": crate::egress::SERVICE_CIDR},
+                        {"dst": crate::egress::NODE_ADDRESSES},
+                    ],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
+    .to_string()
+}
+
+fn containerd_config(dir: &Path, socket: &Path, cni_bin_dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "version = 2\nroot = \"{d}/containerd/root\"\nstate = \"{d}/containerd/state\"\n\
+         [grpc]\n  address = \"{socket}\"\n[ttrpc]\n  address = \"{socket}.ttrpc\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"registry.k8s.io/pause:3.10.1\"\n  \
+         restrict_oom_score_adj = true\n  netns_mounts_under_state_dir = true\n  \
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = \"overlayfs\"\n    \
+         default_runtime_name = \"runc\"\n    \
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n  \
+         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"{cni}\"\n    conf_dir = \"{d}/cni/conf\"\n  \
+         [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{d}/certs.d\"\n",
+        socket = socket.display(),
+        cni = cni_bin_dir.display(),
+    )
+}
+
+#[allow(clippy::too_many_arguments, reason = "one configuration file, its fields")]
+fn kubelet_config(
+    dir: &Path,
+    socket: &Path,
+    client_ca: &Path,
+    serving_cert: &Path,
+    serving_key: &Path,
+    address: Ipv4Addr,
+    cgroup: &str,
+) -> String {
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         # cgroup v1 on these machines, which 1.35 refuses unless told otherwise.\n\
+         failCgroupV1: false\ncgroupDriver: cgroupfs\ncgroupRoot: {cgroup}\nfailSwapOn: false\n\
+         containerRuntimeEndpoint: unix://{socket}\n\
+         address: {address}\nport: 10250\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nhealthzPort: 10248\n\
+         tlsCertFile: {serving_cert}\ntlsPrivateKeyFile: {serving_key}\n\
+         authentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: true}}\n  x509: {{clientCAFile: {client_ca}}}\n\
+         authorization: {{mode: Webhook}}\n\
+         clusterDomain: cluster.local\nclusterDNS: [{CLUSTER_DNS}]\nresolvConf: {d}/resolv.conf\n\
+         podLogsDir: {d}/pod-logs\n\
+         staticPodPath: \"\"\nrotateCertificates: false\nserverTLSBootstrap: false\n\
+         imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n\
+         evictionHard: {{memory.available: 50Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}\n\
+         nodeStatusReportFrequency: 10s\nnodeStatusUpdateFrequency: 5s\nsyncFrequency: 10s\n\
+         maxPods: 60\n",
+        socket = socket.display(),
+        client_ca = client_ca.display(),
+        serving_cert = serving_cert.display(),
+        serving_key = serving_key.display(),
+        d = dir.display(),
+    )
+}
+
+fn kube_proxy_config(kubeconfig: &str, node: &str) -> String {
+    format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         clientConnection: {{kubeconfig: {kubeconfig}}}\nmode: iptables\nclusterCIDR: {pods}\n\
+         hostnameOverride: {node}\nhealthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\n\
+         # The machine's conntrack settings are not the node's to change.\n\
+         conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}\n",
+        pods = crate::egress::NODE_POD_CIDRS,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    fn slot() -> Slot {
+        Slot {
+            index: 7,
+            nodes: 2,
+            teardown: PathBuf::from("/run/x/7.teardown"),
+            lock: PathBuf::from("/run/x/lock"),
+        }
+    }
+
+    #[test]
+    fn a_slot_names_its_bridge_namespaces_addresses_and_cgroups() {
+        let slot = slot();
+        assert_eq!(slot.bridge(), "cso7br");
+        assert_eq!(slot.host_address(), Ipv4Addr::new(172, 18, 7, 1));
+        assert_eq!(slot.node_address(1), Ipv4Addr::new(172, 18, 7, 3));
+        assert_eq!(slot.netns(1), "cso-7-1");
+        assert_eq!(slot.cgroup(0), "/cso-7-0");
+        let guarded: ipnet::IpNet = crate::egress::NODE_ADDRESSES.parse().unwrap();
+        assert!(guarded.contains(&IpAddr::V4(slot.node_address(0))));
+    }
+
+    #[test]
+    fn the_teardown_removes_every_namespace_link_cgroup_and_the_bridge() {
+        let script = slot().teardown_script(Path::new("/var/tmp/cso-real-x"));
+        for part in [
+            "ip netns del cso-7-0",
+            "ip netns del cso-7-1",
+            "ip link del cso7n1",
+            "ip link del cso7br",
+            "/sys/fs/cgroup/pids/cso-7-1",
+            "pkill -KILL -f -- '/var/tmp/cso-real-x/'",
+            "grep -F -- '/var/tmp/cso-real-x/'",
+            "rm -f /run/cso-testenv/nodes/slots/7",
+        ] {
+            assert!(script.contains(part), "{part} in:\n{script}");
+        }
+    }
+
+    #[test]
+    fn pods_get_routes_to_the_environment_only() {
+        let config: serde_json::Value = serde_json::from_str(&cni_config(3, Path::new("/x"))).unwrap();
+        let bridge = &config["plugins"][0];
+        assert_eq!(bridge["isDefaultGateway"], false);
+        assert_eq!(bridge["ipMasq"], false);
+        assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], "10.244.3.0/24");
+        let routes: Vec<&str> = bridge["ipam"]["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["dst"].as_str().unwrap())
+            .collect();
+        assert!(!routes.contains(&"0.0.0.0/0"), "{routes:?}");
+    }
+}
