@@ -5,7 +5,7 @@ CRD_FILE := config/crd/clusterstack.x-k8s.io.yaml
 CHART_CRD_FILE := charts/cluster-stack-operator/templates/crds.yaml
 DEMO_DIR ?= $(CURDIR)/target/demo
 
-.PHONY: tools demo-tools build test fmt-check clippy crds crds-check unit demo
+.PHONY: tools demo-tools build test fmt-check clippy crds crds-check unit demo image-test
 
 ## tools: build or fetch everything the tests need: kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm 3 and 4, cso-renderer, yaml2json, cosign, Cluster API and the registry (cached; cold: ~18 minutes on 2 cores)
 tools:
@@ -41,9 +41,14 @@ crds-check:
 HELM4_TESTS := --test values_and_charts --test engine --test workload_and_cel --test management_flow \
   --test workload_flow --test render --test engine_parity
 
-## test: everything CI checks: formatting, clippy, the CRD check and all tests (real API servers), then the
-## tests that run helm again with Helm 4
-test: tools fmt-check clippy crds-check
+## image-test: the operator's image (hack/image.sh's file system, a faster build profile) as an OCI archive in
+## target/image/cso-image.tar, for the tests that run it on a real node (crates/cso/tests/in_cluster.rs)
+image-test:
+	CSO_IMAGE_PROFILE=image-test bash hack/image.sh
+
+## test: everything CI checks: formatting, clippy, the CRD check and all tests (real API servers, real nodes and
+## the image in a cluster), then the tests that run helm again with Helm 4
+test: tools fmt-check clippy crds-check image-test
 	$(CARGO) test --workspace --no-fail-fast
 	CSO_HELM="$$(sed -n 's/^CSO_HELM4=//p' "$${CSO_TOOLS_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/cso}/env")" \
 	  $(CARGO) test --workspace --no-fail-fast $(HELM4_TESTS)

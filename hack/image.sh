@@ -8,14 +8,16 @@ OUT="$ROOT/target/image"
 cd "$ROOT"
 
 rustup target add x86_64-unknown-linux-musl >/dev/null 2>&1 || true
-command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: apt-get install musl-tools" >&2; exit 1; }
+command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: apt-get install musl-tools (make tools installs it)" >&2; exit 1; }
 bash hack/tools.sh install >/dev/null
 # shellcheck disable=SC1091
 set -a; source "${CSO_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cso}/env"; set +a
-cargo build --locked --profile image -p cso --target x86_64-unknown-linux-musl
+# CSO_IMAGE_PROFILE=image-test (`make image-test`): the same file system, built faster, for the tests.
+PROFILE="${CSO_IMAGE_PROFILE:-image}"
+cargo build --locked --profile "$PROFILE" -p cso --target x86_64-unknown-linux-musl
 
 rm -rf "$OUT" && mkdir -p "$OUT/rootfs/usr/local/bin" "$OUT/rootfs/etc/ssl/certs"
-cp target/x86_64-unknown-linux-musl/image/cso "$OUT/rootfs/usr/local/bin/cso"
+cp "target/x86_64-unknown-linux-musl/$PROFILE/cso" "$OUT/rootfs/usr/local/bin/cso"
 cp "$CSO_HELM" "$OUT/rootfs/usr/local/bin/helm"
 # The long-lived renderer on Helm's engine (hack/renderer), beside helm: `cso_render::Engine` runs it.
 cp "$CSO_RENDERER" "$OUT/rootfs/usr/local/bin/cso-renderer"

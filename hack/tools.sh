@@ -195,15 +195,15 @@ build_node_tools() {
     say "$name: built in $((SECONDS - start))s"
   done
   if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]] \
-    && [[ -x /bin/busybox ]]; then
-    say "containerd, runc, CNI plugins, busybox: installed"
+    && [[ -x /bin/busybox ]] && command -v musl-gcc >/dev/null 2>&1; then
+    say "containerd, runc, CNI plugins, busybox, musl-tools: installed"
   elif [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
     say "containerd, runc, CNI plugins: not installed and cannot apt-get them here; the real-node tests will fail"
   else
     say "containerd, runc, CNI plugins: installing Debian's packages"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd runc \
-      containernetworking-plugins busybox-static >/dev/null
+      containernetworking-plugins busybox-static musl-tools >/dev/null
     # No system service: each node runs a containerd of its own.
     (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1 || true)
   fi

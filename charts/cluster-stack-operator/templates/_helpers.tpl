@@ -127,12 +127,13 @@ default (values.schema.json refuses those that cannot be honoured and names the 
 Whether cert-manager issues the serving certificates: certManager.enabled true or false, or "auto" (the
 default): yes when this release's Certificate for the webhooks exists already, as after the Go chart (which
 always used cert-manager) or an earlier install with certManager.enabled=true, so that a swap keeps the
-Certificates, Issuer and Secrets it has; no on a fresh install. Prints "true" or "".
+Certificates, Issuer and Secrets it has; no on a fresh install, and no on a cluster without cert-manager's CRDs
+(where Helm's lookup of a kind the API server does not serve fails the install). Prints "true" or "".
 */}}
 {{- define "cso.certManager" -}}
 {{- $mode := .Values.certManager.enabled -}}
 {{- if eq (toString $mode) "auto" -}}
-{{- if lookup "cert-manager.io/v1" "Certificate" .Release.Namespace (printf "%s-serving-cert" (include "cso.fullname" .)) -}}
+{{- if and (.Capabilities.APIVersions.Has "cert-manager.io/v1/Certificate") (lookup "cert-manager.io/v1" "Certificate" .Release.Namespace (printf "%s-serving-cert" (include "cso.fullname" .))) -}}
 true
 {{- end -}}
 {{- else if $mode -}}

@@ -469,8 +469,13 @@ impl Slot {
         std::fs::write(&holder, std::process::id().to_string()).map_err(|e| Error::io(&holder, e))?;
         slot.spawn_watchdog()
             .map_err(|e| Error::Process(format!("the real nodes' watchdog: {e}")))?;
-        // The bridge of the slot, with this machine's address on it.
+        // The bridge of the slot, with this machine's address on it (one left by a teardown that could not
+        // finish goes first).
         let bridge = slot.bridge();
+        let _ = run("ip", &["link", "del", &bridge]);
+        for node in 0..nodes {
+            let _ = run("ip", &["netns", "del", &slot.netns(node)]);
+        }
         run("ip", &["link", "add", &bridge, "type", "bridge"])?;
         run(
             "ip",
@@ -508,7 +513,7 @@ impl Slot {
     }
 
     /// The namespace of node `node`: its end of a veth pair on the slot's bridge, its address, loopback, and
-    /// forwarding inside it (pods to Services); no default route.
+    /// forwarding inside it (pods to Services), a route for the Service range; no default route.
     fn make_namespace(&self, node: usize) -> Result<(), Error> {
         let netns = self.netns(node);
         let host_end = format!("cso{}n{node}", self.index);
@@ -530,6 +535,10 @@ impl Slot {
         ])?;
         inside(&["link", "set", "eth0", "up"])?;
         inside(&["link", "set", "lo", "up"])?;
+        // A route for the Service range, so that the node's own processes (the API server calling a webhook)
+        // get as far as kube-proxy's DNAT; what no Service catches goes to the bridge, where this machine does
+        // not forward it.
+        inside(&["route", "add", crate::egress::SERVICE_CIDR, "dev", "eth0"])?;
         run(
             "nsenter",
             &[
