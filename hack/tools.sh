@@ -153,13 +153,18 @@ print_env() {
 # build_kubernetes: kube-apiserver, kube-controller-manager and kube-scheduler of the wrapper module
 # hack/testenv/kubernetes, each built when its binary is missing, version-stamped as upstream's release builds are.
 build_kubernetes() {
+  build_kubernetes_binaries kube-apiserver kube-controller-manager kube-scheduler
+}
+
+# build_kubernetes_binaries NAME...: `k8s.io/kubernetes/cmd/NAME` of the wrapper module, each built when its binary
+# is missing, version-stamped as upstream's release builds are.
+build_kubernetes_binaries() {
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  local ld="-s -w" pkg
+  local ld="-s -w" pkg name target start
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   done
-  local name target start
-  for name in kube-apiserver kube-controller-manager kube-scheduler; do
+  for name in "$@"; do
     target="$K8S_DIR/$name"
     if [[ -x "$target" ]]; then say "$name $K8S_VERSION: cached at $target"; continue; fi
     case "$name" in
@@ -178,22 +183,7 @@ build_kubernetes() {
 # build_node_tools: what a real node runs (crates/testenv/src/node.rs): kubelet and kube-proxy of the wrapper module,
 # Debian's containerd, runc and CNI plugins, and the pause image built here.
 build_node_tools() {
-  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  local ld="-s -w" pkg name target start
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  done
-  for name in kubelet kube-proxy; do
-    target="$K8S_DIR/$name"
-    if [[ -x "$target" ]]; then say "$name $K8S_VERSION: cached at $target"; continue; fi
-    say "$name $K8S_VERSION: building from the Go module proxy (after kube-apiserver: under a minute)"
-    mkdir -p "$K8S_DIR"
-    start=$SECONDS
-    (cd "$ROOT/hack/testenv/kubernetes" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 \
-      go build -trimpath -ldflags "$ld" -o "$target.tmp" "k8s.io/kubernetes/cmd/$name")
-    mv "$target.tmp" "$target"
-    say "$name: built in $((SECONDS - start))s"
-  done
+  build_kubernetes_binaries kubelet kube-proxy
   if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]] \
     && [[ -x /bin/busybox ]] && command -v musl-gcc >/dev/null 2>&1; then
     say "containerd, runc, CNI plugins, busybox, musl-tools: installed"

@@ -37,23 +37,6 @@ fn image_archive() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/image/cso-image.tar"))
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(seen) if Instant::now() > deadline => {
-                panic!("{what}: not after {TIMEOUT:?}; last seen: {seen}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
 fn helm(tools: &Tools, kubeconfig: &Path, args: &[&str]) -> String {
     let output = Command::new(tools.helm.as_ref().expect("helm: run `make tools`"))
         .args(args)
@@ -155,7 +138,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
 
     // Two replicas Ready through their probes.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let ready = eventually("both replicas Ready", || async {
+    let ready = cso_testenv::eventually("both replicas Ready", TIMEOUT, || async {
         let (ready, seen) = operator_pods(&pods).await?;
         if ready.len() == 2 { Ok(ready) } else { Err(seen) }
     })
@@ -164,7 +147,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
 
     // One holds the Lease.
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    let leader = eventually("the Lease held by one of them", || async {
+    let leader = cso_testenv::eventually("the Lease held by one of them", TIMEOUT, || async {
         let lease = leases
             .get_opt(LEASE)
             .await
@@ -188,7 +171,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
                  "autoSubscribe": false, "noProvider": true, "versions": ["v1-alpha"]},
     }))
     .unwrap();
-    let refused = eventually("the webhook's refusal", || async {
+    let refused = cso_testenv::eventually("the webhook's refusal", TIMEOUT, || async {
         match stacks.create(&PostParams::default(), &stack).await {
             Err(kube::Error::Api(status)) if status.message.contains("v1-alpha") => Ok(status.message),
             other => {
@@ -211,7 +194,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
         .filter_map(|s| s.metadata.name)
         .find(|name| name.contains("metrics"))
         .expect("a metrics Service");
-    let metrics = eventually("/metrics through the metrics Service", || async {
+    let metrics = cso_testenv::eventually("/metrics through the metrics Service", TIMEOUT, || async {
         let request = http::Request::get(format!(
             "/api/v1/namespaces/{NAMESPACE}/services/https:{metrics_service}:metrics/proxy/metrics"
         ))
@@ -237,7 +220,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     let handover = Instant::now();
     pods.delete(&leader, &DeleteParams::default()).await.unwrap();
     let follower = ready.iter().find(|p| **p != leader).unwrap().clone();
-    eventually("the Lease handed to the other replica", || async {
+    cso_testenv::eventually("the Lease handed to the other replica", TIMEOUT, || async {
         let lease = leases
             .get_opt(LEASE)
             .await

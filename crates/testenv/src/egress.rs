@@ -576,7 +576,7 @@ pub(crate) fn which(tool: &str) -> Option<PathBuf> {
 }
 
 /// Runs a system tool (found on `PATH`, else in `/usr/sbin` and `/sbin`) and returns its standard output.
-fn run(tool: &str, args: &[&str]) -> Result<String, Error> {
+pub(crate) fn run(tool: &str, args: &[&str]) -> Result<String, Error> {
     let program = which(tool).unwrap_or_else(|| PathBuf::from(tool));
     let output = Command::new(&program)
         .args(args)

@@ -124,6 +124,25 @@ pub(crate) fn start_shared<T: Send + 'static>(
     .unwrap_or_else(|e| panic!("cannot start the test control plane: {e}"))
 }
 
+/// Polls `check` every 250 ms until it answers `Ok`, and returns that; panics after `timeout` with `what` and what
+/// `check` said last (for tests).
+pub async fn eventually<T, F, Fut>(what: &str, timeout: std::time::Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) if std::time::Instant::now() > deadline => {
+                panic!("{what}: not after {timeout:?}; last seen: {seen}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+        }
+    }
+}
+
 /// Creates a namespace with a generated name starting with `prefix` and returns its name.
 pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<String, Error> {
     let api: Api<Namespace> = Api::all(client.clone());

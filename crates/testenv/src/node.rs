@@ -35,7 +35,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 
 use crate::{
-    ControlPlane, Error, Tools, control_plane::Placement, process::Supervised, workloads::WorkloadRuntime,
+    ControlPlane, Error, Tools, control_plane::Placement, egress::run, process::Supervised,
+    workloads::WorkloadRuntime,
 };
 
 /// Where slots, their teardown scripts and the saved sysctls live.
@@ -722,17 +723,20 @@ fn alive(pid: &str) -> bool {
     !pid.is_empty() && Path::new("/proc").join(pid).exists()
 }
 
-/// Creates the cgroup in every v1 hierarchy (the cpuset one with its parent's CPUs and memory nodes).
-fn make_cgroup(cgroup: &str) -> Result<(), Error> {
+/// The mounted cgroup v1 hierarchies (`/sys/fs/cgroup/<controller>`).
+fn v1_hierarchies() -> Result<Vec<PathBuf>, Error> {
     let root = Path::new("/sys/fs/cgroup");
-    for entry in std::fs::read_dir(root)
+    Ok(std::fs::read_dir(root)
         .map_err(|e| Error::io(root, e))?
         .filter_map(Result::ok)
-    {
-        let hierarchy = entry.path();
-        if hierarchy.file_name().is_some_and(|n| n == "unified") || !hierarchy.join("cgroup.procs").exists() {
-            continue;
-        }
+        .map(|entry| entry.path())
+        .filter(|h| h.file_name().is_some_and(|n| n != "unified") && h.join("cgroup.procs").exists())
+        .collect())
+}
+
+/// Creates the cgroup in every v1 hierarchy (the cpuset one with its parent's CPUs and memory nodes).
+fn make_cgroup(cgroup: &str) -> Result<(), Error> {
+    for hierarchy in v1_hierarchies()? {
         let path = hierarchy.join(cgroup.trim_start_matches('/'));
         std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
         if hierarchy.file_name().is_some_and(|n| n == "cpuset") {
@@ -747,18 +751,11 @@ fn make_cgroup(cgroup: &str) -> Result<(), Error> {
 
 /// Moves `pid` into the cgroup in every v1 hierarchy.
 fn join_cgroup(cgroup: &str, pid: u32) -> Result<(), Error> {
-    let root = Path::new("/sys/fs/cgroup");
-    for entry in std::fs::read_dir(root)
-        .map_err(|e| Error::io(root, e))?
-        .filter_map(Result::ok)
-    {
-        let procs = entry
-            .path()
+    for hierarchy in v1_hierarchies()? {
+        let procs = hierarchy
             .join(cgroup.trim_start_matches('/'))
             .join("cgroup.procs");
-        if procs.exists() {
-            std::fs::write(&procs, pid.to_string()).map_err(|e| Error::io(&procs, e))?;
-        }
+        std::fs::write(&procs, pid.to_string()).map_err(|e| Error::io(&procs, e))?;
     }
     Ok(())
 }
@@ -794,22 +791,6 @@ fn import(socket: &Path, archive: &Path) -> Result<(), Error> {
         )));
     }
     Ok(())
-}
-
-fn run(tool: &str, args: &[&str]) -> Result<String, Error> {
-    let output = Command::new(tool)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| Error::Process(format!("{tool}: {e}")))?;
-    if !output.status.success() {
-        return Err(Error::Process(format!(
-            "{tool} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 fn kubeconfig_with_cert(server: &str, ca_pem: &str, cert: &Path, key: &Path) -> Result<String, Error> {

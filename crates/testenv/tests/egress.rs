@@ -9,7 +9,7 @@
 //! (the chain drops it: it does not leave either).
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cso_testenv::{egress, workloads::shared_workload_cluster};
 use k8s_openapi::{
@@ -32,24 +32,6 @@ const NO_ROUTE: &str = "no route to host";
 
 fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).unwrap()
-}
-
-/// Polls `check` every 250 ms until it answers `Ok`; panics after [`TIMEOUT`] with what it saw last.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(seen) if Instant::now() > deadline => {
-                panic!("{what}: not after {TIMEOUT:?}; last seen: {seen}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +81,7 @@ async fn nothing_the_simulated_clusters_dial_leaves_the_machine() {
         "the ClusterIP {cluster_ip} is in the guarded service range {service_range}"
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pod = eventually("the backend pod running with an IP", || async {
+    let pod = cso_testenv::eventually("the backend pod running with an IP", TIMEOUT, || async {
         let list = pods
             .list(&ListParams::default().labels("app=backend"))
             .await
@@ -135,25 +117,26 @@ async fn nothing_the_simulated_clusters_dial_leaves_the_machine() {
         )
         .await
         .unwrap();
-    let not_available = eventually("the APIService checked and not Available", || async {
-        let api_service = api_services
-            .get(&api_service_name)
-            .await
-            .map_err(|e| e.to_string())?;
-        let condition = api_service
-            .status
-            .and_then(|s| s.conditions)
-            .into_iter()
-            .flatten()
-            .find(|c| c.type_ == "Available");
-        match condition {
-            Some(c) if c.status == "False" && c.reason.as_deref() == Some("FailedDiscoveryCheck") => {
-                Ok(c.message.unwrap_or_default())
+    let not_available =
+        cso_testenv::eventually("the APIService checked and not Available", TIMEOUT, || async {
+            let api_service = api_services
+                .get(&api_service_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let condition = api_service
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == "Available");
+            match condition {
+                Some(c) if c.status == "False" && c.reason.as_deref() == Some("FailedDiscoveryCheck") => {
+                    Ok(c.message.unwrap_or_default())
+                }
+                other => Err(format!("{other:?}")),
             }
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+        })
+        .await;
     assert!(
         not_available.contains(&cluster_ip) && not_available.contains(NO_ROUTE),
         "the aggregator's dial of {cluster_ip} fails on this machine: {not_available}"
@@ -186,8 +169,9 @@ async fn nothing_the_simulated_clusters_dial_leaves_the_machine() {
         .await
         .unwrap();
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let refused = eventually(
+    let refused = cso_testenv::eventually(
         "the webhook called (and failing) on a ConfigMap's creation",
+        TIMEOUT,
         || async {
             let config_map: ConfigMap = object(json!({"apiVersion": "v1", "kind": "ConfigMap",
                                                   "metadata": {"generateName": "checked-"}}));

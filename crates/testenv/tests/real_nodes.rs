@@ -27,23 +27,6 @@ fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).unwrap()
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(seen) if Instant::now() > deadline => {
-                panic!("{what}: not after {TIMEOUT:?}; last seen: {seen}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
-}
-
 fn pod(name: &str, labels: serde_json::Value, script: &str) -> Pod {
     object(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -93,7 +76,7 @@ async fn a_real_node_runs_pods_serves_their_logs_routes_services_and_leaves_noth
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     // The ServiceAccount admission needs the namespace's `default` ServiceAccount (kube-controller-manager).
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
-    eventually("the default ServiceAccount", || async {
+    cso_testenv::eventually("the default ServiceAccount", TIMEOUT, || async {
         accounts
             .get_opt("default")
             .await
@@ -114,7 +97,7 @@ async fn a_real_node_runs_pods_serves_their_logs_routes_services_and_leaves_noth
     )
     .await
     .unwrap();
-    let running = eventually("the server pod Running with an IP", || async {
+    let running = cso_testenv::eventually("the server pod Running with an IP", TIMEOUT, || async {
         let pod = pods.get("server").await.map_err(|e| e.to_string())?;
         let status = pod.status.clone().unwrap_or_default();
         match (status.phase.as_deref(), status.pod_ip.as_deref()) {
@@ -130,7 +113,7 @@ async fn a_real_node_runs_pods_serves_their_logs_routes_services_and_leaves_noth
     );
 
     // Its log, served by the kubelet through the API server.
-    let log = eventually("the server's log", || async {
+    let log = cso_testenv::eventually("the server's log", TIMEOUT, || async {
         let log = pods
             .logs("server", &LogParams::default())
             .await
@@ -165,7 +148,7 @@ async fn a_real_node_runs_pods_serves_their_logs_routes_services_and_leaves_noth
     )
     .await
     .unwrap();
-    let fetched = eventually("the client's fetch through the ClusterIP", || async {
+    let fetched = cso_testenv::eventually("the client's fetch through the ClusterIP", TIMEOUT, || async {
         let pod = pods.get("client").await.map_err(|e| e.to_string())?;
         let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
         if phase == "Succeeded" || phase == "Failed" {

@@ -10,7 +10,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    future::Future,
     time::{Duration, Instant},
 };
 
@@ -51,24 +50,6 @@ async fn client_and_namespace(prefix: &str) -> (kube::Client, String) {
 
 fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("the test object has the type's shape")
-}
-
-/// Polls `check` every 250 ms until it answers `Ok`; panics after `timeout` with `what` and what it saw last.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(seen) if Instant::now() > deadline => {
-                panic!("{what}: not after {timeout:?}; last seen: {seen}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
 }
 
 fn deployment(name: &str, replicas: i32, node_selector: Option<serde_json::Value>) -> Deployment {
@@ -150,7 +131,7 @@ async fn a_deployment_becomes_available_with_its_pods_running_on_the_simulated_n
         .await
         .unwrap();
 
-    let available = eventually(
+    let available = cso_testenv::eventually(
         "Deployment web Available with 2 updated replicas",
         TIMEOUT,
         || {
@@ -218,7 +199,7 @@ async fn a_deployment_no_node_fits_stays_unavailable_with_its_pods_unschedulable
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(client, &ns);
 
-    eventually(
+    cso_testenv::eventually(
         "both pods of Deployment stuck Pending and Unschedulable",
         TIMEOUT,
         || {
@@ -402,7 +383,7 @@ async fn a_daemonset_covers_every_node_and_follows_a_deleted_one() {
     daemonsets.create(&PostParams::default(), &ds).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
-    eventually(
+    cso_testenv::eventually(
         &format!("DaemonSet agent ready on all {} nodes, one pod each", nodes.len()),
         TIMEOUT,
         || async {
@@ -480,7 +461,7 @@ async fn a_job_runs_to_completion() {
     }));
     jobs.create(&PostParams::default(), &job).await.unwrap();
 
-    let status = eventually("Job migrate Complete with 3 succeeded", TIMEOUT, || {
+    let status = cso_testenv::eventually("Job migrate Complete with 3 succeeded", TIMEOUT, || {
         let jobs = jobs.clone();
         async move {
             let job = jobs.get("migrate").await.map_err(|e| e.to_string())?;
@@ -539,7 +520,7 @@ async fn a_crd_becomes_established() {
         },
     }));
     crds.create(&PostParams::default(), &crd).await.unwrap();
-    eventually("CRD widgets Established", TIMEOUT, || {
+    cso_testenv::eventually("CRD widgets Established", TIMEOUT, || {
         let crds = crds.clone();
         async move {
             let crd = crds
