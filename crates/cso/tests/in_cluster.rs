@@ -4,7 +4,8 @@
 //! Both pods become Ready through their probes with the ServiceAccount's token (no kubeconfig), one of them holds
 //! the Lease `clusterstack.x-k8s.io`, the API server calls the admission webhook through its Service (a
 //! ClusterStack with a bad version is refused with the webhook's message), `/metrics` answers through the
-//! metrics Service, and deleting the leader hands the Lease to the other replica.
+//! metrics Service, and deleting the leader's pod stops it within its grace period and hands the Lease to a
+//! replica that runs (the other one, or the one started in its place).
 //!
 //! The image archive is built once per run by `make image-test` (`make test` does it first); the test fails
 //! with that line when it is missing.
@@ -216,26 +217,43 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     .await;
     assert!(metrics.contains("process_resident_memory_bytes"));
 
-    // The leader's pod deleted: the other replica takes the Lease.
+    // The leader's pod deleted (SIGTERM): it stops within its grace period (the kubelet removes the pod once its
+    // container has exited; one that ignored SIGTERM would be killed after the 30 s), and the other replica
+    // takes the Lease.
     let handover = Instant::now();
     pods.delete(&leader, &DeleteParams::default()).await.unwrap();
-    let follower = ready.iter().find(|p| **p != leader).unwrap().clone();
-    cso_testenv::eventually("the Lease handed to the other replica", TIMEOUT, || async {
+    let grace = Duration::from_secs(30);
+    cso_testenv::eventually(
+        "the deleted leader's pod gone within its grace period",
+        grace,
+        || async {
+            match pods.get_opt(&leader).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(pod) => Err(format!("{:?}", pod.status.and_then(|s| s.container_statuses))),
+            }
+        },
+    )
+    .await;
+    let stopped = handover.elapsed();
+    // The other replica, or the one the Deployment started in the leader's place, whichever asks first.
+    let successor = cso_testenv::eventually("the Lease held by a replica that runs", TIMEOUT, || async {
         let lease = leases
             .get_opt(LEASE)
             .await
             .map_err(|e| e.to_string())?
             .ok_or("no Lease")?;
         let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-        holder
-            .starts_with(&follower)
-            .then_some(())
+        let (running, _) = operator_pods(&pods).await?;
+        running
+            .into_iter()
+            .find(|pod| *pod != leader && holder.starts_with(pod.as_str()))
             .ok_or(format!("held by {holder:?}"))
     })
     .await;
+    assert_ne!(successor, leader);
     eprintln!(
-        "in cluster: both replicas Ready {both_ready:.1?} after helm install; the Lease handed over {:.1?} after \
-         the leader's pod was deleted",
+        "in cluster: both replicas Ready {both_ready:.1?} after helm install; the deleted leader's pod gone after \
+         {stopped:.1?}, the Lease handed over {:.1?} after the deletion",
         handover.elapsed()
     );
     cluster.stop();

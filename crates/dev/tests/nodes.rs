@@ -1,6 +1,7 @@
 //! `cso-dev nodes`: a cluster of real nodes held until a signal. Killed with SIGKILL (no clean-up of its own),
-//! its watchdog still removes everything it put on the machine: namespaces, links, cgroups, mounts, processes
-//! (the containers' too) and the kubelet's sysctls.
+//! its watchdogs still remove everything it put on the machine: namespaces, links, cgroups, mounts, processes
+//! (the containers' too), the kubelet's sysctls, and the egress guard's routes and chains (when no other process
+//! holds them).
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -107,8 +108,9 @@ fn a_killed_cso_dev_nodes_leaves_nothing_on_the_machine() {
     child.wait().unwrap();
     // The watchdog checks every second, waits 5 s for the processes' own watchdogs, then tears down.
     let deadline = Instant::now() + Duration::from_secs(30);
+    // The teardown puts the sysctls back last: wait for that too.
     let mut left = cso_testenv::node::left_on_the_machine(slot, &dir);
-    while !left.is_empty() && Instant::now() < deadline {
+    while (!left.is_empty() || sysctls() != before) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
         left = cso_testenv::node::left_on_the_machine(slot, &dir);
     }
@@ -118,4 +120,16 @@ fn a_killed_cso_dev_nodes_leaves_nothing_on_the_machine() {
     );
     assert_eq!(sleepers(), 0, "the pod's container is gone too");
     assert_eq!(sysctls(), before, "the kubelet's sysctls are put back");
+    // The egress guard cso-dev held goes too, once no other process holds it.
+    let mut guard = cso_testenv::egress::left_on_the_machine();
+    while !guard.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        guard = cso_testenv::egress::left_on_the_machine();
+    }
+    if cso_testenv::egress::live_holders().is_empty() {
+        assert!(
+            guard.is_empty(),
+            "the egress guard left on the machine: {guard:?}"
+        );
+    }
 }

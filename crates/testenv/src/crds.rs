@@ -28,6 +28,34 @@ pub async fn install(client: &kube::Client, crds: &[CustomResourceDefinition]) -
     }
     for crd in crds {
         wait_established(&api, crd.metadata.name.as_deref().unwrap_or_default()).await?;
+        wait_discoverable(client, crd).await?;
+    }
+    Ok(())
+}
+
+/// Waits until the API server's discovery lists the CRD's kind in every version it serves: `Established` comes
+/// a moment before discovery does, and a client that looks the kind up in that moment finds nothing.
+async fn wait_discoverable(client: &kube::Client, crd: &CustomResourceDefinition) -> Result<(), Error> {
+    let group = &crd.spec.group;
+    let plural = &crd.spec.names.plural;
+    let deadline = Instant::now() + ESTABLISHED_TIMEOUT;
+    for version in crd.spec.versions.iter().filter(|v| v.served) {
+        let group_version = format!("{group}/{}", version.name);
+        loop {
+            let listed = client
+                .list_api_group_resources(&group_version)
+                .await
+                .is_ok_and(|list| list.resources.iter().any(|r| &r.name == plural));
+            if listed {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Kube(format!(
+                    "{plural}.{group_version} not in the API server's discovery after {ESTABLISHED_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     Ok(())
 }

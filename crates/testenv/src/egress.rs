@@ -160,6 +160,42 @@ pub fn counters() -> Result<Counters, Error> {
     Ok(counters)
 }
 
+/// The processes that hold the guard now (live pids in [`STATE_DIR`]`/holders`).
+pub fn live_holders() -> Vec<u32> {
+    std::fs::read_dir(Path::new(STATE_DIR).join("holders"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| Path::new("/proc").join(pid.to_string()).exists())
+        .collect()
+}
+
+/// What of the guard is on the machine: its routes (marked [`ROUTE_PROTOCOL`]) and its chains. Empty once the
+/// last holder is gone.
+pub fn left_on_the_machine() -> Vec<String> {
+    let mut found = Vec::new();
+    for family in ["-4", "-6"] {
+        let routes = run(
+            "ip",
+            &[family, "route", "show", "proto", &ROUTE_PROTOCOL.to_string()],
+        )
+        .unwrap_or_default();
+        found.extend(
+            routes
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| format!("route {l}")),
+        );
+    }
+    for tool in ["iptables", "ip6tables"] {
+        if run(tool, &["-w", "-S", CHAIN]).is_ok() {
+            found.push(format!("{tool} chain {CHAIN}"));
+        }
+    }
+    found
+}
+
 fn install(state: &Path, pid: u32) -> Result<(), String> {
     if !is_root() {
         return Err(format!(
