@@ -476,11 +476,7 @@ struct Operator {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    cso_testenv::free_port().unwrap()
 }
 
 fn copy_release(release_dir: &Path, tag: &str) {

@@ -7,6 +7,16 @@
 //! metrics Service, and deleting the leader's pod stops it within its grace period and hands the Lease to a
 //! replica that runs (the other one, or the one started in its place).
 //!
+//! The main job from pods: releases fetched from a GitHub stand-in and a workload cluster's API server, both
+//! where a site has them (off the node, here on this machine's address on the nodes' bridge), a ClusterStack's
+//! ClusterClass applied, a Cluster's addons applied into its workload cluster, and an upgrade of that Cluster
+//! finished by the other replica after the leader's pod is deleted in the middle of it: every object written
+//! once for the change, the removed one pruned, nothing lost.
+//!
+//! Memory for real: under a limit too small for it the operator is `OOMKilled` by the kernel and restarted by
+//! the kubelet; given the chart's default limit back it converges. The pods' memory is read from the kubelet's
+//! cgroup accounting (`/stats/summary`).
+//!
 //! The image archive is built once per run by `make image-test` (`make test` does it first); the test fails
 //! with that line when it is missing.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
@@ -97,45 +107,10 @@ async fn operator_pods(pods: &Api<Pod>) -> Result<(Vec<String>, String), String>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_and_its_webhooks() {
     let tools = Tools::discover().unwrap();
-    if let Err(why) = RealCluster::support(&tools) {
-        panic!("this machine cannot run real nodes: {why}");
-    }
-    let archive = image_archive();
-    assert!(
-        archive.is_file(),
-        "{} is missing: run `make image-test` (or `bash hack/image.sh`)",
-        archive.display()
-    );
-    let cluster = RealCluster::start(&tools, "site", None, 1).await.unwrap();
-    cluster.import_image(&archive).unwrap();
+    let cluster = cluster_for_the_operator(&tools, "site").await;
     let client = cluster.control_plane.client().await.unwrap();
-    // Cluster API's CRDs, which the operator watches (Cluster API itself is not needed for this test).
-    let capi_crds = cso_testenv::crds::read_dirs(&tools.capi_crd_dirs).unwrap();
-    cso_testenv::crds::install(&client, &capi_crds).await.unwrap();
-
-    let kubeconfig = cluster.control_plane.kubeconfig_path().to_path_buf();
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/cluster-stack-operator");
     let installed = Instant::now();
-    helm(
-        &tools,
-        &kubeconfig,
-        &[
-            "install",
-            "cso",
-            chart.to_str().unwrap(),
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-            "--set",
-            "image.repository=docker.io/library/cso",
-            "--set",
-            "image.tag=latest",
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
-            "replicas=2",
-        ],
-    );
+    install_chart(&tools, &cluster, &["replicas=2".into()]);
 
     // Two replicas Ready through their probes.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -148,20 +123,8 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
 
     // One holds the Lease.
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    let leader = cso_testenv::eventually("the Lease held by one of them", TIMEOUT, || async {
-        let lease = leases
-            .get_opt(LEASE)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no Lease yet")?;
-        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-        ready
-            .iter()
-            .find(|pod| holder.starts_with(pod.as_str()))
-            .cloned()
-            .ok_or(format!("held by {holder:?}"))
-    })
-    .await;
+    let leader = leader(&client).await;
+    assert!(ready.contains(&leader));
 
     // The API server calls the webhook through its Service: a bad version is refused with its message.
     let stacks: Api<cso_api::ClusterStack> = Api::namespaced(client.clone(), "default");
@@ -255,6 +218,467 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
         "in cluster: both replicas Ready {both_ready:.1?} after helm install; the deleted leader's pod gone after \
          {stopped:.1?}, the Lease handed over {:.1?} after the deletion",
         handover.elapsed()
+    );
+    cluster.stop();
+}
+
+/// The real-node cluster of a test with the operator's image imported and Cluster API's CRDs installed (the
+/// operator watches them; Cluster API itself is not needed here).
+async fn cluster_for_the_operator(tools: &Tools, name: &str) -> RealCluster {
+    if let Err(why) = RealCluster::support(tools) {
+        panic!("this machine cannot run real nodes: {why}");
+    }
+    let archive = image_archive();
+    assert!(
+        archive.is_file(),
+        "{} is missing: run `make image-test` (or `bash hack/image.sh`)",
+        archive.display()
+    );
+    let cluster = RealCluster::start(tools, name, None, 1).await.unwrap();
+    cluster.import_image(&archive).unwrap();
+    let client = cluster.control_plane.client().await.unwrap();
+    let capi_crds = cso_testenv::crds::read_dirs(&tools.capi_crd_dirs).unwrap();
+    cso_testenv::crds::install(&client, &capi_crds).await.unwrap();
+    cluster
+}
+
+/// `helm install` (or `upgrade --install`) of the chart with the image built here and `settings` (`--set`).
+fn install_chart(tools: &Tools, cluster: &RealCluster, settings: &[String]) {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/cluster-stack-operator");
+    let kubeconfig = cluster.control_plane.kubeconfig_path();
+    let mut args = vec![
+        "upgrade".to_owned(),
+        "--install".into(),
+        "cso".into(),
+        chart.display().to_string(),
+        "--namespace".into(),
+        NAMESPACE.into(),
+        "--create-namespace".into(),
+    ];
+    for setting in [
+        "image.repository=docker.io/library/cso",
+        "image.tag=latest",
+        "image.pullPolicy=Never",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(settings.iter().cloned())
+    {
+        args.push("--set".into());
+        args.push(setting);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm(tools, kubeconfig, &args);
+}
+
+/// The Ready operator pod that holds the Lease.
+async fn leader(client: &kube::Client) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    cso_testenv::eventually("the Lease held by a Ready replica", TIMEOUT, || async {
+        let lease = leases
+            .get_opt(LEASE)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no Lease yet")?;
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        let (ready, seen) = operator_pods(&pods).await?;
+        ready
+            .into_iter()
+            .find(|pod| holder.starts_with(pod.as_str()))
+            .ok_or(format!("held by {holder:?}; pods: {seen}"))
+    })
+    .await
+}
+
+/// The memory of every operator pod, from the pods' memory cgroups: working set (what the kubelet and the kernel
+/// hold against the limit) and resident set of its processes, in MiB.
+async fn operator_memory(client: &kube::Client, cluster: &RealCluster) -> Vec<(String, String)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    pods.list(&ListParams::default().labels("app.kubernetes.io/component=controller-manager"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|pod| {
+            let memory = cluster.pod_memory(pod.metadata.uid.as_deref()?)?;
+            let mib = |bytes: u64| bytes as f64 / 1024.0 / 1024.0;
+            Some((
+                pod.metadata.name?,
+                format!(
+                    "working set {:.1} MiB, resident {:.1} MiB",
+                    mib(memory.working_set),
+                    mib(memory.resident)
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// Successful writes (`POST`, `PUT`, `PATCH`, `DELETE`) the API server at `client` has served, per resource
+/// (`apiserver_request_total`).
+async fn writes(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let mut writes = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let verb = label("verb");
+        // The API server renews its own identity Lease; the operator writes no Lease in a workload cluster.
+        if label("resource") == "leases" {
+            continue;
+        }
+        if !["POST", "PUT", "PATCH", "DELETE"].contains(&verb.as_str()) || !label("code").starts_with('2') {
+            continue;
+        }
+        let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *writes.entry(label("resource")).or_insert(0.0) += count;
+    }
+    writes
+}
+
+/// The difference of two [`writes`] readings, resources without a write left out.
+fn writes_between(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(resource, n)| {
+            (
+                resource.clone(),
+                (n - before.get(resource).unwrap_or(&0.0)) as u64,
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pods_install_a_stack_and_its_addons_and_finish_an_upgrade_across_a_leader_handover() {
+    use cso_api::{ClusterAddon, ClusterStackRelease};
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+
+    let tools = Tools::discover().unwrap();
+    let cluster = cluster_for_the_operator(&tools, "stacks").await;
+    let client = cluster.control_plane.client().await.unwrap();
+    // Where a site has them: off the node. Here this machine's address on the nodes' bridge.
+    let host = cluster.host_address();
+    let github = cso_testenv::github::FakeGithub::start_on(host, 30).await.unwrap();
+    let releases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases");
+    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
+        github.publish_dir(tag, &releases.join(tag)).unwrap();
+    }
+    let workload_plane = cso_testenv::ControlPlane::start_placed(
+        &tools,
+        "stacks-workload",
+        None,
+        &cso_testenv::control_plane::Placement {
+            address: host,
+            netns: None,
+        },
+    )
+    .await
+    .unwrap();
+    let workload = workload_plane.client().await.unwrap();
+
+    install_chart(
+        &tools,
+        &cluster,
+        &[
+            "replicas=2".into(),
+            "source=github".into(),
+            format!("extraArgs[0]=--github-api-url={}", github.api_url()),
+            // The workload cluster is a bare API server: nothing applied there ever runs (the addons that
+            // really run are the next issue's).
+            "extraArgs[1]=--addon-health-checks=false".into(),
+        ],
+    );
+    let first_leader = leader(&client).await;
+    let idle_memory = operator_memory(&client, &cluster).await;
+
+    // A ClusterStack: its release fetched, rendered and applied by the pods.
+    let tenant = cso_testenv::namespace(&client, "tenant").await.unwrap();
+    let stacks: Api<cso_api::ClusterStack> = Api::namespaced(client.clone(), &tenant);
+    let stack: cso_api::ClusterStack = serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+        "metadata": {"name": "ferrol"},
+        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
+                 "autoSubscribe": false, "noProvider": true, "versions": ["v1"]},
+    }))
+    .unwrap();
+    // Admitted through the webhook's Service once kube-proxy routes it to a Ready pod (a moment after Ready).
+    cso_testenv::eventually("the ClusterStack admitted", TIMEOUT, || async {
+        match stacks.create(&PostParams::default(), &stack).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("failed calling webhook") => Err(e.to_string()),
+            Err(e) => panic!("the ClusterStack refused: {e}"),
+        }
+    })
+    .await;
+    let stack_releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &tenant);
+    cso_testenv::eventually("the release v1 ready", TIMEOUT, || async {
+        let release = stack_releases
+            .get_opt("docker-ferrol-1-27-v1")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no release yet")?;
+        if release.status.as_ref().is_some_and(|s| s.ready) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", release.status))
+        }
+    })
+    .await;
+    let classes: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &tenant,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cluster.x-k8s.io",
+            "v1beta1",
+            "ClusterClass",
+        )),
+    );
+    assert!(classes.get_opt("docker-ferrol-1-27-v1").await.unwrap().is_some());
+
+    // A Cluster of that class: its addons applied into its workload cluster by the pods.
+    cso_testenv::kubeconfig_secret(&client, &tenant, "c1", workload_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &tenant,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster")),
+    );
+    let cluster_object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": tenant},
+        "spec": {
+            "topology": {"class": "docker-ferrol-1-27-v1", "version": "v1.27.3"},
+            "controlPlaneEndpoint": {"host": host.to_string(), "port": 6443},
+        },
+    }))
+    .unwrap();
+    clusters
+        .create(&PostParams::default(), &cluster_object)
+        .await
+        .unwrap();
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &tenant);
+    let applied = |class: &'static str| {
+        let addons = addons.clone();
+        async move {
+            let addon = addons
+                .get_opt("cluster-addon-c1")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no ClusterAddon yet")?;
+            let ready = addon.status.as_ref().is_some_and(|s| s.ready);
+            if addon.spec.cluster_stack == class && ready {
+                Ok(addon)
+            } else {
+                Err(format!(
+                    "{} ready={ready} {:?}",
+                    addon.spec.cluster_stack, addon.status
+                ))
+            }
+        }
+    };
+    let installed = cso_testenv::eventually("the addons of v1 applied", TIMEOUT, || {
+        applied("docker-ferrol-1-27-v1")
+    })
+    .await;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::all(workload.clone());
+    let names = |list: Vec<k8s_openapi::api::apps::v1::Deployment>| -> Vec<String> {
+        list.into_iter().filter_map(|d| d.metadata.name).collect()
+    };
+    let before = names(deployments.list(&ListParams::default()).await.unwrap().items);
+    assert!(before.contains(&"web".to_owned()), "{before:?}");
+    let inventory_v1 = installed.status.unwrap().resources.len();
+
+    // The upgrade: v2 added to the ClusterStack and the Cluster moved to it at once. v2's download takes 5 s;
+    // while the leader is in it, its pod is deleted without a grace period (the kubelet kills it, as a node
+    // failure or an eviction would): the other replica must take the Lease and do the upgrade.
+    github.slow_down("docker-ferrol-1-27-v2", Duration::from_secs(5));
+    let downloads = || {
+        github
+            .requests()
+            .iter()
+            .filter(|r| r.host == "api" && r.path.contains("/releases/assets/"))
+            .count()
+    };
+    let downloads_before = downloads();
+    let writes_before = writes(&workload).await;
+    stacks
+        .patch(
+            "ferrol",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"versions": ["v1", "v2"]}})),
+        )
+        .await
+        .unwrap();
+    clusters
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"class": "docker-ferrol-1-27-v2"}}})),
+        )
+        .await
+        .unwrap();
+    cso_testenv::eventually("the leader downloading v2", TIMEOUT, || async {
+        if downloads() > downloads_before {
+            Ok(())
+        } else {
+            Err("no download yet".to_owned())
+        }
+    })
+    .await;
+    let deleted = Instant::now();
+    let downloads_at_the_kill = downloads();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    pods.delete(
+        &first_leader,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let done_at_deletion = applied("docker-ferrol-1-27-v2").await.is_ok();
+    let second_leader = leader(&client).await;
+    let handed_over = deleted.elapsed();
+    assert_ne!(second_leader, first_leader);
+    let upgraded = cso_testenv::eventually("the addons of v2 applied after the handover", TIMEOUT, || {
+        applied("docker-ferrol-1-27-v2")
+    })
+    .await;
+    let upgrade_finished = deleted.elapsed();
+    // The new leader downloaded v2 again: the killed one never finished.
+    assert!(
+        downloads() > downloads_at_the_kill,
+        "no download of v2 after the leader was killed: it was not the new leader that finished it"
+    );
+    assert!(
+        !done_at_deletion,
+        "the upgrade had finished before the leader's pod was deleted"
+    );
+
+    // Nothing lost: every object of v2 in the workload cluster; the one v2 dropped pruned.
+    let inventory = upgraded.status.unwrap().resources;
+    for resource in &inventory {
+        let gvk = GroupVersionKind::gvk(&resource.group, &resource.version, &resource.kind);
+        let (api_resource, _) = kube::discovery::pinned_kind(&workload, &gvk).await.unwrap();
+        let api: Api<DynamicObject> = if resource.namespace.is_empty() {
+            Api::all_with(workload.clone(), &api_resource)
+        } else {
+            Api::namespaced_with(workload.clone(), &resource.namespace, &api_resource)
+        };
+        assert!(
+            api.get_opt(&resource.name).await.unwrap().is_some(),
+            "{resource:?} of v2 is missing in the workload cluster"
+        );
+    }
+    let after = names(deployments.list(&ListParams::default()).await.unwrap().items);
+    assert!(
+        !after.contains(&"web".to_owned()),
+        "web (dropped by v2) not pruned: {after:?}"
+    );
+    // Written once for the change: at most one write per object of v2 and one delete per pruned object, though
+    // two replicas worked on it.
+    let upgrade_writes = writes_between(&writes_before, &writes(&workload).await);
+    let total: u64 = upgrade_writes.values().sum();
+    let pruned = inventory_v1.saturating_sub(inventory.len()).max(1);
+    assert!(
+        total as usize <= inventory.len() + pruned,
+        "{total} writes for {} objects and {pruned} pruned: {upgrade_writes:?}",
+        inventory.len()
+    );
+    let busy_memory = operator_memory(&client, &cluster).await;
+    eprintln!(
+        "in cluster, the main job: the Lease taken {handed_over:.1?} and v1 -> v2 finished {upgrade_finished:.1?} \
+         after the leader's pod was killed in it \
+         ({} objects, {total} writes to the workload cluster: {upgrade_writes:?}); operator memory (cgroup \
+         working set) idle {idle_memory:?}, after one Cluster {busy_memory:?}",
+        inventory.len()
+    );
+    drop(workload_plane);
+    cluster.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_too_small_is_oom_killed_and_restarted_by_the_kubelet_and_the_default_limit_converges() {
+    let tools = Tools::discover().unwrap();
+    let cluster = cluster_for_the_operator(&tools, "memory").await;
+    let client = cluster.control_plane.client().await.unwrap();
+    install_chart(
+        &tools,
+        &cluster,
+        &[
+            "resources.limits.memory=8Mi".into(),
+            "resources.requests.memory=8Mi".into(),
+        ],
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    // The kernel kills it in its cgroup; the kubelet says so and starts it again.
+    let (restarts, reason) =
+        cso_testenv::eventually("the operator OOMKilled and restarted", TIMEOUT, || async {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=controller-manager"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let statuses: Vec<_> = list
+                .items
+                .iter()
+                .flat_map(|p| {
+                    p.status
+                        .clone()
+                        .unwrap_or_default()
+                        .container_statuses
+                        .unwrap_or_default()
+                })
+                .collect();
+            statuses
+                .iter()
+                .find_map(|c| {
+                    let reason = c.last_state.as_ref()?.terminated.as_ref()?.reason.clone()?;
+                    (c.restart_count >= 1 && reason == "OOMKilled").then_some((c.restart_count, reason))
+                })
+                .ok_or(format!("{statuses:?}"))
+        })
+        .await;
+    assert_eq!(reason, "OOMKilled");
+
+    // The chart's default limit back: a pod that starts, becomes Ready and leads.
+    let limited = Instant::now();
+    install_chart(&tools, &cluster, &[]);
+    let ready = cso_testenv::eventually("one replica Ready under the default limit", TIMEOUT, || async {
+        let (ready, seen) = operator_pods(&pods).await?;
+        if ready.len() == 1 { Ok(ready) } else { Err(seen) }
+    })
+    .await;
+    let leading = leader(&client).await;
+    assert_eq!(ready, vec![leading.clone()]);
+    let converged = limited.elapsed();
+    // It stays: no restart under the default limit.
+    let memory = operator_memory(&client, &cluster).await;
+    let pod = pods.get(&leading).await.unwrap();
+    let restarts_now: i32 = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.restart_count)
+        .sum();
+    assert_eq!(restarts_now, 0, "the pod under the default limit restarted");
+    eprintln!(
+        "memory: OOMKilled under 8Mi and restarted {restarts} time(s) by the kubelet; under the default limit \
+         Ready and leading {converged:.1?} after the upgrade; working set {memory:?}"
     );
     cluster.stop();
 }

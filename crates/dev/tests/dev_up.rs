@@ -57,11 +57,7 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
         .prefix("cso-dev-up-test")
         .tempdir()
         .unwrap();
-    let hook_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let hook_port = free_port();
     let mut child = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_cso-dev"))
             .args(["up", "--hook-port", &hook_port.to_string(), "--dir"])
@@ -169,11 +165,7 @@ async fn dev_up_reaches_ready_serves_the_crds_and_stops_cleanly() {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    cso_testenv::free_port().unwrap()
 }
 
 /// The last `lines` lines of a log file, for panic messages.

@@ -795,14 +795,29 @@ pub async fn register_extension(
         "apiVersion": "runtime.cluster.x-k8s.io/v1beta2", "kind": "ExtensionConfig",
         "metadata": {"name": name}, "spec": spec,
     });
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .map_err(|e| Error::Kube(format!("failed to register the runtime extension {name}: {e}")))?;
-    Ok(())
+    // Cluster API's defaulting webhook admits the object; a moment in which the API server cannot reach it (a
+    // manager restarting its webhook server) is waited out, as `kubectl apply` in a retry loop would.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match api
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.to_string().contains("failed calling webhook") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(Error::Kube(format!(
+                    "failed to register the runtime extension {name}: {e}"
+                )));
+            }
+        }
+    }
 }
 
 /// Waits (at most `timeout`) until Cluster API has discovered the extension `name`; returns the hooks of its

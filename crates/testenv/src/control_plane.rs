@@ -257,13 +257,53 @@ pub async fn config_from_yaml(yaml: &str) -> Result<kube::Config, Error> {
         .map_err(|e| Error::Kube(e.to_string()))
 }
 
-/// A port on loopback that nothing listens on now.
-pub(crate) fn free_port() -> Result<u16, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))
+/// A port on loopback that nothing listens on now, for a server the environment starts.
+///
+/// Chosen outside the kernel's ephemeral range (`net.ipv4.ip_local_port_range`): a port from that range (what a
+/// bind to port 0 gives) can be taken as the source port of any outgoing connection between this choice and the
+/// server's own bind, and a server that cannot bind its webhook port exits after its health check passed. Never the
+/// same port twice in one process; the start in the range is random, so processes side by side rarely meet.
+pub fn free_port() -> Result<u16, Error> {
+    use std::hash::{BuildHasher, Hasher};
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let (low, high) = server_port_range();
+    let span = u32::from(high - low) + 1;
+    let mut seed = std::collections::hash_map::RandomState::new().build_hasher();
+    seed.write_u32(std::process::id());
+    let start = (seed.finish() % u64::from(span)) as u32;
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for step in 0..span {
+        let port = low + ((start + step) % span) as u16;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        // Free on loopback and on every address (some servers bind the wildcard), each tried on its own.
+        let loopback_free = TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if loopback_free && TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            handed_out.insert(port);
+            return Ok(port);
+        }
+    }
+    Err(Error::Process(format!(
+        "no free port on loopback in {low}-{high}"
+    )))
+}
+
+/// The ports [`free_port`] chooses from: below the ephemeral range when there is room (from 10000), else above it.
+fn server_port_range() -> (u16, u16) {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+            Some((bounds.next()??, bounds.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    if ephemeral.0 > 12000 {
+        (10000, ephemeral.0 - 1)
+    } else {
+        (ephemeral.1.saturating_add(1).min(65000), 65535)
+    }
 }
 
 fn start_etcd(

@@ -95,9 +95,15 @@ impl FakeGithub {
     /// Starts the API and the storage server on loopback ports. Pages hold at most `max_page_size`
     /// releases whatever `per_page` asks (GitHub's own cap is 100).
     pub async fn start(max_page_size: usize) -> Result<Self, Error> {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), max_page_size).await
+    }
+
+    /// [`FakeGithub::start`] on `address` (an address of this machine's that the operator reaches: loopback, or
+    /// a real-node cluster's [`crate::node::RealCluster::host_address`] for an operator in a pod).
+    pub async fn start_on(address: std::net::IpAddr, max_page_size: usize) -> Result<Self, Error> {
         let state = Shared::default();
-        let (api_addr, api_task) = serve(api_router(state.clone())).await?;
-        let (storage_addr, storage_task) = serve(storage_router(state.clone())).await?;
+        let (api_addr, api_task) = serve(address, api_router(state.clone())).await?;
+        let (storage_addr, storage_task) = serve(address, storage_router(state.clone())).await?;
         {
             let mut inner = state.lock();
             inner.max_page_size = max_page_size.max(1);
@@ -164,13 +170,17 @@ impl FakeGithub {
     }
 }
 
-async fn serve(router: Router) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+async fn serve(
+    address: std::net::IpAddr,
+    router: Router,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
+    let where_ = format!("{address}:0");
+    let listener = tokio::net::TcpListener::bind((address, 0))
         .await
-        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        .map_err(|e| Error::io(Path::new(&where_), e))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        .map_err(|e| Error::io(Path::new(&where_), e))?;
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

@@ -30,7 +30,7 @@ pub mod workloads;
 
 use std::{path::Path, sync::OnceLock};
 
-pub use control_plane::{ControlPlane, client_from_yaml, config_from_yaml};
+pub use control_plane::{ControlPlane, client_from_yaml, config_from_yaml, free_port};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, api::PostParams};
 pub use tools::Tools;

@@ -15,7 +15,9 @@
 //! masquerade; `restrict_oom_score_adj`, which root here needs), a kubelet (cgroup v1 with the `cgroupfs` driver
 //! under the cgroup `/cso-<c>-<i>`, client certificate `system:node:<name>`, a serving certificate for its
 //! address, webhook authentication and authorization) and kube-proxy (iptables mode, in the namespace only; it
-//! leaves the machine's conntrack settings alone). Images come from archives imported into the node's containerd
+//! leaves the machine's conntrack settings alone). Pods reach this machine's address on the bridge
+//! ([`RealCluster::host_address`], where a test serves what pods must reach) masqueraded as their node; nothing
+//! else is masqueraded. Images come from archives imported into the node's containerd
 //! ([`RealCluster::import_image`]); the sandbox image is the `pause` that `make tools` builds.
 //!
 //! Stopping (or dropping) the cluster, or the death of the process that started it, runs the slot's teardown
@@ -93,6 +95,15 @@ pub struct RealCluster {
     slot: Slot,
     dir: PathBuf,
     _tempdir: Option<tempfile::TempDir>,
+}
+
+/// A pod's memory in bytes ([`RealCluster::pod_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodMemory {
+    /// The cgroup's usage less its inactive file pages.
+    pub working_set: u64,
+    /// The sum of its processes' resident sets (`VmRSS`).
+    pub resident: u64,
 }
 
 /// One node's processes and where its files are.
@@ -212,6 +223,50 @@ impl RealCluster {
     /// The cluster's directory (control plane and nodes).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// This machine's address on the slot's bridge: what the nodes and their pods reach this machine at. A
+    /// server a test starts for the pods (a release source, a workload cluster's API server) listens here.
+    pub fn host_address(&self) -> IpAddr {
+        IpAddr::V4(self.slot.host_address())
+    }
+
+    /// The memory of a pod, from its cgroup `pod<uid>` under a node's cgroup root: the working set (usage less
+    /// inactive file pages, what the kubelet judges against the limit) and the resident memory of its processes.
+    /// `None` when no node has that pod.
+    pub fn pod_memory(&self, pod_uid: &str) -> Option<PodMemory> {
+        let name = format!("pod{pod_uid}");
+        (0..self.nodes.len()).find_map(|node| {
+            let root =
+                Path::new("/sys/fs/cgroup/memory").join(self.slot.cgroup(node).trim_start_matches('/'));
+            let dir = find_dir(&root, &name, 3)?;
+            let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+            let usage: u64 = read("memory.usage_in_bytes")?.trim().parse().ok()?;
+            let inactive_file: u64 = read("memory.stat")?
+                .lines()
+                .find_map(|line| line.strip_prefix("total_inactive_file "))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0);
+            let resident = processes_under(&dir)
+                .iter()
+                .filter_map(|pid| {
+                    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                    let kib: u64 = status
+                        .lines()
+                        .find_map(|line| line.strip_prefix("VmRSS:"))?
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse()
+                        .ok()?;
+                    Some(kib * 1024)
+                })
+                .sum();
+            Some(PodMemory {
+                working_set: usage.saturating_sub(inactive_file),
+                resident,
+            })
+        })
     }
 
     /// The machine-wide slot this cluster holds (its bridge `cso<slot>br`, namespaces `cso-<slot>-<i>`).
@@ -418,36 +473,34 @@ impl Slot {
         let lock_path = state.join("lock");
         let lock = std::fs::File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         lock.lock().map_err(|e| Error::io(&lock_path, e))?;
-        let mut chosen = None;
+        // Every dead holder's leftovers go first (its teardown script, then the slot is free), so that the
+        // sysctls are saved from a machine no slot has changed.
+        let mut live = std::collections::BTreeSet::new();
         for index in 1..=250u8 {
             let holder = slots.join(index.to_string());
-            match std::fs::read_to_string(&holder) {
-                Ok(pid) if alive(pid.trim()) => continue,
-                Ok(_) => {
-                    // A dead holder's leftovers: its teardown script, then the slot is free.
-                    let script = slots.join(format!("{index}.teardown"));
-                    if script.exists() {
-                        let _ = Command::new("sh")
-                            .arg(&script)
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::null())
-                            .status();
-                    }
-                    let _ = std::fs::remove_file(&holder);
-                }
-                Err(_) => {}
+            let Ok(pid) = std::fs::read_to_string(&holder) else {
+                continue;
+            };
+            if alive(pid.trim()) {
+                live.insert(index);
+                continue;
             }
-            chosen = Some(index);
-            break;
+            let script = slots.join(format!("{index}.teardown"));
+            if script.exists() {
+                let _ = Command::new("sh")
+                    .arg(&script)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            let _ = std::fs::remove_file(&holder);
         }
-        let index = chosen
+        let index = (1..=250u8)
+            .find(|index| !live.contains(index))
             .ok_or_else(|| Error::Process("all 250 real-node slots of this machine are taken".into()))?;
-        // The sysctls the kubelet changes, saved by the first slot taken.
+        // The sysctls the kubelet changes, saved by the first slot taken while no other runs.
         let saved = state.join("sysctls");
-        let others = std::fs::read_dir(&slots)
-            .map_err(|e| Error::io(&slots, e))?
-            .filter_map(Result::ok)
-            .any(|e| !e.file_name().to_string_lossy().contains('.'));
+        let others = !live.is_empty();
         if !others || !saved.exists() {
             let values: Vec<String> = KUBELET_SYSCTLS
                 .iter()
@@ -540,6 +593,29 @@ impl Slot {
         // get as far as kube-proxy's DNAT; what no Service catches goes to the bridge, where this machine does
         // not forward it.
         inside(&["route", "add", crate::egress::SERVICE_CIDR, "dev", "eth0"])?;
+        // Pods reach this machine's end of the bridge (a server a test runs there) with the node's address, as
+        // kind's nodes masquerade what leaves the pod network: this machine has no route to the pod CIDRs, which
+        // every slot reuses. Only that one address: nothing else is masqueraded.
+        run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{netns}"),
+                "--",
+                "iptables",
+                "-t",
+                "nat",
+                "-A",
+                "POSTROUTING",
+                "-s",
+                crate::egress::NODE_POD_CIDRS,
+                "-d",
+                &format!("{}/32", self.host_address()),
+                "-o",
+                "eth0",
+                "-j",
+                "MASQUERADE",
+            ],
+        )?;
         run(
             "nsenter",
             &[
@@ -721,6 +797,42 @@ pub fn left_on_the_machine(slot: u8, dir: &Path) -> Vec<String> {
 
 fn alive(pid: &str) -> bool {
     !pid.is_empty() && Path::new("/proc").join(pid).exists()
+}
+
+/// The processes in the cgroup `dir` and every cgroup below it.
+fn processes_under(dir: &Path) -> Vec<String> {
+    let mut pids: Vec<String> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for entry in std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            pids.extend(processes_under(&entry.path()));
+        }
+    }
+    pids
+}
+
+/// The directory `name` at most `depth` levels below `root`.
+fn find_dir(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(root).ok()?;
+    let dirs: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    if let Some(found) = dirs.iter().find(|d| d.file_name().is_some_and(|n| n == name)) {
+        return Some(found.clone());
+    }
+    if depth == 0 {
+        return None;
+    }
+    dirs.iter().find_map(|d| find_dir(d, name, depth - 1))
 }
 
 /// The mounted cgroup v1 hierarchies (`/sys/fs/cgroup/<controller>`).

@@ -79,10 +79,7 @@ impl Registry {
             .prefix("cso-registry-")
             .tempdir()
             .map_err(|e| Error::io(Path::new("/tmp"), e))?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?
-            .port();
+        let port = crate::free_port()?;
         let storage = dir.path().join("data");
         let config = dir.path().join("config.yml");
         let text = format!(

@@ -53,11 +53,7 @@ impl<'a> Instance<'a> {
 pub const LEASE_SECONDS: u64 = 6;
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    cso_testenv::free_port().unwrap()
 }
 
 pub fn start_operator(
