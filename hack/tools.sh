@@ -83,6 +83,9 @@ PAUSE_VERSION=3.10.1
 PAUSE_IMAGE="$CACHE/pause-$PAUSE_VERSION/pause.tar"
 # A test image of this project's: Debian's static busybox (its applets linked in /bin), named under cso.test.
 BUSYBOX_IMAGE="$CACHE/test-images/busybox.tar"
+# Cluster DNS of the real nodes: CoreDNS of the wrapper module (only a cluster DNS's plugins), as an image.
+COREDNS_VERSION="$(awk '$1 == "github.com/coredns/coredns" { print $2 }' "$ROOT/hack/testenv/coredns/go.mod")"
+COREDNS_IMAGE="$CACHE/coredns-$COREDNS_VERSION/coredns.tar"
 # kwok: the version is the one the wrapper module requires.
 KWOK_VERSION="$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$ROOT/hack/testenv/kwok/go.mod")"
 KWOK="$CACHE/kwok-$KWOK_VERSION/kwok"
@@ -131,6 +134,7 @@ print_env() {
   print_tool CSO_KUBE_PROXY "$KUBE_PROXY"
   if [[ -f "$PAUSE_IMAGE" ]]; then echo "CSO_PAUSE_IMAGE=$PAUSE_IMAGE"; fi
   if [[ -f "$BUSYBOX_IMAGE" ]]; then echo "CSO_BUSYBOX_IMAGE=$BUSYBOX_IMAGE"; fi
+  if [[ -f "$COREDNS_IMAGE" ]]; then echo "CSO_COREDNS_IMAGE=$COREDNS_IMAGE"; fi
   if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]]; then
     echo "CSO_CONTAINERD=$(command -v containerd)"
     echo "CSO_CNI_BIN_DIR=/usr/lib/cni"
@@ -209,6 +213,7 @@ build_node_tools() {
     rm -rf "$rootfs"
     say "busybox test image: $BUSYBOX_IMAGE"
   fi
+  build_coredns_image
   if [[ -f "$PAUSE_IMAGE" ]]; then say "pause $PAUSE_VERSION: cached at $PAUSE_IMAGE"; return; fi
   say "pause $PAUSE_VERSION: compiling build/pause/linux/pause.c of k8s.io/kubernetes $K8S_VERSION"
   local source work
@@ -220,6 +225,23 @@ build_node_tools() {
     --user 65535:65535 --entrypoint '["/pause"]' >/dev/null
   rm -rf "$work"
   say "pause: $PAUSE_IMAGE"
+}
+
+# build_coredns_image: the real nodes' cluster DNS, CoreDNS of the wrapper module hack/testenv/coredns, static, on an
+# empty file system as user 65532, named under cso.test (it is not upstream's image: fewer plugins).
+build_coredns_image() {
+  if [[ -f "$COREDNS_IMAGE" ]]; then say "coredns $COREDNS_VERSION image: cached at $COREDNS_IMAGE"; return; fi
+  say "coredns $COREDNS_VERSION: building from the Go module proxy (cold: about 2 minutes)"
+  local start=$SECONDS work
+  work="$(mktemp -d)"
+  mkdir -p "$work/rootfs" "$(dirname "$COREDNS_IMAGE")"
+  (cd "$ROOT/hack/testenv/coredns" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w" -o "$work/rootfs/coredns" .)
+  python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$COREDNS_IMAGE.tmp" --name "cso.test/coredns:$COREDNS_VERSION" \
+    --user 65532:65532 --entrypoint '["/coredns"]' >/dev/null
+  mv "$COREDNS_IMAGE.tmp" "$COREDNS_IMAGE"
+  rm -rf "$work"
+  say "coredns: $COREDNS_IMAGE in $((SECONDS - start))s"
 }
 
 # build_kwok: kwok of the wrapper module hack/testenv/kwok, stamped with its version as kwok's releases are (the

@@ -2,12 +2,7 @@
 //! manager `kubectl` and puts its label on the object and on the pod templates of the workload kinds
 //! (upstream-behaviour.md §5.5, `setLabel`).
 
-use kube::{
-    Api, Client,
-    api::{DynamicObject, Patch, PatchParams},
-    core::GroupVersionKind,
-    discovery::Scope,
-};
+use kube::{Client, api::DynamicObject, core::GroupVersionKind, discovery::Scope};
 use serde_json::{Value, json};
 
 use crate::Error;
@@ -34,21 +29,11 @@ pub async fn apply(client: &Client, namespace: &str, mut object: Value) -> Resul
         label(&mut object["spec"]["template"]["metadata"]);
     }
     let gvk = GroupVersionKind::gvk(group, version, &kind);
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+    let (_, caps) = kube::discovery::pinned_kind(client, &gvk)
         .await
         .map_err(|e| Error::Kube(e.to_string()))?;
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-    let api: Api<DynamicObject> = if caps.scope == Scope::Namespaced {
+    if caps.scope == Scope::Namespaced {
         object["metadata"]["namespace"] = json!(namespace);
-        Api::namespaced_with(client.clone(), namespace, &resource)
-    } else {
-        Api::all_with(client.clone(), &resource)
-    };
-    api.patch(
-        &name,
-        &PatchParams::apply("kubectl").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .map_err(|e| Error::Kube(e.to_string()))
+    }
+    crate::apply_object(client, &object, "kubectl").await
 }

@@ -7,12 +7,14 @@
 //! would be needed. [`workloads`] makes a control plane run workloads (kube-controller-manager, kube-scheduler
 //! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]). [`cosign`] signs releases with cosign and
 //! with a signer of its own, for the tests of release verification. [`cert_manager`] issues what cert-manager would
-//! for the chart tests. [`egress`] keeps every address the simulated clusters use on this machine.
+//! for the chart tests. [`egress`] keeps every address the simulated clusters use on this machine. [`node`] runs
+//! real nodes (containerd, kubelet, kube-proxy) with cluster DNS ([`cluster_dns`]).
 
 pub mod archive;
 pub mod capi;
 pub mod cert_manager;
 pub mod chart_repo;
+pub mod cluster_dns;
 pub mod control_plane;
 pub mod cosign;
 pub mod crds;
@@ -141,6 +143,33 @@ where
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
         }
     }
+}
+
+/// Server-side applies `object` (JSON with `apiVersion`, `kind` and `metadata`, namespaced or not as the API
+/// server's discovery says) as `field_manager`, forced; returns the object as applied.
+pub async fn apply_object(
+    client: &kube::Client,
+    object: &serde_json::Value,
+    field_manager: &str,
+) -> Result<kube::api::DynamicObject, Error> {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .map_err(|e| Error::Kube(format!("{api_version} {kind}: {e}")))?;
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(namespace) if caps.scope == kube::discovery::Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), namespace, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(object))
+        .await
+        .map_err(|e| Error::Kube(format!("{kind} {name}: {e}")))
 }
 
 /// Creates a namespace with a generated name starting with `prefix` and returns its name.

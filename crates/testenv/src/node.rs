@@ -61,6 +61,7 @@ pub struct NodeTools {
     pub containerd: PathBuf,
     pub cni_bin_dir: PathBuf,
     pub pause_image: PathBuf,
+    pub coredns_image: PathBuf,
 }
 
 impl NodeTools {
@@ -80,6 +81,7 @@ impl NodeTools {
                 "the CNI plugins (Debian's containernetworking-plugins)",
             )?,
             pause_image: need(&tools.pause_image, "the pause image")?,
+            coredns_image: need(&tools.coredns_image, "the cluster DNS image (coredns)")?,
         })
     }
 }
@@ -212,6 +214,9 @@ impl RealCluster {
             cluster.nodes.push(node);
         }
         cluster.wait_ready().await?;
+        cluster.import_image(&node_tools.coredns_image)?;
+        let client = cluster.control_plane.client().await?;
+        crate::cluster_dns::deploy(&client, &archive_image_name(&node_tools.coredns_image)?).await?;
         Ok(cluster)
     }
 
@@ -797,6 +802,25 @@ pub fn left_on_the_machine(slot: u8, dir: &Path) -> Vec<String> {
 
 fn alive(pid: &str) -> bool {
     !pid.is_empty() && Path::new("/proc").join(pid).exists()
+}
+
+/// The name an OCI archive of `hack/oci-archive.py` carries (`org.opencontainers.image.ref.name` of its index).
+pub fn archive_image_name(archive: &Path) -> Result<String, Error> {
+    let file = std::fs::File::open(archive).map_err(|e| Error::io(archive, e))?;
+    let mut entries = tar::Archive::new(file);
+    for entry in entries.entries().map_err(|e| Error::io(archive, e))? {
+        let mut entry = entry.map_err(|e| Error::io(archive, e))?;
+        if entry.path().ok().is_some_and(|p| p == Path::new("index.json")) {
+            let index: serde_json::Value =
+                serde_json::from_reader(&mut entry).map_err(|e| Error::Kube(format!("{}: {e}", archive.display())))?;
+            return index
+                .pointer("/manifests/0/annotations/org.opencontainers.image.ref.name")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| Error::Process(format!("{}: no image name in index.json", archive.display())));
+        }
+    }
+    Err(Error::Process(format!("{}: no index.json", archive.display())))
 }
 
 /// The processes in the cgroup `dir` and every cgroup below it.

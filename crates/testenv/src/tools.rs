@@ -58,6 +58,9 @@ pub struct Tools {
     /// A test image of this project's, `cso.test/busybox:debian-12` (Debian's static busybox), an OCI archive
     /// built by `make tools` (`CSO_BUSYBOX_IMAGE`).
     pub busybox_image: Option<PathBuf>,
+    /// The real nodes' cluster DNS, `cso.test/coredns:<version>` (CoreDNS with a cluster DNS's plugins only), an
+    /// OCI archive built by `make tools` (`CSO_COREDNS_IMAGE`).
+    pub coredns_image: Option<PathBuf>,
 }
 
 impl Tools {
@@ -124,6 +127,7 @@ impl Tools {
             cni_bin_dir: lookup("CSO_CNI_BIN_DIR").map(PathBuf::from),
             pause_image: lookup("CSO_PAUSE_IMAGE").map(PathBuf::from),
             busybox_image: lookup("CSO_BUSYBOX_IMAGE").map(PathBuf::from),
+            coredns_image: lookup("CSO_COREDNS_IMAGE").map(PathBuf::from),
         })
     }
 }
