@@ -148,34 +148,8 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     assert!(refused.contains("spec.versions"), "{refused}");
 
     // /metrics through the metrics Service (the API server's service proxy).
-    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
-    let metrics_service = services
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|s| s.metadata.name)
-        .find(|name| name.contains("metrics"))
-        .expect("a metrics Service");
-    let metrics = cso_testenv::eventually("/metrics through the metrics Service", TIMEOUT, || async {
-        let request = http::Request::get(format!(
-            "/api/v1/namespaces/{NAMESPACE}/services/https:{metrics_service}:metrics/proxy/metrics"
-        ))
-        .body(Vec::new())
-        .unwrap();
-        let plain = http::Request::get(format!(
-            "/api/v1/namespaces/{NAMESPACE}/services/{metrics_service}:metrics/proxy/metrics"
-        ))
-        .body(Vec::new())
-        .unwrap();
-        match client.request_text(plain).await {
-            Ok(text) if text.contains("cso_") => Ok(text),
-            first => match client.request_text(request).await {
-                Ok(text) if text.contains("cso_") => Ok(text),
-                second => Err(format!("{first:?} / {second:?}")),
-            },
-        }
+    let metrics = cso_testenv::eventually("/metrics through the metrics Service", TIMEOUT, || {
+        operator_metrics(&client)
     })
     .await;
     assert!(metrics.contains("process_resident_memory_bytes"));
@@ -222,9 +196,8 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     cluster.stop();
 }
 
-/// The real-node cluster of a test with the operator's image imported and Cluster API's CRDs installed (the
-/// operator watches them; Cluster API itself is not needed here).
-async fn cluster_for_the_operator(tools: &Tools, name: &str) -> RealCluster {
+/// The real-node cluster of a test (one node) with the operator's image imported.
+async fn real_cluster_with_the_image(tools: &Tools, name: &str) -> RealCluster {
     if let Err(why) = RealCluster::support(tools) {
         panic!("this machine cannot run real nodes: {why}");
     }
@@ -236,6 +209,13 @@ async fn cluster_for_the_operator(tools: &Tools, name: &str) -> RealCluster {
     );
     let cluster = RealCluster::start(tools, name, None, 1).await.unwrap();
     cluster.import_image(&archive).unwrap();
+    cluster
+}
+
+/// [`real_cluster_with_the_image`] with Cluster API's CRDs (the operator watches them; Cluster API itself is not
+/// needed by the tests that use this).
+async fn cluster_for_the_operator(tools: &Tools, name: &str) -> RealCluster {
+    let cluster = real_cluster_with_the_image(tools, name).await;
     let client = cluster.control_plane.client().await.unwrap();
     let capi_crds = cso_testenv::crds::read_dirs(&tools.capi_crd_dirs).unwrap();
     cso_testenv::crds::install(&client, &capi_crds).await.unwrap();
@@ -313,6 +293,34 @@ async fn operator_memory(client: &kube::Client, cluster: &RealCluster) -> Vec<(S
             ))
         })
         .collect()
+}
+
+/// The operator's `/metrics` through its metrics Service (the API server's service proxy; plain HTTP or
+/// HTTPS, whichever the chart serves).
+async fn operator_metrics(client: &kube::Client) -> Result<String, String> {
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    let metrics_service = services
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .find(|name| name.contains("metrics"))
+        .ok_or("no metrics Service")?;
+    let mut seen = Vec::new();
+    for scheme in ["", "https:"] {
+        let request = http::Request::get(format!(
+            "/api/v1/namespaces/{NAMESPACE}/services/{scheme}{metrics_service}:metrics/proxy/metrics"
+        ))
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+        match client.request_text(request).await {
+            Ok(text) if text.contains("cso_") => return Ok(text),
+            other => seen.push(format!("{other:?}")),
+        }
+    }
+    Err(seen.join(" / "))
 }
 
 /// Successful writes (`POST`, `PUT`, `PATCH`, `DELETE`) the API server at `client` has served, per resource
@@ -680,5 +688,216 @@ async fn a_limit_too_small_is_oom_killed_and_restarted_by_the_kubelet_and_the_de
         "memory: OOMKilled under 8Mi and restarted {restarts} time(s) by the kubelet; under the default limit \
          Ready and leading {converged:.1?} after the upgrade; working set {memory:?}"
     );
+    cluster.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_api_calls_the_pods_hooks_through_the_charts_extension_config() {
+    use cso_api::ClusterAddon;
+    use cso_testenv::{
+        capi::{ClusterApi, ClusterApiTools, Options, TopologyCluster},
+        stand_in::{StandIn, Workload},
+    };
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+    let tools = Tools::discover().unwrap();
+    let capi_tools = ClusterApiTools::discover().unwrap();
+    let cluster = real_cluster_with_the_image(&tools, "capi").await;
+    let client = cluster.control_plane.client().await.unwrap();
+    // Cluster API v1.14 beside the API server in the control-plane node's namespace, as its pods would run:
+    // it resolves the chart's ExtensionConfig service reference through the cluster's DNS and dials the
+    // Service's ClusterIP through kube-proxy.
+    let cluster_api = ClusterApi::start(
+        &capi_tools,
+        &cluster.control_plane,
+        &Options {
+            placement: cluster.placement(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let host = cluster.host_address();
+    let github = cso_testenv::github::FakeGithub::start_on(host, 30).await.unwrap();
+    let releases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases");
+    github
+        .publish_dir("docker-ferrol-1-27-v1", &releases.join("docker-ferrol-1-27-v1"))
+        .unwrap();
+    let workload_plane = cso_testenv::ControlPlane::start_placed(
+        &tools,
+        "capi-workload",
+        None,
+        &cso_testenv::control_plane::Placement {
+            address: host,
+            netns: None,
+        },
+    )
+    .await
+    .unwrap();
+    let workload = workload_plane.client().await.unwrap();
+
+    // The chart with its defaults for the hook server: its Service and the ExtensionConfig that names it.
+    install_chart(
+        &tools,
+        &cluster,
+        &[
+            "source=github".into(),
+            format!("extraArgs[0]=--github-api-url={}", github.api_url()),
+            "extraArgs[1]=--addon-health-checks=false".into(),
+        ],
+    );
+    leader(&client).await;
+    let hooks: std::collections::BTreeSet<String> =
+        cso_testenv::capi::discovered_hooks(&client, "cso-hook-server-extensionconfig", TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", cluster_api.log_tail(cso_testenv::capi::Provider::Core)))
+            .into_iter()
+            .collect();
+    let every_hook: std::collections::BTreeSet<String> = cso_api::rules::Hook::ALL
+        .iter()
+        .map(|h| h.as_str().to_owned())
+        .collect();
+    assert_eq!(
+        hooks, every_hook,
+        "Cluster API discovered the pods' handlers through the Service"
+    );
+
+    // The stack, and a Cluster of its class built by Cluster API (the stand-in plays the machines).
+    let tenant = cso_testenv::namespace(&client, "tenant").await.unwrap();
+    let stacks: Api<cso_api::ClusterStack> = Api::namespaced(client.clone(), &tenant);
+    let stack: cso_api::ClusterStack = serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
+        "metadata": {"name": "ferrol"},
+        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
+                 "autoSubscribe": false, "noProvider": true, "versions": ["v1"]},
+    }))
+    .unwrap();
+    cso_testenv::eventually("the ClusterStack admitted", TIMEOUT, || async {
+        match stacks.create(&PostParams::default(), &stack).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("failed calling webhook") => Err(e.to_string()),
+            Err(e) => panic!("the ClusterStack refused: {e}"),
+        }
+    })
+    .await;
+    let classes: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &tenant,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cluster.x-k8s.io",
+            "v1beta2",
+            "ClusterClass",
+        )),
+    );
+    cso_testenv::eventually(
+        "the ClusterClass applied and reconciled by Cluster API",
+        TIMEOUT,
+        || async {
+            let class = classes
+                .get_opt("docker-ferrol-1-27-v1")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no ClusterClass yet")?;
+            let class = serde_json::to_value(class).map_err(|e| e.to_string())?;
+            let reconciled = class
+                .pointer("/status/conditions")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "VariablesReady" && c["status"] == "True")
+                });
+            if reconciled {
+                Ok(())
+            } else {
+                Err(format!("{:?}", class.pointer("/status")))
+            }
+        },
+    )
+    .await;
+    let _stand_in = StandIn::start(
+        client.clone(),
+        Workload {
+            kubeconfig: workload_plane.kubeconfig_yaml().to_owned(),
+            server_url: workload_plane.server_url().to_owned(),
+        },
+    );
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &tenant,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster")),
+    );
+    let created = Instant::now();
+    let cluster_object = TopologyCluster {
+        namespace: &tenant,
+        name: "c1",
+        api_version: "cluster.x-k8s.io/v1beta2",
+        class: "docker-ferrol-1-27-v1",
+        class_namespace: None,
+        version: "v1.27.3",
+        worker_class: "workeramd64",
+        worker_replicas: 0,
+        image_repository: Some("registry.k8s.io"),
+    }
+    .to_json();
+    clusters
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(cluster_object).unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Cluster API refused the Cluster: {e}"));
+
+    // Its addons in the workload cluster, and Cluster API's calls answered by the pods.
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &tenant);
+    let workload_deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(workload.clone(), "kube-system");
+    cso_testenv::eventually("the addons in the workload cluster", TIMEOUT, || async {
+        let addon = addons
+            .get_opt("cluster-addon-c1")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no ClusterAddon yet")?;
+        let ready = addon.status.as_ref().is_some_and(|s| s.ready);
+        let metrics_server = workload_deployments
+            .get_opt("metrics-server")
+            .await
+            .map_err(|e| e.to_string())?;
+        if ready && metrics_server.is_some() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", addon.status))
+        }
+    })
+    .await;
+    let installed = created.elapsed();
+    let answered = cso_testenv::eventually(
+        "AfterControlPlaneInitialized answered by the pods",
+        TIMEOUT,
+        || async {
+            let metrics = operator_metrics(&client).await?;
+            let calls: f64 = metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("cso_hook_requests_total{")
+                        && l.contains("hook=\"AfterControlPlaneInitialized\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            if calls > 0.0 {
+                Ok(calls)
+            } else {
+                Err("no call counted yet".to_owned())
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "in cluster, Cluster API: every hook discovered through the chart's ExtensionConfig; the Cluster's addons \
+         in its workload cluster {installed:.1?} after it was created; {answered} AfterControlPlaneInitialized \
+         call(s) answered by the pod; Cluster API started in {:.1?}",
+        cluster_api.started_in()
+    );
+    drop(cluster_api);
+    drop(workload_plane);
     cluster.stop();
 }

@@ -67,7 +67,12 @@ use kube::{
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{ControlPlane, Error, Tools, control_plane::free_port, crds, pki, process::Supervised};
+use crate::{
+    ControlPlane, Error, Tools,
+    control_plane::{Placement, free_port},
+    crds, pki,
+    process::Supervised,
+};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const FIELD_MANAGER: &str = "cso-testenv";
@@ -216,6 +221,11 @@ pub struct Options {
     pub provider_controllers: ProviderControllers,
     /// Extra arguments for the core manager (for example `--v=4`).
     pub core_args: Vec<String>,
+    /// Where the managers run: on this machine's loopback (the default), or in a real node's network namespace
+    /// ([`crate::node::RealCluster::placement`]) beside that cluster's API server, where they resolve Service
+    /// names through the cluster's DNS and reach Services as its pods do (an `ExtensionConfig` with a service
+    /// reference). Their health and metrics ports listen on the placement's address.
+    pub placement: Placement,
 }
 
 /// One running manager.
@@ -252,6 +262,7 @@ pub struct ClusterApi {
     version: String,
     ca_pem: String,
     started_in: Duration,
+    address: std::net::IpAddr,
     managers: Vec<Manager>,
 }
 
@@ -292,14 +303,21 @@ impl ClusterApi {
                 continue;
             };
             let [webhook_port, health_port, metrics_port] = ports[&provider];
+            let address = options.placement.address;
             let mut args = vec![
                 format!("--kubeconfig={}", plane.kubeconfig_path().display()),
                 "--leader-elect=false".into(),
                 format!("--feature-gates={FEATURE_GATES}"),
                 format!("--webhook-port={webhook_port}"),
                 format!("--webhook-cert-dir={}", cert_dir.display()),
-                format!("--health-addr=127.0.0.1:{health_port}"),
-                format!("--diagnostics-address=127.0.0.1:{metrics_port}"),
+                format!(
+                    "--health-addr={}",
+                    std::net::SocketAddr::new(address, health_port)
+                ),
+                format!(
+                    "--diagnostics-address={}",
+                    std::net::SocketAddr::new(address, metrics_port)
+                ),
                 "--insecure-diagnostics".into(),
             ];
             if provider == Provider::Core {
@@ -307,11 +325,25 @@ impl ClusterApi {
             } else if options.provider_controllers == ProviderControllers::WebhooksOnly {
                 args.push(format!("--namespace={WEBHOOKS_ONLY_NAMESPACE}"));
             }
+            // In a node's namespace through `ip netns exec`, which gives the process the namespace's
+            // resolv.conf (`/etc/netns/<namespace>/`): the cluster's DNS.
+            let (program, args) = match &options.placement.netns {
+                None => (tools.binary.clone(), args),
+                Some(netns) => (
+                    PathBuf::from("ip"),
+                    [
+                        vec!["netns".to_owned(), "exec".into(), netns.clone()],
+                        vec![tools.binary.display().to_string()],
+                        args,
+                    ]
+                    .concat(),
+                ),
+            };
             let launch = Launch {
-                program: tools.binary.clone(),
+                program,
                 args,
                 // The Docker provider's in-memory backend advertises this address for its workload API servers.
-                env: vec![("POD_IP".into(), "127.0.0.1".into())],
+                env: vec![("POD_IP".into(), address.to_string())],
             };
             let log = dir.join(format!("{}.log", provider.name()));
             let process = Supervised::spawn(
@@ -329,12 +361,13 @@ impl ClusterApi {
                 process,
             });
         }
+        let address = options.placement.address;
         for manager in &mut managers {
             let port = manager.health_port;
             manager
                 .process
                 .wait_ready(READY_TIMEOUT, Duration::from_millis(200), || {
-                    http_ok(port, "/readyz")
+                    http_ok(address, port, "/readyz")
                 })
                 .await?;
         }
@@ -357,6 +390,7 @@ impl ClusterApi {
             version: capi.version.clone(),
             ca_pem,
             started_in: started.elapsed(),
+            address,
             managers,
         })
     }
@@ -384,10 +418,14 @@ impl ClusterApi {
             .collect()
     }
 
-    /// `http://127.0.0.1:<port>/metrics` of a provider's manager (plain HTTP, no authentication).
+    /// `http://<address>:<port>/metrics` of a provider's manager (plain HTTP, no authentication).
     pub fn metrics_url(&self, provider: Provider) -> Option<String> {
-        self.manager(provider)
-            .map(|m| format!("http://127.0.0.1:{}/metrics", m.metrics_port))
+        self.manager(provider).map(|m| {
+            format!(
+                "http://{}/metrics",
+                std::net::SocketAddr::new(self.address, m.metrics_port)
+            )
+        })
     }
 
     /// The end of a manager's log, for failure messages.
@@ -695,11 +733,11 @@ fn string_array(value: Option<&Value>) -> Vec<String> {
 }
 
 /// `GET path` over plain HTTP on loopback answers 200.
-async fn http_ok(port: u16, path: &str) -> bool {
+async fn http_ok(address: std::net::IpAddr, port: u16, path: &str) -> bool {
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut stream = tokio::net::TcpStream::connect((address, port)).await?;
         stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
             .await?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await?;

@@ -38,12 +38,12 @@ fn objects(image: &str) -> Vec<Value> {
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": NAME, "namespace": NAMESPACE}}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": "system:coredns"},
-               "rules": [
-                   {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
-                    "verbs": ["list", "watch"]},
-                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-               ]}),
+        "metadata": {"name": "system:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+             "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": "system:coredns"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
@@ -52,50 +52,50 @@ fn objects(image: &str) -> Vec<Value> {
                "metadata": {"name": NAME, "namespace": NAMESPACE},
                "data": {"Corefile": corefile()}}),
         json!({"apiVersion": "apps/v1", "kind": "Deployment",
-               "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
-               "spec": {
-                   "replicas": 1,
-                   "selector": {"matchLabels": labels},
-                   "template": {
-                       "metadata": {"labels": labels},
-                       "spec": {
-                           "serviceAccountName": NAME,
-                           // Its own resolver is not itself.
-                           "dnsPolicy": "Default",
-                           "containers": [{
-                               "name": "coredns",
-                               "image": image,
-                               "imagePullPolicy": "Never",
-                               "args": ["-conf", "/etc/coredns/Corefile"],
-                               "ports": [
-                                   {"name": "dns", "containerPort": DNS_PORT, "protocol": "UDP"},
-                                   {"name": "dns-tcp", "containerPort": DNS_PORT, "protocol": "TCP"},
-                               ],
-                               "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}},
-                               "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181},
-                                                  "periodSeconds": 1},
-                               "resources": {"limits": {"memory": "170Mi"},
-                                             "requests": {"cpu": "10m", "memory": "32Mi"}},
-                               "securityContext": {
-                                   "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-                                   "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]},
-                               },
-                               "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns", "readOnly": true}],
-                           }],
-                           "volumes": [{"name": "config", "configMap": {"name": NAME}}],
-                       },
-                   },
-               }}),
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    // Its own resolver is not itself.
+                    "dnsPolicy": "Default",
+                    "containers": [{
+                        "name": "coredns",
+                        "image": image,
+                        "imagePullPolicy": "Never",
+                        "args": ["-conf", "/etc/coredns/Corefile"],
+                        "ports": [
+                            {"name": "dns", "containerPort": DNS_PORT, "protocol": "UDP"},
+                            {"name": "dns-tcp", "containerPort": DNS_PORT, "protocol": "TCP"},
+                        ],
+                        "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}},
+                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181},
+                                           "periodSeconds": 1},
+                        "resources": {"limits": {"memory": "170Mi"},
+                                      "requests": {"cpu": "10m", "memory": "32Mi"}},
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                            "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]},
+                        },
+                        "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns", "readOnly": true}],
+                    }],
+                    "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+                },
+            },
+        }}),
         json!({"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": "kube-dns", "namespace": NAMESPACE, "labels": labels},
-               "spec": {
-                   "clusterIP": crate::node::CLUSTER_DNS,
-                   "selector": labels,
-                   "ports": [
-                       {"name": "dns", "port": 53, "targetPort": DNS_PORT, "protocol": "UDP"},
-                       {"name": "dns-tcp", "port": 53, "targetPort": DNS_PORT, "protocol": "TCP"},
-                   ],
-               }}),
+        "metadata": {"name": "kube-dns", "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "clusterIP": crate::node::CLUSTER_DNS,
+            "selector": labels,
+            "ports": [
+                {"name": "dns", "port": 53, "targetPort": DNS_PORT, "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53, "targetPort": DNS_PORT, "protocol": "TCP"},
+            ],
+        }}),
     ]
 }
 
@@ -108,7 +108,10 @@ pub async fn deploy(client: &Client, image: &str) -> Result<(), Error> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        let deployment = deployments.get(NAME).await.map_err(|e| Error::Kube(e.to_string()))?;
+        let deployment = deployments
+            .get(NAME)
+            .await
+            .map_err(|e| Error::Kube(e.to_string()))?;
         let available = deployment
             .status
             .as_ref()

@@ -290,7 +290,8 @@ pub fn free_port() -> Result<u16, Error> {
     )))
 }
 
-/// The ports [`free_port`] chooses from: below the ephemeral range when there is room (from 10000), else above it.
+/// The ports [`free_port`] chooses from: below the ephemeral range when there is room, from 20000 (clear of the
+/// fixed ports of the real nodes' kubelets, kube-proxies and etcd, 2379-10259), else above it.
 fn server_port_range() -> (u16, u16) {
     let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -299,8 +300,8 @@ fn server_port_range() -> (u16, u16) {
             Some((bounds.next()??, bounds.next()??))
         })
         .unwrap_or((32768, 60999));
-    if ephemeral.0 > 12000 {
-        (10000, ephemeral.0 - 1)
+    if ephemeral.0 > 22000 {
+        (20000, ephemeral.0 - 1)
     } else {
         (ephemeral.1.saturating_add(1).min(65000), 65535)
     }

@@ -167,9 +167,13 @@ pub async fn apply_object(
         }
         _ => Api::all_with(client.clone(), &resource),
     };
-    api.patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(object))
-        .await
-        .map_err(|e| Error::Kube(format!("{kind} {name}: {e}")))
+    api.patch(
+        name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map_err(|e| Error::Kube(format!("{kind} {name}: {e}")))
 }
 
 /// Creates a namespace with a generated name starting with `prefix` and returns its name.

@@ -274,6 +274,16 @@ impl RealCluster {
         })
     }
 
+    /// Where a process of this machine's runs as if on node `node`: in its network namespace at its address
+    /// ([`ControlPlane::start_placed`], [`crate::capi::Options::placement`]); started with `ip netns exec`, its
+    /// resolver is the cluster's DNS.
+    pub fn placement(&self, node: usize) -> Placement {
+        Placement {
+            address: IpAddr::V4(self.slot.node_address(node)),
+            netns: Some(self.slot.netns(node)),
+        }
+    }
+
     /// The machine-wide slot this cluster holds (its bridge `cso<slot>br`, namespaces `cso-<slot>-<i>`).
     pub fn slot(&self) -> u8 {
         self.slot.index
@@ -593,6 +603,15 @@ impl Slot {
             "eth0",
         ])?;
         inside(&["link", "set", "eth0", "up"])?;
+        // The resolver of processes started in the namespace with `ip netns exec` (Cluster API's managers,
+        // crate::capi): the cluster's DNS, with a cluster's search path.
+        let etc = Path::new("/etc/netns").join(&netns);
+        std::fs::create_dir_all(&etc).map_err(|e| Error::io(&etc, e))?;
+        std::fs::write(
+            etc.join("resolv.conf"),
+            format!("nameserver {CLUSTER_DNS}\nsearch svc.cluster.local cluster.local\noptions ndots:5\n"),
+        )
+        .map_err(|e| Error::io(&etc, e))?;
         inside(&["link", "set", "lo", "up"])?;
         // A route for the Service range, so that the node's own processes (the API server calling a webhook)
         // get as far as kube-proxy's DNAT; what no Service catches goes to the bridge, where this machine does
@@ -662,9 +681,9 @@ impl Slot {
         ));
         for node in 0..self.nodes {
             script.push_str(&format!(
-                "ip netns del {} 2>/dev/null\nip link del cso{}n{node} 2>/dev/null\n",
-                self.netns(node),
-                self.index
+                "ip netns del {netns} 2>/dev/null\nrm -rf /etc/netns/{netns}\nip link del cso{}n{node} 2>/dev/null\n",
+                self.index,
+                netns = self.netns(node),
             ));
             let cgroup = self.cgroup(node);
             script.push_str(&format!(
@@ -723,7 +742,7 @@ impl Drop for Slot {
 }
 
 /// What the machine still holds of real-node slot `slot` whose files were in `dir`: its namespaces (and any pod
-/// namespace `cni-*` outside a node's directory), links, cgroups, mounts below `dir` and processes with `dir` on
+/// namespace `cni-*` outside a node's directory), their resolver configurations, links, cgroups, mounts below `dir` and processes with `dir` on
 /// their command line. Empty once a cluster has stopped.
 pub fn left_on_the_machine(slot: u8, dir: &Path) -> Vec<String> {
     let mut found = Vec::new();
@@ -737,6 +756,17 @@ pub fn left_on_the_machine(slot: u8, dir: &Path) -> Vec<String> {
         // The node's, and the pods' (containerd's `cni-<uuid>`, which belong under the node's state directory).
         if line.starts_with(&format!("cso-{slot}-")) || line.starts_with("cni-") {
             found.push(format!("namespace {line}"));
+        }
+    }
+    // A namespace's resolver configuration (`/etc/netns/<namespace>`).
+    for entry in std::fs::read_dir("/etc/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("cso-{slot}-")) {
+            found.push(format!("resolver configuration /etc/netns/{name}"));
         }
     }
     let links = Command::new("ip")
@@ -811,13 +841,15 @@ pub fn archive_image_name(archive: &Path) -> Result<String, Error> {
     for entry in entries.entries().map_err(|e| Error::io(archive, e))? {
         let mut entry = entry.map_err(|e| Error::io(archive, e))?;
         if entry.path().ok().is_some_and(|p| p == Path::new("index.json")) {
-            let index: serde_json::Value =
-                serde_json::from_reader(&mut entry).map_err(|e| Error::Kube(format!("{}: {e}", archive.display())))?;
+            let index: serde_json::Value = serde_json::from_reader(&mut entry)
+                .map_err(|e| Error::Kube(format!("{}: {e}", archive.display())))?;
             return index
                 .pointer("/manifests/0/annotations/org.opencontainers.image.ref.name")
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_owned)
-                .ok_or_else(|| Error::Process(format!("{}: no image name in index.json", archive.display())));
+                .ok_or_else(|| {
+                    Error::Process(format!("{}: no image name in index.json", archive.display()))
+                });
         }
     }
     Err(Error::Process(format!("{}: no index.json", archive.display())))

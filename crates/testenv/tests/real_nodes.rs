@@ -151,18 +151,22 @@ async fn a_real_node_runs_pods_serves_their_logs_routes_services_and_leaves_noth
     )
     .await
     .unwrap();
-    let fetched = cso_testenv::eventually("the client's fetch through the Service's name and ClusterIP", TIMEOUT, || async {
-        let pod = pods.get("client").await.map_err(|e| e.to_string())?;
-        let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
-        if phase == "Succeeded" || phase == "Failed" {
-            let log = pods
-                .logs("client", &LogParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            return Ok((phase, log));
-        }
-        Err(phase)
-    })
+    let fetched = cso_testenv::eventually(
+        "the client's fetch through the Service's name and ClusterIP",
+        TIMEOUT,
+        || async {
+            let pod = pods.get("client").await.map_err(|e| e.to_string())?;
+            let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+            if phase == "Succeeded" || phase == "Failed" {
+                let log = pods
+                    .logs("client", &LogParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return Ok((phase, log));
+            }
+            Err(phase)
+        },
+    )
     .await;
     // Earlier tries may fail until kube-proxy has the Service's endpoint; the last one got the page.
     assert!(
