@@ -4,6 +4,7 @@
 
 mod demo;
 mod dev;
+mod real;
 mod restarts;
 
 use std::path::PathBuf;
@@ -53,6 +54,16 @@ enum Command {
         /// The port of `cso run --hook-port` the ExtensionConfig points at.
         #[arg(long, default_value_t = 9442)]
         hook_port: u16,
+        /// The management cluster the way a site runs it: a real node (needs root), Cluster API beside its API
+        /// server, and the operator installed by its chart from the image (`--image`) as pods, found by Cluster
+        /// API through the chart's ExtensionConfig; the bundled releases on a GitHub stand-in. See
+        /// `kubectl --kubeconfig DIR/management.kubeconfig logs -n cso-system deploy/cso-controller-manager`.
+        #[arg(long, conflicts_with_all = ["without_cluster_api", "hook_port"])]
+        real_nodes: bool,
+        /// With `--real-nodes`: the image archive to install (default: what `make image-test` writes,
+        /// target/image/cso-image.tar).
+        #[arg(long, requires = "real_nodes")]
+        image: Option<PathBuf>,
     },
     /// Start a cluster with real nodes (containerd + runc + kubelet + kube-proxy in network namespaces of their
     /// own, the control plane in the first node's, as kind runs it) and keep it until SIGINT or SIGTERM; then
@@ -104,8 +115,15 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up {
             dir,
+            real_nodes: true,
+            image,
+            ..
+        } => real::up_real_nodes(&dir, &real::image_or_default(image)).await,
+        Command::Up {
+            dir,
             without_cluster_api,
             hook_port,
+            ..
         } => {
             dev::up(
                 &dir,
