@@ -7,7 +7,9 @@
 //! renewal is retried until shortly before the lease would expire, so a short API outage costs nothing;
 //! after that, or as soon as the Lease names another holder, [`Leadership::lost`] resolves and the caller
 //! stops at once (fail-stop), before another replica can acquire the lease. On a graceful stop the lease is
-//! released, so a successor need not wait for it to expire.
+//! released, so a successor need not wait for it to expire: a waiting replica watches the Lease and asks again
+//! as soon as it has no holder ([`released`]), instead of sleeping until the expiry it last saw, which is all
+//! `kube-lease-manager` does.
 
 use std::{
     sync::Arc,
@@ -16,6 +18,7 @@ use std::{
 
 use anyhow::Context;
 use cso_controller::Metrics;
+use futures::StreamExt;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
@@ -117,13 +120,33 @@ pub async fn acquire(
     tracing::info!(identity = %settings.identity, namespace = %settings.namespace, lease = name,
         "waiting for the leader-election lease");
     let wait = async {
+        let watch = kube::runtime::watcher(
+            leases.clone(),
+            kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}")),
+        );
+        let mut releases = std::pin::pin!(watch.filter_map(|event| async move {
+            match event {
+                Ok(
+                    kube::runtime::watcher::Event::Apply(lease)
+                    | kube::runtime::watcher::Event::InitApply(lease),
+                ) if released(&lease) => Some(()),
+                Ok(kube::runtime::watcher::Event::Delete(_)) => Some(()),
+                _ => None,
+            }
+        }));
         loop {
-            match manager.changed().await {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the leader-election lease; trying again");
-                    tokio::time::sleep(RETRY).await;
+            tokio::select! {
+                changed = manager.changed() => match changed {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the leader-election lease; trying again");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                },
+                // Released by its holder (or deleted): ask again now. `changed` re-reads the Lease first.
+                Some(()) = releases.next() => {
+                    tracing::debug!(lease = name, "the leader-election lease was released; asking for it");
                 }
             }
         }
@@ -145,6 +168,15 @@ pub async fn acquire(
         valid_until: SystemTime::now() + schedule.duration - schedule.attempt_timeout,
         schedule,
     }))
+}
+
+/// Whether a Lease is free for the asking: its holder gave it up (a graceful stop clears `holderIdentity`).
+fn released(lease: &Lease) -> bool {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.holder_identity.as_deref())
+        .is_none_or(str::is_empty)
 }
 
 /// The timing of holding a lease of a given duration.
@@ -318,6 +350,41 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "test code")]
 
     use super::*;
+
+    #[test]
+    fn a_lease_is_released_when_it_names_no_holder() {
+        let lease = |spec: Option<LeaseSpec>| Lease {
+            spec,
+            ..Lease::default()
+        };
+        let cases = [
+            ("no spec", lease(None), true),
+            (
+                "no holder (a graceful stop's release)",
+                lease(Some(spec(None, None, None))),
+                true,
+            ),
+            (
+                "an empty holder",
+                lease(Some(spec(Some(""), Some(1), Some(15)))),
+                true,
+            ),
+            (
+                "held",
+                lease(Some(spec(Some("pod-a_1"), Some(1), Some(15)))),
+                false,
+            ),
+            // Expired but named: the waiting replica's own timer handles that (kube-lease-manager).
+            (
+                "expired long ago",
+                lease(Some(spec(Some("pod-a_1"), Some(1), Some(1)))),
+                false,
+            ),
+        ];
+        for (what, lease, expected) in cases {
+            assert_eq!(released(&lease), expected, "{what}");
+        }
+    }
 
     fn spec(holder: Option<&str>, renewed_secs_after_epoch: Option<i64>, duration: Option<i32>) -> LeaseSpec {
         LeaseSpec {
