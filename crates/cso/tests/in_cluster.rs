@@ -38,6 +38,10 @@ use kube::{
 };
 use serde_json::json;
 
+mod support;
+
+use support::ferrol_stack;
+
 const NAMESPACE: &str = "cso-system";
 const LEASE: &str = "clusterstack.x-k8s.io";
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -128,13 +132,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
 
     // The API server calls the webhook through its Service: a bad version is refused with its message.
     let stacks: Api<cso_api::ClusterStack> = Api::namespaced(client.clone(), "default");
-    let stack: cso_api::ClusterStack = serde_json::from_value(json!({
-        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
-        "metadata": {"name": "ferrol"},
-        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
-                 "autoSubscribe": false, "noProvider": true, "versions": ["v1-alpha"]},
-    }))
-    .unwrap();
+    let stack = ferrol_stack("default", &["v1-alpha"]);
     let refused = cso_testenv::eventually("the webhook's refusal", TIMEOUT, || async {
         match stacks.create(&PostParams::default(), &stack).await {
             Err(kube::Error::Api(status)) if status.message.contains("v1-alpha") => Ok(status.message),
@@ -323,6 +321,19 @@ async fn operator_metrics(client: &kube::Client) -> Result<String, String> {
     Err(seen.join(" / "))
 }
 
+/// Creates `stack` through the operator's admission webhook, once kube-proxy routes its Service to a Ready pod
+/// (a moment after Ready); panics when the webhook refuses it.
+async fn create_admitted(stacks: &Api<cso_api::ClusterStack>, stack: &cso_api::ClusterStack) {
+    cso_testenv::eventually("the ClusterStack admitted", TIMEOUT, || async {
+        match stacks.create(&PostParams::default(), stack).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("failed calling webhook") => Err(e.to_string()),
+            Err(e) => panic!("the ClusterStack refused: {e}"),
+        }
+    })
+    .await;
+}
+
 /// Successful writes (`POST`, `PUT`, `PATCH`, `DELETE`) the API server at `client` has served, per resource
 /// (`apiserver_request_total`).
 async fn writes(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
@@ -414,22 +425,7 @@ async fn the_pods_install_a_stack_and_its_addons_and_finish_an_upgrade_across_a_
     // A ClusterStack: its release fetched, rendered and applied by the pods.
     let tenant = cso_testenv::namespace(&client, "tenant").await.unwrap();
     let stacks: Api<cso_api::ClusterStack> = Api::namespaced(client.clone(), &tenant);
-    let stack: cso_api::ClusterStack = serde_json::from_value(json!({
-        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
-        "metadata": {"name": "ferrol"},
-        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
-                 "autoSubscribe": false, "noProvider": true, "versions": ["v1"]},
-    }))
-    .unwrap();
-    // Admitted through the webhook's Service once kube-proxy routes it to a Ready pod (a moment after Ready).
-    cso_testenv::eventually("the ClusterStack admitted", TIMEOUT, || async {
-        match stacks.create(&PostParams::default(), &stack).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.to_string().contains("failed calling webhook") => Err(e.to_string()),
-            Err(e) => panic!("the ClusterStack refused: {e}"),
-        }
-    })
-    .await;
+    create_admitted(&stacks, &ferrol_stack(&tenant, &["v1"])).await;
     let stack_releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &tenant);
     cso_testenv::eventually("the release v1 ready", TIMEOUT, || async {
         let release = stack_releases
@@ -765,21 +761,7 @@ async fn cluster_api_calls_the_pods_hooks_through_the_charts_extension_config() 
     // The stack, and a Cluster of its class built by Cluster API (the stand-in plays the machines).
     let tenant = cso_testenv::namespace(&client, "tenant").await.unwrap();
     let stacks: Api<cso_api::ClusterStack> = Api::namespaced(client.clone(), &tenant);
-    let stack: cso_api::ClusterStack = serde_json::from_value(json!({
-        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
-        "metadata": {"name": "ferrol"},
-        "spec": {"provider": "docker", "name": "ferrol", "kubernetesVersion": "1.27", "channel": "stable",
-                 "autoSubscribe": false, "noProvider": true, "versions": ["v1"]},
-    }))
-    .unwrap();
-    cso_testenv::eventually("the ClusterStack admitted", TIMEOUT, || async {
-        match stacks.create(&PostParams::default(), &stack).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.to_string().contains("failed calling webhook") => Err(e.to_string()),
-            Err(e) => panic!("the ClusterStack refused: {e}"),
-        }
-    })
-    .await;
+    create_admitted(&stacks, &ferrol_stack(&tenant, &["v1"])).await;
     let classes: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         &tenant,

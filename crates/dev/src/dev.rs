@@ -48,11 +48,7 @@ pub async fn real_nodes(dir: &Path, nodes: usize, images: &[std::path::PathBuf])
     if let Err(why) = cso_testenv::node::RealCluster::support(&tools) {
         anyhow::bail!("this machine cannot run real nodes: {why}");
     }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("failed to clean {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
-    let dir = dir.canonicalize()?;
+    let dir = fresh_dir(dir)?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let cluster = cso_testenv::node::RealCluster::start(&tools, "real", Some(&dir), nodes).await?;
@@ -82,6 +78,15 @@ pub async fn real_nodes(dir: &Path, nodes: usize, images: &[std::path::PathBuf])
     eprintln!("stopping: the nodes, the control plane, then what they left on the machine");
     cluster.stop();
     Ok(())
+}
+
+/// `dir`, emptied (created when missing), as an absolute path.
+pub fn fresh_dir(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("failed to clean {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    Ok(dir.canonicalize()?)
 }
 
 pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {

@@ -47,11 +47,7 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
     );
     let helm = tools.helm.clone().context("helm is missing: run `make tools`")?;
     let capi_tools = ClusterApiTools::discover()?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("failed to clean {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
-    let dir = dir.canonicalize()?;
+    let dir = crate::dev::fresh_dir(dir)?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
 
