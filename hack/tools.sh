@@ -506,7 +506,7 @@ install_for_demo() {
   build_kubernetes
   build_kwok
   build_capi
-  MODULES_OFFLINE=1 print_env > "$CACHE/env"
+  MODULES_OFFLINE=1 print_env > "$CACHE/env.tmp" && mv "$CACHE/env.tmp" "$CACHE/env"
   say "ready for the demo: environment in $CACHE/env"
 }
 
@@ -533,7 +533,8 @@ case "${1:-install}" in
     build_kwok
     build_cosign
     build_capi
-    print_env > "$CACHE/env"
+    # Replaced at once: a test starting meanwhile reads the old file or the new one, never a part.
+    print_env > "$CACHE/env.tmp" && mv "$CACHE/env.tmp" "$CACHE/env"
     say "ready: environment in $CACHE/env"
     ;;
   *) echo "usage: $0 [install [--for demo]|--env]" >&2; exit 2 ;;

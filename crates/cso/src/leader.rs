@@ -102,21 +102,7 @@ pub async fn acquire(
     let schedule = Schedule::new(settings.duration);
     let seconds = schedule.duration.as_secs();
     let leases = Api::namespaced(client.clone(), &settings.namespace);
-    let manager = LeaseManagerBuilder::new(client, name)
-        .with_namespace(&settings.namespace)
-        .with_identity(&settings.identity)
-        .with_duration(seconds)
-        // Only its own renewal loop, which is not used once the lease is held, reads the grace; the builder
-        // requires one shorter than the duration (its default, 5 s, is not for 3 or 4 s leases).
-        .with_grace(seconds / 3)
-        .build()
-        .await
-        .with_context(|| {
-            format!(
-                "cannot use the leader-election Lease {}/{name}",
-                settings.namespace
-            )
-        })?;
+    let mut manager = lease_manager(&client, settings, seconds).await?;
     tracing::info!(identity = %settings.identity, namespace = %settings.namespace, lease = name,
         "waiting for the leader-election lease");
     let wait = async {
@@ -144,9 +130,14 @@ pub async fn acquire(
                         tokio::time::sleep(RETRY).await;
                     }
                 },
-                // Released by its holder (or deleted): ask again now. `changed` re-reads the Lease first.
+                // Released by its holder (or deleted): ask again now, with a manager that reads the Lease afresh
+                // (the old one trusts the renewal it saw until that expires).
                 Some(()) = releases.next() => {
                     tracing::debug!(lease = name, "the leader-election lease was released; asking for it");
+                    match lease_manager(&client, settings, seconds).await {
+                        Ok(fresh) => manager = fresh,
+                        Err(e) => tracing::warn!(error = %e, "cannot ask for the released lease now; waiting"),
+                    }
                 }
             }
         }
@@ -168,6 +159,29 @@ pub async fn acquire(
         valid_until: SystemTime::now() + schedule.duration - schedule.attempt_timeout,
         schedule,
     }))
+}
+
+/// A `kube-lease-manager` for the lease of `settings`, `seconds` long, with no cached view of the Lease.
+async fn lease_manager(
+    client: &kube::Client,
+    settings: &LeaseSettings,
+    seconds: u64,
+) -> anyhow::Result<LeaseManager> {
+    LeaseManagerBuilder::new(client.clone(), &settings.name)
+        .with_namespace(&settings.namespace)
+        .with_identity(&settings.identity)
+        .with_duration(seconds)
+        // Only its own renewal loop, which is not used once the lease is held, reads the grace; the builder
+        // requires one shorter than the duration (its default, 5 s, is not for 3 or 4 s leases).
+        .with_grace(seconds / 3)
+        .build()
+        .await
+        .with_context(|| {
+            format!(
+                "cannot use the leader-election Lease {}/{}",
+                settings.namespace, settings.name
+            )
+        })
 }
 
 /// Whether a Lease is free for the asking: its holder gave it up (a graceful stop clears `holderIdentity`).

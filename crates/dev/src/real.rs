@@ -110,10 +110,28 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
         github.api_url(),
         management_kubeconfig.display(),
     );
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
-    }
+    // Until a signal, or until a process stops on its own (not restarted: `cso-dev up --help`).
+    let mut cluster = cluster;
+    let mut cluster_api = cluster_api;
+    let mut workload = workload;
+    let mut workload_runtime = workload_runtime;
+    let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
+    let outcome = loop {
+        tokio::select! {
+            _ = interrupt.recv() => break Ok(()),
+            _ = terminate.recv() => break Ok(()),
+            _ = health.tick() => {
+                let checked = cluster
+                    .check_running()
+                    .and_then(|()| workload.check_running())
+                    .and_then(|()| workload_runtime.check_running())
+                    .and_then(|()| cluster_api.check_running());
+                if let Err(e) = checked {
+                    break Err(anyhow::Error::new(e).context("a process stopped on its own; everything is stopped"));
+                }
+            }
+        }
+    };
     eprintln!(
         "stopping: Cluster API, the workload control plane, the node, then what they left on the machine"
     );
@@ -122,7 +140,7 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
     drop(workload_runtime);
     workload.stop();
     cluster.stop();
-    Ok(())
+    outcome
 }
 
 /// `helm upgrade --install` of the chart with the image and the GitHub stand-in as the release source; waits

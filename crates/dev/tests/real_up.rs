@@ -22,6 +22,20 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Prints `cso-dev`'s stderr when the test fails.
+struct LogOnFailure(std::path::PathBuf);
+
+impl Drop for LogOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "cso-dev's stderr:\n{}",
+                std::fs::read_to_string(&self.0).unwrap_or_default()
+            );
+        }
+    }
+}
+
 #[test]
 fn up_with_real_nodes_runs_the_operator_from_its_chart_and_cluster_api_calls_it() {
     let tools = cso_testenv::Tools::discover().unwrap();
@@ -37,11 +51,13 @@ fn up_with_real_nodes_runs_the_operator_from_its_chart_and_cluster_api_calls_it(
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("up");
     let started = Instant::now();
+    let log = work.path().join("cso-dev.log");
+    let _log_on_failure = LogOnFailure(log.clone());
     let mut child = Command::new(env!("CARGO_BIN_EXE_cso-dev"))
         .args(["up", "--real-nodes"])
         .arg(format!("--dir={}", dir.display()))
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let mut ready = String::new();

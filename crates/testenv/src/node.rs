@@ -220,6 +220,16 @@ impl RealCluster {
         Ok(cluster)
     }
 
+    /// An error naming the first process of the cluster (control plane, runtime, a node's) that has exited.
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        self.control_plane.check_running()?;
+        self.runtime.check_running()?;
+        for node in &mut self.nodes {
+            node.check_running()?;
+        }
+        Ok(())
+    }
+
     /// The nodes.
     pub fn nodes(&self) -> &[RealNode] {
         &self.nodes
@@ -707,12 +717,14 @@ impl Slot {
     }
 
     /// Runs the teardown once this process is gone ([`TEARDOWN_DELAY_SECS`] later), in a process group of its
-    /// own so that killing the test's group leaves it running.
+    /// own so that killing the test's group leaves it running; only while the slot is still this process's,
+    /// checked under the slots' lock (a slot freed by a clean stop may have been taken by another process).
     fn spawn_watchdog(&self) -> std::io::Result<()> {
         let pid = std::process::id();
         let body = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 1; done; sleep {TEARDOWN_DELAY_SECS}; \
-             if [ \"$(cat \"$3\" 2>/dev/null)\" = {pid} ]; then exec flock \"$1\" sh \"$2\"; fi"
+             exec flock \"$1\" sh -c 'if [ \"$(cat \"$2\" 2>/dev/null)\" = {pid} ]; then sh \"$1\"; fi' \
+             cso-nodes-teardown \"$2\" \"$3\""
         );
         let holder = Path::new(STATE_DIR).join("slots").join(self.index.to_string());
         let mut command = Command::new("sh");
