@@ -24,6 +24,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::MicroTime,
     jiff::Timestamp,
 };
+use kube::runtime::WatchStreamExt;
 use kube::{
     Api,
     api::{Patch, PatchParams},
@@ -106,10 +107,12 @@ pub async fn acquire(
     tracing::info!(identity = %settings.identity, namespace = %settings.namespace, lease = name,
         "waiting for the leader-election lease");
     let wait = async {
+        // With back-off: a watch that cannot reach the API server must not re-list in a tight loop.
         let watch = kube::runtime::watcher(
             leases.clone(),
             kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}")),
-        );
+        )
+        .default_backoff();
         let mut releases = std::pin::pin!(watch.filter_map(|event| async move {
             match event {
                 Ok(

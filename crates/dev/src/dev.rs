@@ -4,7 +4,8 @@
 //! with Cluster API (v1.14, built by `make tools`) on the management one by default: its managers, the
 //! provider stand-in for machines ([`cso_testenv::stand_in`]) pointing every Cluster at the workload control
 //! plane, hook-server certificates in `DIR/hook-certs` and an `ExtensionConfig` for
-//! `https://127.0.0.1:<hook port>`, so that `cso run --hook-cert-dir DIR/hook-certs --hook-port 9442` is
+//! `https://127.0.0.1:<hook port>` (registered before the managers start, so that the core manager's warm-up
+//! finds it at its first start as at every later one; it was a race before), so that `cso run --hook-cert-dir DIR/hook-certs --hook-port 9442` is
 //! discovered and called by Cluster API. A Cluster API manager that exits is started again with back-off (see
 //! [`crate::restarts`]); any other process that stops on its own stops `up`. `cso-dev status`: what they serve,
 //! and the managers' restart counts.
@@ -124,9 +125,21 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
             capi.version,
             dir.display()
         );
-        let options = Options::default();
+        // The hook server's certificates and its ExtensionConfig, registered before the core manager starts:
+        // its warm-up finds it at every start, as on a site where the chart's exists.
+        let hook_certs = dir.join("hook-certs");
+        let ca = cso_testenv::pki::write_serving_certificate(&hook_certs)?;
+        std::fs::write(hook_certs.join("ca.crt"), &ca)?;
+        let capi_options = Options {
+            extensions_at_start: vec![cso_testenv::capi::Extension {
+                name: EXTENSION_NAME.to_owned(),
+                url: format!("https://127.0.0.1:{}", options.hook_port),
+                ca_pem: ca,
+            }],
+            ..Options::default()
+        };
         let (with_capi, workload) = tokio::try_join!(
-            start_management_with_cluster_api(&tools, &capi, Some(&management_dir), &options),
+            start_management_with_cluster_api(&tools, &capi, Some(&management_dir), &capi_options),
             ControlPlane::start_with_workloads(&tools, "workload", Some(&workload_dir), &nodes),
         )?;
         (with_capi.control_plane, Some(with_capi.cluster_api), workload)
@@ -139,11 +152,7 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
     let mut stand_in = None;
     if let Some(cluster_api) = &cluster_api {
         let client = management.client().await?;
-        let hook_certs = dir.join("hook-certs");
-        let ca = cso_testenv::pki::write_serving_certificate(&hook_certs)?;
-        std::fs::write(hook_certs.join("ca.crt"), &ca)?;
         let url = format!("https://127.0.0.1:{}", options.hook_port);
-        cso_testenv::capi::register_extension(&client, EXTENSION_NAME, &url, &ca, &[]).await?;
         stand_in = Some(StandIn::start(
             client,
             Workload {
@@ -165,7 +174,7 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
             cluster_api.version(),
             capi_mib,
             management_kubeconfig.display(),
-            hook_certs.display(),
+            dir.join("hook-certs").display(),
             options.hook_port,
         );
     }

@@ -221,11 +221,24 @@ pub struct Options {
     pub provider_controllers: ProviderControllers,
     /// Extra arguments for the core manager (for example `--v=4`).
     pub core_args: Vec<String>,
+    /// Runtime extensions registered before the managers start (after the CRDs, before Cluster API's webhooks
+    /// exist), so that the core manager's first warm-up already sees them, as a restarted manager sees a site's
+    /// (`cso-dev up`). Those registered later with [`register_extension`] are seen by the running manager only.
+    pub extensions_at_start: Vec<Extension>,
     /// Where the managers run: on this machine's loopback (the default), or in a real node's network namespace
     /// ([`crate::node::RealCluster::placement`]) beside that cluster's API server, where they resolve Service
     /// names through the cluster's DNS and reach Services as its pods do (an `ExtensionConfig` with a service
     /// reference). Their health and metrics ports listen on the placement's address.
     pub placement: Placement,
+}
+
+/// A runtime extension to register ([`Options::extensions_at_start`]): the `ExtensionConfig` `name` for the
+/// server at `url`, trusted through `ca_pem`, for the Clusters of every namespace.
+#[derive(Clone, Debug)]
+pub struct Extension {
+    pub name: String,
+    pub url: String,
+    pub ca_pem: String,
 }
 
 /// One running manager.
@@ -296,6 +309,23 @@ impl ClusterApi {
         }
         all_crds.extend(capo_crds()?);
         crds::install(&client, &all_crds).await?;
+        // Before Cluster API's defaulting webhook exists: what it would default is written out here.
+        for extension in &options.extensions_at_start {
+            let object = extension_config(&extension.name, &extension.url, &extension.ca_pem, &[]);
+            Api::<kube::api::DynamicObject>::all_with(client.clone(), &extension_config_resource())
+                .patch(
+                    &extension.name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .map_err(|e| {
+                    Error::Kube(format!(
+                        "failed to register the runtime extension {}: {e}",
+                        extension.name
+                    ))
+                })?;
+        }
 
         let mut managers = Vec::new();
         for provider in Provider::ALL {
@@ -818,21 +848,8 @@ pub async fn register_extension(
     ca_pem: &str,
     namespaces: &[String],
 ) -> Result<(), Error> {
-    let resource = kube::core::ApiResource::from_gvk_with_plural(
-        &kube::core::GroupVersionKind::gvk("runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig"),
-        "extensionconfigs",
-    );
-    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
-    let mut spec =
-        serde_json::json!({"clientConfig": {"url": url, "caBundle": BASE64.encode(ca_pem.as_bytes())}});
-    if !namespaces.is_empty() {
-        spec["namespaceSelector"] = serde_json::json!({"matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]});
-    }
-    let object = serde_json::json!({
-        "apiVersion": "runtime.cluster.x-k8s.io/v1beta2", "kind": "ExtensionConfig",
-        "metadata": {"name": name}, "spec": spec,
-    });
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &extension_config_resource());
+    let object = extension_config(name, url, ca_pem, namespaces);
     // Cluster API's defaulting webhook admits the object; a moment in which the API server cannot reach it (a
     // manager restarting its webhook server) is waited out, as `kubectl apply` in a retry loop would.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -856,6 +873,33 @@ pub async fn register_extension(
             }
         }
     }
+}
+
+/// `runtime.cluster.x-k8s.io/v1beta2` `ExtensionConfig`s.
+fn extension_config_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("runtime.cluster.x-k8s.io", "v1beta2", "ExtensionConfig"),
+        "extensionconfigs",
+    )
+}
+
+/// The `ExtensionConfig` `name` for the server at `url` trusted through `ca_pem`, for the Clusters of
+/// `namespaces` (every namespace when empty: the empty selector Cluster API's defaulting would write).
+fn extension_config(name: &str, url: &str, ca_pem: &str, namespaces: &[String]) -> serde_json::Value {
+    let selector = if namespaces.is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]})
+    };
+    serde_json::json!({
+        "apiVersion": "runtime.cluster.x-k8s.io/v1beta2", "kind": "ExtensionConfig",
+        "metadata": {"name": name},
+        "spec": {
+            "clientConfig": {"url": url, "caBundle": BASE64.encode(ca_pem.as_bytes())},
+            "namespaceSelector": selector,
+        },
+    })
 }
 
 /// Waits (at most `timeout`) until Cluster API has discovered the extension `name`; returns the hooks of its
