@@ -321,6 +321,30 @@ async fn operator_metrics(client: &kube::Client) -> Result<String, String> {
     Err(seen.join(" / "))
 }
 
+/// What the pods reach off their node, where a site has it: a GitHub stand-in with the bundled releases `tags`
+/// and a workload control plane `workload_name`, both on this machine's address on the nodes' bridge.
+async fn site_servers(
+    tools: &Tools,
+    cluster: &RealCluster,
+    tags: &[&str],
+    workload_name: &str,
+) -> (cso_testenv::github::FakeGithub, cso_testenv::ControlPlane) {
+    let host = cluster.host_address();
+    let github = cso_testenv::github::FakeGithub::start_on(host, 30).await.unwrap();
+    let releases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases");
+    for tag in tags {
+        github.publish_dir(tag, &releases.join(tag)).unwrap();
+    }
+    let placement = cso_testenv::control_plane::Placement {
+        address: host,
+        netns: None,
+    };
+    let workload = cso_testenv::ControlPlane::start_placed(tools, workload_name, None, &placement)
+        .await
+        .unwrap();
+    (github, workload)
+}
+
 /// Creates `stack` through the operator's admission webhook, once kube-proxy routes its Service to a Ready pod
 /// (a moment after Ready); panics when the webhook refuses it.
 async fn create_admitted(stacks: &Api<cso_api::ClusterStack>, stack: &cso_api::ClusterStack) {
@@ -387,24 +411,14 @@ async fn the_pods_install_a_stack_and_its_addons_and_finish_an_upgrade_across_a_
     let tools = Tools::discover().unwrap();
     let cluster = cluster_for_the_operator(&tools, "stacks").await;
     let client = cluster.control_plane.client().await.unwrap();
-    // Where a site has them: off the node. Here this machine's address on the nodes' bridge.
     let host = cluster.host_address();
-    let github = cso_testenv::github::FakeGithub::start_on(host, 30).await.unwrap();
-    let releases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases");
-    for tag in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
-        github.publish_dir(tag, &releases.join(tag)).unwrap();
-    }
-    let workload_plane = cso_testenv::ControlPlane::start_placed(
+    let (github, workload_plane) = site_servers(
         &tools,
+        &cluster,
+        &["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"],
         "stacks-workload",
-        None,
-        &cso_testenv::control_plane::Placement {
-            address: host,
-            netns: None,
-        },
     )
-    .await
-    .unwrap();
+    .await;
     let workload = workload_plane.client().await.unwrap();
 
     install_chart(
@@ -713,23 +727,8 @@ async fn cluster_api_calls_the_pods_hooks_through_the_charts_extension_config() 
     )
     .await
     .unwrap();
-    let host = cluster.host_address();
-    let github = cso_testenv::github::FakeGithub::start_on(host, 30).await.unwrap();
-    let releases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/releases");
-    github
-        .publish_dir("docker-ferrol-1-27-v1", &releases.join("docker-ferrol-1-27-v1"))
-        .unwrap();
-    let workload_plane = cso_testenv::ControlPlane::start_placed(
-        &tools,
-        "capi-workload",
-        None,
-        &cso_testenv::control_plane::Placement {
-            address: host,
-            netns: None,
-        },
-    )
-    .await
-    .unwrap();
+    let (github, workload_plane) =
+        site_servers(&tools, &cluster, &["docker-ferrol-1-27-v1"], "capi-workload").await;
     let workload = workload_plane.client().await.unwrap();
 
     // The chart with its defaults for the hook server: its Service and the ExtensionConfig that names it.
