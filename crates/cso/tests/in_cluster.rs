@@ -126,7 +126,6 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     let both_ready = installed.elapsed();
 
     // One holds the Lease.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
     let leader = leader(&client).await;
     assert!(ready.contains(&leader));
 
@@ -171,20 +170,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     .await;
     let stopped = handover.elapsed();
     // The other replica, or the one the Deployment started in the leader's place, whichever asks first.
-    let successor = cso_testenv::eventually("the Lease held by a replica that runs", TIMEOUT, || async {
-        let lease = leases
-            .get_opt(LEASE)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("no Lease")?;
-        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-        let (running, _) = operator_pods(&pods).await?;
-        running
-            .into_iter()
-            .find(|pod| *pod != leader && holder.starts_with(pod.as_str()))
-            .ok_or(format!("held by {holder:?}"))
-    })
-    .await;
+    let successor = leader_other_than(&client, Some(&leader)).await;
     assert_ne!(successor, leader);
     eprintln!(
         "in cluster: both replicas Ready {both_ready:.1?} after helm install; the deleted leader's pod gone after \
@@ -251,6 +237,11 @@ fn install_chart(tools: &Tools, cluster: &RealCluster, settings: &[String]) {
 
 /// The Ready operator pod that holds the Lease.
 async fn leader(client: &kube::Client) -> String {
+    leader_other_than(client, None).await
+}
+
+/// The Ready operator pod that holds the Lease, once that is not `former` (a pod that led before).
+async fn leader_other_than(client: &kube::Client, former: Option<&str>) -> String {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
     cso_testenv::eventually("the Lease held by a Ready replica", TIMEOUT, || async {
@@ -263,7 +254,7 @@ async fn leader(client: &kube::Client) -> String {
         let (ready, seen) = operator_pods(&pods).await?;
         ready
             .into_iter()
-            .find(|pod| holder.starts_with(pod.as_str()))
+            .find(|pod| Some(pod.as_str()) != former && holder.starts_with(pod.as_str()))
             .ok_or(format!("held by {holder:?}; pods: {seen}"))
     })
     .await
