@@ -227,6 +227,15 @@ build_node_tools() {
   say "pause: $PAUSE_IMAGE"
 }
 
+# write_env: the environment file, replaced at once (a test starting meanwhile reads the old file or the new one,
+# never a part; two runs side by side each write a whole file).
+write_env() {
+  local tmp
+  tmp="$(mktemp -p "$CACHE" env.XXXXXX)"
+  print_env > "$tmp"
+  mv "$tmp" "$CACHE/env"
+}
+
 # build_coredns_image: the real nodes' cluster DNS, CoreDNS of the wrapper module hack/testenv/coredns, static, on an
 # empty file system as user 65532, named under cso.test (it is not upstream's image: fewer plugins).
 build_coredns_image() {
@@ -506,7 +515,7 @@ install_for_demo() {
   build_kubernetes
   build_kwok
   build_capi
-  MODULES_OFFLINE=1 print_env > "$CACHE/env.tmp" && mv "$CACHE/env.tmp" "$CACHE/env"
+  MODULES_OFFLINE=1 write_env
   say "ready for the demo: environment in $CACHE/env"
 }
 
@@ -533,8 +542,7 @@ case "${1:-install}" in
     build_kwok
     build_cosign
     build_capi
-    # Replaced at once: a test starting meanwhile reads the old file or the new one, never a part.
-    print_env > "$CACHE/env.tmp" && mv "$CACHE/env.tmp" "$CACHE/env"
+    write_env
     say "ready: environment in $CACHE/env"
     ;;
   *) echo "usage: $0 [install [--for demo]|--env]" >&2; exit 2 ;;

@@ -3,11 +3,13 @@
 # --real-nodes` (a real node, Cluster API, the chart's defaults but the release source), a ClusterStack of the
 # bundled ferrol v1, then N Clusters of its class built by Cluster API (the stand-in points them all at one
 # workload control plane: a benchmark convenience, see docs/benchmarks.md), until every ClusterAddon is ready.
-# Usage: hack/bench/in-cluster-memory.sh [N] (default 100). Needs root, `make tools` and `make image-test`.
+# Usage: hack/bench/in-cluster-memory.sh [N] (default 100). Needs root, `make tools`, `make image-test`, kubectl
+# and bc.
 set -euo pipefail
 N="${1:-100}"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 DIR="$(mktemp -d /tmp/cso-bench-in-cluster-XXXX)"
+(cd "$ROOT" && cargo build -q -p cso-dev)
 "$ROOT/target/debug/cso-dev" up --real-nodes --dir "$DIR/up" > "$DIR/up.out" 2> "$DIR/up.err" &
 UP=$!
 trap 'kill -INT $UP 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR"' EXIT
@@ -24,7 +26,8 @@ memory() {
   usage="$(cat "$cg/memory.usage_in_bytes")"
   inactive="$(awk '$1 == "total_inactive_file" {print $2}' "$cg/memory.stat")"
   for pid in $(find "$cg" -name cgroup.procs -exec cat {} +); do
-    rss=$((rss + $(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")))
+    # A process that ended meanwhile counts nothing.
+    rss=$((rss + $(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)))
   done
   printf '%s: working set %.1f MiB, resident %.1f MiB (cso and its renderer)\n' "$1" \
     "$(echo "($usage - $inactive) / 1048576" | bc -l)" "$(echo "$rss / 1024" | bc -l)"
@@ -40,7 +43,8 @@ metadata: {name: ferrol, namespace: bench}
 spec: {provider: docker, name: ferrol, kubernetesVersion: "1.27", channel: stable, autoSubscribe: false,
        noProvider: true, versions: [v1]}
 YAML
-until kubectl get clusterclass -n bench docker-ferrol-1-27-v1 >/dev/null 2>&1; do sleep 1; done
+for _ in $(seq 1 300); do kubectl get clusterclass -n bench docker-ferrol-1-27-v1 >/dev/null 2>&1 && break; sleep 1; done
+kubectl get clusterclass -n bench docker-ferrol-1-27-v1 >/dev/null
 START=$SECONDS
 for i in $(seq 1 "$N"); do
   cat <<YAML

@@ -120,7 +120,11 @@ pub async fn acquire(
                     | kube::runtime::watcher::Event::InitApply(lease),
                 ) if released(&lease) => Some(()),
                 Ok(kube::runtime::watcher::Event::Delete(_)) => Some(()),
-                _ => None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the watch of the leader-election lease was interrupted");
+                    None
+                }
+                Ok(_) => None,
             }
         }));
         loop {
@@ -151,15 +155,27 @@ pub async fn acquire(
     }
     tracing::info!(identity = %settings.identity, "became the leader");
     metrics.set_leading(name, true);
+    // Until the first renewal tells exactly: the renewal the Lease shows, if it is ours and can be read within
+    // one attempt's time (a request cancelled for a fresh manager may have written it a moment earlier), and
+    // never later than now less the longest the write that took it may have taken.
+    let at_most = SystemTime::now() + schedule.duration - schedule.attempt_timeout;
+    let written = tokio::time::timeout(schedule.attempt_timeout, leases.get_opt(name))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+        .and_then(|lease| {
+            let ours = lease.spec.as_ref()?.holder_identity.as_deref() == Some(settings.identity.as_str());
+            ours.then(|| expiry(lease.spec.as_ref())).flatten()
+        });
+    let valid_until = written.map_or(at_most, |written| written.min(at_most));
     Ok(Some(Leadership {
         manager,
         name: name.to_owned(),
         metrics,
         leases,
         identity: settings.identity.clone(),
-        // The lease was written just now (the request that wrote it is the only thing since); until the first
-        // renewal tells exactly, count it from now less the longest such a request may take.
-        valid_until: SystemTime::now() + schedule.duration - schedule.attempt_timeout,
+        valid_until,
         schedule,
     }))
 }

@@ -29,8 +29,6 @@ use crate::demo::BUNDLED_RELEASES;
 
 /// The chart in this repository.
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/cluster-stack-operator");
-/// The image archive `make image-test` writes.
-pub const DEFAULT_IMAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/image/cso-image.tar");
 /// The namespace the chart is installed into.
 const NAMESPACE: &str = "cso-system";
 
@@ -98,7 +96,7 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
     );
 
     eprintln!("installing the chart with {}", image.display());
-    helm_install(&helm, &management_kubeconfig, github.api_url())?;
+    helm_install(&helm, &management_kubeconfig, image, github.api_url())?;
     println!(
         "ready in {:.1}s: management={} workload={}; slot {}, releases {} on a GitHub stand-in at {}\n\
          kubectl --kubeconfig {} logs -n {NAMESPACE} deploy/cso-controller-manager -f",
@@ -143,9 +141,9 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
     outcome
 }
 
-/// `helm upgrade --install` of the chart with the image and the GitHub stand-in as the release source; waits
+/// `helm upgrade --install` of the chart with the image of the archive `image` and the GitHub stand-in as the release source; waits
 /// until the Deployment is available.
-fn helm_install(helm: &Path, kubeconfig: &Path, github_api_url: &str) -> anyhow::Result<()> {
+fn helm_install(helm: &Path, kubeconfig: &Path, image: &Path, github_api_url: &str) -> anyhow::Result<()> {
     let output = Command::new(helm)
         .args([
             "upgrade",
@@ -157,9 +155,11 @@ fn helm_install(helm: &Path, kubeconfig: &Path, github_api_url: &str) -> anyhow:
             "--create-namespace",
         ])
         .args(["--wait", "--timeout", "180s"])
-        .args(["--set", "image.repository=docker.io/library/cso"])
-        .args(["--set", "image.tag=latest"])
-        .args(["--set", "image.pullPolicy=Never"])
+        .args(
+            cso_testenv::node::chart_image_settings(image)?
+                .into_iter()
+                .flat_map(|setting| ["--set".to_owned(), setting]),
+        )
         .args(["--set", "source=github"])
         .arg("--set")
         .arg(format!("extraArgs[0]=--github-api-url={github_api_url}"))
@@ -180,5 +180,5 @@ fn helm_install(helm: &Path, kubeconfig: &Path, github_api_url: &str) -> anyhow:
 
 /// The image archive `--image` names, or the one `make image-test` writes.
 pub fn image_or_default(image: Option<PathBuf>) -> PathBuf {
-    image.unwrap_or_else(|| PathBuf::from(DEFAULT_IMAGE))
+    image.unwrap_or_else(cso_testenv::node::operator_image_archive)
 }

@@ -8,7 +8,6 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -22,16 +21,31 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Prints `cso-dev`'s stderr when the test fails.
-struct LogOnFailure(std::path::PathBuf);
+/// `cso-dev up --real-nodes` as a child: when the test fails, its stderr is printed and it is stopped (SIGINT,
+/// then SIGKILL after 60 s), so that a failed test leaves no cluster running.
+struct CsoDev {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
 
-impl Drop for LogOnFailure {
+impl Drop for CsoDev {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!(
                 "cso-dev's stderr:\n{}",
-                std::fs::read_to_string(&self.0).unwrap_or_default()
+                std::fs::read_to_string(&self.log).unwrap_or_default()
             );
+        }
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-INT", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
@@ -42,7 +56,7 @@ fn up_with_real_nodes_runs_the_operator_from_its_chart_and_cluster_api_calls_it(
     if let Err(why) = cso_testenv::node::RealCluster::support(&tools) {
         panic!("this machine cannot run real nodes: {why}");
     }
-    let image = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/image/cso-image.tar");
+    let image = cso_testenv::node::operator_image_archive();
     assert!(
         image.is_file(),
         "{} is missing: run `make image-test`",
@@ -52,18 +66,23 @@ fn up_with_real_nodes_runs_the_operator_from_its_chart_and_cluster_api_calls_it(
     let dir = work.path().join("up");
     let started = Instant::now();
     let log = work.path().join("cso-dev.log");
-    let _log_on_failure = LogOnFailure(log.clone());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cso-dev"))
+    let child = Command::new(env!("CARGO_BIN_EXE_cso-dev"))
         .args(["up", "--real-nodes"])
         .arg(format!("--dir={}", dir.display()))
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
+    let mut cso_dev = CsoDev { child, log };
+    // Its first line, within the time it may take; a cso-dev that hangs before it fails the test.
+    let stdout = cso_dev.child.stdout.take().unwrap();
+    let (line_tx, line_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = line_tx.send(line);
+    });
+    let ready = line_rx.recv_timeout(TIMEOUT).unwrap_or_default();
     assert!(
         ready.starts_with("ready in "),
         "cso-dev up --real-nodes: {ready:?}"
@@ -221,16 +240,26 @@ fn up_with_real_nodes_runs_the_operator_from_its_chart_and_cluster_api_calls_it(
         .await;
     });
 
-    // SIGINT: everything stops and is removed.
+    // SIGINT: everything stops and is removed: the node's slot, and every process of the directory (the workload
+    // control plane and its simulated nodes, Cluster API's managers) too.
     let stopping = Instant::now();
     Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args(["-INT", &cso_dev.child.id().to_string()])
         .status()
         .unwrap();
-    let status = child.wait().unwrap();
+    let status = cso_dev.child.wait().unwrap();
     assert!(status.success(), "cso-dev up --real-nodes after SIGINT: {status}");
     let stopped_in = stopping.elapsed();
-    let left = cso_testenv::node::left_on_the_machine(slot, &dir.join("management"));
+    let mut left = cso_testenv::node::left_on_the_machine(slot, &dir.join("management"));
+    let processes = Command::new("pgrep")
+        .args(["-af", &dir.display().to_string()])
+        .output()
+        .unwrap();
+    left.extend(
+        String::from_utf8_lossy(&processes.stdout)
+            .lines()
+            .map(|p| format!("process {p}")),
+    );
     assert!(left.is_empty(), "left on the machine: {left:#?}");
     eprintln!(
         "cso-dev up --real-nodes: ready {up_in:.1?} after its start; stopped {stopped_in:.1?} after SIGINT"

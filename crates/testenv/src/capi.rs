@@ -55,7 +55,6 @@ use std::{
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use k8s_openapi::{
     ByteString,
-    api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::{
         CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
     },
@@ -664,7 +663,6 @@ async fn install_admission_webhooks(
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let docs: Vec<Option<Value>> = serde_saphyr::from_multiple(&text)
         .map_err(|e| Error::Kube(format!("{}: not YAML: {e}", path.display())))?;
-    let params = PatchParams::apply(FIELD_MANAGER).force();
     for mut doc in docs.into_iter().flatten() {
         let kind = doc
             .get("kind")
@@ -691,31 +689,15 @@ async fn install_admission_webhooks(
                 });
             }
         }
-        let failed = |e: &dyn std::fmt::Display| Error::Kube(format!("failed to apply {kind} {name}: {e}"));
-        match kind.as_str() {
-            "MutatingWebhookConfiguration" => {
-                let object: MutatingWebhookConfiguration =
-                    serde_json::from_value(doc).map_err(|e| failed(&e))?;
-                Api::<MutatingWebhookConfiguration>::all(client.clone())
-                    .patch(&name, &params, &Patch::Apply(&object))
-                    .await
-                    .map_err(|e| failed(&e))?;
-            }
-            "ValidatingWebhookConfiguration" => {
-                let object: ValidatingWebhookConfiguration =
-                    serde_json::from_value(doc).map_err(|e| failed(&e))?;
-                Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .patch(&name, &params, &Patch::Apply(&object))
-                    .await
-                    .map_err(|e| failed(&e))?;
-            }
-            other => {
-                return Err(Error::Tools(format!(
-                    "{}: unexpected kind {other:?}",
-                    path.display()
-                )));
-            }
+        if !["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"].contains(&kind.as_str()) {
+            return Err(Error::Tools(format!(
+                "{}: unexpected kind {kind:?}",
+                path.display()
+            )));
         }
+        crate::apply_object(client, &doc, FIELD_MANAGER)
+            .await
+            .map_err(|e| Error::Kube(format!("failed to apply {kind} {name}: {e}")))?;
     }
     Ok(())
 }

@@ -291,7 +291,8 @@ pub fn free_port() -> Result<u16, Error> {
 }
 
 /// The ports [`free_port`] chooses from: below the ephemeral range when there is room, from 20000 (clear of the
-/// fixed ports of the real nodes' kubelets, kube-proxies and etcd, 2379-10259), else above it.
+/// fixed ports of the real nodes' kubelets, kube-proxies and etcd, 2379-10259), else above it when there is
+/// room there, else 20000-65535.
 fn server_port_range() -> (u16, u16) {
     let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -302,8 +303,11 @@ fn server_port_range() -> (u16, u16) {
         .unwrap_or((32768, 60999));
     if ephemeral.0 > 22000 {
         (20000, ephemeral.0 - 1)
+    } else if ephemeral.1 < 63535 {
+        (ephemeral.1 + 1, 65535)
     } else {
-        (ephemeral.1.saturating_add(1).min(65000), 65535)
+        // No room outside it: the whole range above the nodes' ports, and the race this avoids comes back.
+        (20000, 65535)
     }
 }
 

@@ -164,6 +164,17 @@ impl FakeGithub {
         self.state.lock().slow.insert(tag.to_owned(), delay);
     }
 
+    /// The ids of release `tag`'s assets (as they appear in `/releases/assets/{id}`).
+    pub fn asset_ids(&self, tag: &str) -> Vec<u64> {
+        self.state
+            .lock()
+            .releases
+            .iter()
+            .filter(|r| r.tag == tag)
+            .flat_map(|r| r.assets.iter().map(|a| a.id))
+            .collect()
+    }
+
     /// Every request so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().requests.clone()

@@ -846,6 +846,28 @@ fn alive(pid: &str) -> bool {
     !pid.is_empty() && Path::new("/proc").join(pid).exists()
 }
 
+/// The operator's image archive for real nodes: `CSO_IMAGE_ARCHIVE`, or what `make image-test` writes
+/// (`target/image/cso-image.tar` of this repository).
+pub fn operator_image_archive() -> PathBuf {
+    std::env::var_os("CSO_IMAGE_ARCHIVE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/image/cso-image.tar"))
+}
+
+/// The chart values (`--set`) that run the image of `archive` as it was imported (never pulled).
+pub fn chart_image_settings(archive: &Path) -> Result<Vec<String>, Error> {
+    let name = archive_image_name(archive)?;
+    let (repository, tag) = name
+        .rsplit_once(':')
+        .filter(|(_, tag)| !tag.contains('/'))
+        .ok_or_else(|| Error::Process(format!("{}: the image {name} has no tag", archive.display())))?;
+    Ok(vec![
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".to_owned(),
+    ])
+}
+
 /// The name an OCI archive of `hack/oci-archive.py` carries (`org.opencontainers.image.ref.name` of its index).
 pub fn archive_image_name(archive: &Path) -> Result<String, Error> {
     let file = std::fs::File::open(archive).map_err(|e| Error::io(archive, e))?;

@@ -144,9 +144,14 @@ async fn a_real_node_runs_pods_serves_their_logs_routes_services_and_leaves_noth
             json!({"app": "client"}),
             // By the Service's name (cluster DNS, the pod's search path), then a name outside the cluster,
             // which must not resolve: nothing is forwarded off the machine.
-            "for i in $(seq 1 60); do if wget -q -O - http://server/; then \
-               if nslookup example.org >/dev/null 2>&1; then echo example.org resolved; exit 2; fi; exit 0; fi; \
-             sleep 1; done; exit 1",
+            // The same lookup tool answers for a cluster name first, so a refusal is the server's.
+            &format!(
+                "for i in $(seq 1 60); do if wget -q -O - http://server/; then \
+                   nslookup server.{ns}.svc.cluster.local >/dev/null 2>&1 || {{ echo nslookup failed; exit 3; }}; \
+                   out=$(nslookup example.org 2>&1); \
+                   case \"$out\" in *REFUSED*|*NXDOMAIN*) exit 0;; *) echo \"example.org: $out\"; exit 2;; esac; \
+                 fi; sleep 1; done; exit 1"
+            ),
         ),
     )
     .await
