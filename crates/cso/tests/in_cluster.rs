@@ -149,6 +149,7 @@ async fn the_chart_runs_the_image_on_a_real_node_with_two_replicas_one_leader_an
     // container has exited; one that ignored SIGTERM would be killed after the 30 s), and the other replica
     // takes the Lease.
     // Until when the leader's lease is valid by the renewal the Lease shows now (a later renewal only moves it on).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
     let held = leases.get(LEASE).await.unwrap().spec.unwrap();
     let valid_until = held
         .renew_time
