@@ -85,7 +85,17 @@ PAUSE_IMAGE="$CACHE/pause-$PAUSE_VERSION/pause.tar"
 BUSYBOX_IMAGE="$CACHE/test-images/busybox.tar"
 # Cluster DNS of the real nodes: CoreDNS of the wrapper module (only a cluster DNS's plugins), as an image.
 COREDNS_VERSION="$(awk '$1 == "github.com/coredns/coredns" { print $2 }' "$ROOT/hack/testenv/coredns/go.mod")"
-COREDNS_IMAGE="$CACHE/coredns-$COREDNS_VERSION/coredns.tar"
+# Named after a digest of the wrapper's main.go too: its plugin list is ours, and a change there builds it again.
+COREDNS_IMAGE="$CACHE/coredns-$COREDNS_VERSION-$(sha256sum "$ROOT/hack/testenv/coredns/main.go" | cut -c1-8)/coredns.tar"
+# The ferrol stacks' addon images (issue 39), built from their Go sources under exactly the names the charts use:
+# metrics-server at the version of its wrapper module, kindnetd from its source at the image's commit with the
+# machine's iptables (in the mode the nodes' kube-proxy uses), and this project's web server, which the workload
+# clusters run where a stack asks for nginx.
+METRICS_SERVER_VERSION="$(awk '$1 == "sigs.k8s.io/metrics-server" { print $2 }' "$ROOT/hack/testenv/metrics-server/go.mod")"
+METRICS_SERVER_IMAGE="$CACHE/addon-images/metrics-server-$METRICS_SERVER_VERSION.tar"
+KINDNETD_TAG=v20230511-dc714da8
+KINDNETD_IMAGE="$CACHE/addon-images/kindnetd-$KINDNETD_TAG-$(cat "$ROOT"/hack/testenv/kindnetd/go.sum "$ROOT"/hack/testenv/kindnetd/cmd/kindnetd/*.go | sha256sum | cut -c1-8).tar"
+WEB_IMAGE="$CACHE/test-images/web-$(sha256sum "$ROOT/hack/testenv/web/main.go" | cut -c1-8).tar"
 # kwok: the version is the one the wrapper module requires.
 KWOK_VERSION="$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$ROOT/hack/testenv/kwok/go.mod")"
 KWOK="$CACHE/kwok-$KWOK_VERSION/kwok"
@@ -135,6 +145,9 @@ print_env() {
   if [[ -f "$PAUSE_IMAGE" ]]; then echo "CSO_PAUSE_IMAGE=$PAUSE_IMAGE"; fi
   if [[ -f "$BUSYBOX_IMAGE" ]]; then echo "CSO_BUSYBOX_IMAGE=$BUSYBOX_IMAGE"; fi
   if [[ -f "$COREDNS_IMAGE" ]]; then echo "CSO_COREDNS_IMAGE=$COREDNS_IMAGE"; fi
+  if [[ -f "$METRICS_SERVER_IMAGE" ]]; then echo "CSO_METRICS_SERVER_IMAGE=$METRICS_SERVER_IMAGE"; fi
+  if [[ -f "$KINDNETD_IMAGE" ]]; then echo "CSO_KINDNETD_IMAGE=$KINDNETD_IMAGE"; fi
+  if [[ -f "$WEB_IMAGE" ]]; then echo "CSO_WEB_IMAGE=$WEB_IMAGE"; fi
   if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]]; then
     echo "CSO_CONTAINERD=$(command -v containerd)"
     echo "CSO_CNI_BIN_DIR=/usr/lib/cni"
@@ -214,6 +227,7 @@ build_node_tools() {
     say "busybox test image: $BUSYBOX_IMAGE"
   fi
   build_coredns_image
+  build_addon_images
   if [[ -f "$PAUSE_IMAGE" ]]; then say "pause $PAUSE_VERSION: cached at $PAUSE_IMAGE"; return; fi
   say "pause $PAUSE_VERSION: compiling build/pause/linux/pause.c of k8s.io/kubernetes $K8S_VERSION"
   local source work
@@ -251,6 +265,80 @@ build_coredns_image() {
   mv "$COREDNS_IMAGE.tmp" "$COREDNS_IMAGE"
   rm -rf "$work"
   say "coredns: $COREDNS_IMAGE in $((SECONDS - start))s"
+}
+
+# build_addon_images: the images the ferrol stacks' addons name, and this project's web server (see METRICS_SERVER_IMAGE).
+build_addon_images() {
+  local start work
+  if [[ -f "$METRICS_SERVER_IMAGE" ]]; then say "metrics-server $METRICS_SERVER_VERSION image: cached at $METRICS_SERVER_IMAGE"
+  else
+    say "metrics-server $METRICS_SERVER_VERSION: building from the Go module proxy (cold: about 3 minutes)"
+    start=$SECONDS work="$(mktemp -d)"
+    mkdir -p "$work/rootfs" "$(dirname "$METRICS_SERVER_IMAGE")"
+    # Stamped as upstream's release build stamps it (its Makefile's LDFLAGS), so that its version reads the same.
+    (cd "$ROOT/hack/testenv/metrics-server" && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
+      go build -trimpath -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION \
+        -X k8s.io/client-go/pkg/version.gitCommit=6242212f633d50d6066d2fe95f221b052ef4e1ae \
+        -X k8s.io/client-go/pkg/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.buildDate=2023-07-25T10:08:06Z" \
+      -o "$work/rootfs/metrics-server" sigs.k8s.io/metrics-server/cmd/metrics-server)
+    python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$METRICS_SERVER_IMAGE.tmp" \
+      --name "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION" --user 65534:65534 \
+      --entrypoint '["/metrics-server"]' >/dev/null
+    mv "$METRICS_SERVER_IMAGE.tmp" "$METRICS_SERVER_IMAGE"
+    rm -rf "$work"
+    say "metrics-server: $METRICS_SERVER_IMAGE in $((SECONDS - start))s"
+  fi
+  if [[ -f "$KINDNETD_IMAGE" ]]; then say "kindnetd $KINDNETD_TAG image: cached at $KINDNETD_IMAGE"
+  elif ! command -v iptables >/dev/null 2>&1; then say "kindnetd: needs the machine's iptables (install_network_tools)"
+  else
+    say "kindnetd $KINDNETD_TAG: building from its source (cold: about 2 minutes)"
+    start=$SECONDS work="$(mktemp -d)"
+    mkdir -p "$work/rootfs/bin" "$work/rootfs/usr/sbin" "$work/rootfs/run" "$(dirname "$KINDNETD_IMAGE")"
+    (cd "$ROOT/hack/testenv/kindnetd" && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
+      go build -trimpath -ldflags "-s -w" -o "$work/rootfs/bin/kindnetd" ./cmd/kindnetd)
+    # iptables as upstream's image carries it (distroless-iptables): the machine's, in the mode the nodes'
+    # kube-proxy uses, with its libraries and extensions.
+    local multi lib
+    multi="$(readlink -f "$(command -v iptables)")"
+    copy_with_libraries "$multi" "$work/rootfs"
+    for lib in /usr/lib/x86_64-linux-gnu/xtables /lib/x86_64-linux-gnu/xtables; do
+      if [[ -d "$lib" ]]; then mkdir -p "$work/rootfs$lib" && cp -a "$lib/." "$work/rootfs$lib/"
+        for so in "$lib"/*.so; do copy_with_libraries "$so" "$work/rootfs"; done
+      fi
+    done
+    for name in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+      ln -sf "$multi" "$work/rootfs/usr/sbin/$name"
+    done
+    python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$KINDNETD_IMAGE.tmp" --name "docker.io/kindest/kindnetd:$KINDNETD_TAG" \
+      --env PATH=/usr/sbin:/usr/bin:/sbin:/bin --cmd '["/bin/kindnetd"]' >/dev/null
+    mv "$KINDNETD_IMAGE.tmp" "$KINDNETD_IMAGE"
+    rm -rf "$work"
+    say "kindnetd: $KINDNETD_IMAGE ($(basename "$multi")) in $((SECONDS - start))s"
+  fi
+  if [[ -f "$WEB_IMAGE" ]]; then say "web test image: cached at $WEB_IMAGE"
+  else
+    start=$SECONDS work="$(mktemp -d)"
+    mkdir -p "$work/rootfs" "$(dirname "$WEB_IMAGE")"
+    (cd "$ROOT/hack/testenv/web" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
+      -ldflags "-s -w" -o "$work/rootfs/web" .)
+    python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$WEB_IMAGE.tmp" --name "cso.test/web:v1" --user 65532:65532 \
+      --entrypoint '["/web"]' >/dev/null
+    mv "$WEB_IMAGE.tmp" "$WEB_IMAGE"
+    rm -rf "$work"
+    say "web test image: $WEB_IMAGE in $((SECONDS - start))s"
+  fi
+}
+
+# copy_with_libraries FILE ROOTFS: FILE at its path under ROOTFS, with every shared library it loads (and the loader).
+copy_with_libraries() {
+  local file="$1" rootfs="$2" lib
+  mkdir -p "$rootfs$(dirname "$file")"
+  cp -L "$file" "$rootfs$file"
+  for lib in $(ldd "$file" 2>/dev/null | grep -o '/[^ ]*'); do
+    [[ -e "$rootfs$lib" ]] && continue
+    mkdir -p "$rootfs$(dirname "$lib")"
+    cp -L "$lib" "$rootfs$lib"
+  done
 }
 
 # build_kwok: kwok of the wrapper module hack/testenv/kwok, stamped with its version as kwok's releases are (the

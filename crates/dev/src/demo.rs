@@ -26,6 +26,8 @@ use cso_testenv::{
     stand_in::{StandIn, Workload},
 };
 use cso_webhook::TlsServer;
+
+use crate::workload::{self, DemoWorkload, NodeChoice};
 use kube::{
     Api,
     api::{DynamicObject, Patch, PatchParams, PostParams},
@@ -67,7 +69,7 @@ impl Steps {
     }
 }
 
-pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
+pub async fn demo(dir: &Path, releases: Option<&Path>, nodes: NodeChoice) -> anyhow::Result<()> {
     let releases = releases.map_or_else(|| PathBuf::from(BUNDLED_RELEASES), Path::to_path_buf);
     let mut steps = Steps::new();
     let tools = Tools::discover().context("the tools are missing: run `make tools`")?;
@@ -96,39 +98,34 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     )?;
     steps.end("management control plane + Cluster API");
 
-    steps.begin(&format!(
+    steps.begin(
         "starting a workload control plane that runs workloads (the Cluster's API server, \
-         kube-controller-manager, kube-scheduler, kwok with {WORKLOAD_NODES} simulated nodes)"
-    ));
-    let nodes = cso_testenv::NodeSpec::numbered("node", WORKLOAD_NODES);
-    let workload = match cso_testenv::ControlPlane::start_with_workloads(
-        &tools,
-        "workload",
-        Some(&dir.join("workload")),
-        &nodes,
-    )
-    .await
-    {
+         kube-controller-manager, kube-scheduler, and its nodes)",
+    );
+    let (workload, nodes_line) = match DemoWorkload::start(&tools, &dir.join("workload"), nodes).await {
         Ok(workload) => workload,
         Err(e) => {
             management.cluster_api.stop();
             management.control_plane.stop();
-            return Err(e).context("failed to start the workload control plane");
+            return Err(e).context("failed to start the workload cluster");
         }
     };
-    let workload_client = workload.control_plane.client().await?;
+    eprintln!("    nodes: {nodes_line}");
+    let workload_client = workload.control_plane().client().await?;
     std::fs::write(
         dir.join("workload.kubeconfig"),
-        workload.control_plane.kubeconfig_yaml(),
+        workload.control_plane().kubeconfig_yaml(),
     )?;
-    steps.end("workload control plane with simulated nodes");
+    steps.end("workload control plane and nodes");
 
     steps.begin("starting the operator and its hook server with the bundled ferrol stack (local source)");
     let release_dir = dir.join("releases");
     for tag in STACK_RELEASES {
         let copy = release_dir.join("cluster-stacks").join(tag);
         cso_release::release::copy_release_dir(&releases.join(tag), &copy)?;
-        metrics_api_service_not_judged(&copy)?;
+        if !workload.is_real() {
+            metrics_api_service_not_judged(&copy)?;
+        }
     }
     let source = Arc::new(LocalSource::new(release_dir.join("cluster-stacks")));
     // What `cso run` renders with by default: one long-lived renderer on Helm's engine.
@@ -140,7 +137,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         values: Arc::new(ValuesTemplater::with_engine(engine)),
         metrics: Default::default(),
         take_over_from: Vec::new(),
-        // Health gates on, as `cso run` has them: the addons are ready once they run on the simulated nodes.
+        // Health gates on, as `cso run` has them: the addons are ready once they run on the nodes.
         settings: Settings::default(),
         cluster_resource: cso_controller::cluster_resource(&client).await,
     };
@@ -153,8 +150,8 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let _stand_in = StandIn::start(
         client.clone(),
         Workload {
-            kubeconfig: workload.control_plane.kubeconfig_yaml().to_owned(),
-            server_url: workload.control_plane.server_url().to_owned(),
+            kubeconfig: workload.control_plane().kubeconfig_yaml().to_owned(),
+            server_url: workload.control_plane().server_url().to_owned(),
         },
     );
     steps.end("operator, hook server discovered by Cluster API");
@@ -168,6 +165,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     let mut upgraded = None;
     let mut running_after = None;
     let mut api_service = None;
+    let mut top = None;
     if classes.is_ok() {
         steps.begin(&format!(
             "creating Cluster {NAMESPACE}/{CLUSTER} with a topology of class {CLUSTER_CLASS}: Cluster API builds \
@@ -176,8 +174,11 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
         addons = Some(install_addons(&client).await);
         steps.end("Cluster to addons running");
         if matches!(addons, Some(Ok(_))) {
-            running = Some(running_pods(&workload_client).await);
-            api_service = Some(api_service_check(&workload_client).await);
+            running = Some(workload::pods(&workload_client).await);
+            api_service = Some(api_service_check(&workload_client, workload.is_real()).await);
+            if workload.is_real() {
+                top = Some(workload::top_nodes(&workload_client, Duration::from_secs(120)).await);
+            }
         }
         if matches!(addons, Some(Ok(_))) {
             steps.begin(&format!(
@@ -187,7 +188,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
             upgraded = Some(upgrade(&client).await);
             steps.end("upgrade through Cluster API");
             if matches!(upgraded, Some(Ok(_))) {
-                running_after = Some(running_pods(&workload_client).await);
+                running_after = Some(pods_without_web(&workload_client).await);
             }
         }
     }
@@ -201,10 +202,11 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     management.control_plane.stop();
     steps.end("clean-up");
     let (releases_ready, inventory) = classes?;
-    let addon_objects = addons.context("the addons were not installed")??;
-    let upgraded_objects = upgraded.context("the Cluster was not upgraded")??;
+    let (addon_objects, waited_for) = addons.context("the addons were not installed")??;
+    let (upgraded_objects, _) = upgraded.context("the Cluster was not upgraded")??;
     let running = running.context("the pods were not listed")??;
     let running_after = running_after.context("the pods were not listed after the upgrade")??;
+    let real = top.is_some();
 
     println!();
     println!(
@@ -214,6 +216,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     for (what, took) in &steps.done {
         println!("  {what:<44} {:>6.1}s", took.as_secs_f64());
     }
+    println!("workload cluster: {nodes_line}");
     println!("created in the management cluster (namespace {NAMESPACE}):");
     println!("  ClusterStack ferrol");
     for (release, objects) in releases_ready.iter().zip(inventory) {
@@ -230,27 +233,58 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     for object in addon_objects {
         println!("  {object}");
     }
-    println!(
-        "running in the workload cluster when cluster-addon-{CLUSTER} was ready (pods on the simulated nodes; \
-         ready means running):"
-    );
-    for pod in running {
+    println!("the ClusterAddon was not ready while it waited for:");
+    for reason in &waited_for {
+        println!("  {reason}");
+    }
+    if real {
+        println!(
+            "running in the workload cluster when cluster-addon-{CLUSTER} was ready (real pods on real nodes):"
+        );
+    } else {
+        println!(
+            "running in the workload cluster when cluster-addon-{CLUSTER} was ready (pods on the simulated nodes; \
+             ready means running):"
+        );
+    }
+    for pod in &running {
         println!("  {pod}");
     }
     if let Some(check) = api_service {
+        let check = check.unwrap_or_else(|e| format!("{e:#}"));
+        if real {
+            println!("  APIService {METRICS_API_SERVICE}: {check}");
+        } else {
+            println!(
+                "  APIService {METRICS_API_SERVICE}: {check} (simulated pods have no network; the check's dial stays \
+                 on this machine; not judged here, a real cluster serves it)"
+            );
+        }
+    }
+    if let Some(top) = top {
         println!(
-            "  APIService {METRICS_API_SERVICE}: {} (simulated pods have no network; the check's dial stays on \
-             this machine; not judged here, a real cluster serves it)",
-            check.unwrap_or_else(|e| format!("{e:#}"))
+            "kubectl top nodes (the workload cluster's metrics API, served by the stack's metrics-server):"
         );
+        for line in top.unwrap_or_else(|e| vec![format!("{e:#}")]) {
+            println!("  {line}");
+        }
     }
     println!("after the upgrade to {UPGRADE_CLASS}:");
     for object in upgraded_objects {
         println!("  {object}");
     }
     println!("running after the upgrade:");
-    for pod in running_after {
-        println!("  {pod}");
+    for pod in &running_after {
+        let kept = running.iter().any(|before| before.uid == pod.uid);
+        println!("  {pod}{}", if kept { " (kept)" } else { " (new)" });
+    }
+    let pruned: Vec<&workload::PodLine> = running
+        .iter()
+        .filter(|before| !running_after.iter().any(|after| after.uid == before.uid))
+        .collect();
+    println!("gone after the upgrade:");
+    for pod in pruned {
+        println!("  {}/{}", pod.namespace, pod.name);
     }
     println!("lifecycle hooks Cluster API called (time since the demo started; repeated answers folded):");
     for line in hook_summary(&calls.lock().unwrap_or_else(|p| p.into_inner())) {
@@ -259,9 +293,6 @@ pub async fn demo(dir: &Path, releases: Option<&Path>) -> anyhow::Result<()> {
     println!("state and kubeconfigs were in {}", dir.display());
     Ok(())
 }
-
-/// Simulated nodes of the demo's workload cluster.
-const WORKLOAD_NODES: usize = 2;
 
 /// Keeps metrics-server's APIService in the release copy at `release` but has the health gates leave it out
 /// (`clusterstack.x-k8s.io/skip-health-check`, through the chart's own `apiService.annotations`): the simulated
@@ -288,11 +319,12 @@ fn metrics_api_service_not_judged(release: &Path) -> anyhow::Result<()> {
 const METRICS_API_SERVICE: &str = "v1beta1.metrics.k8s.io";
 
 /// What the workload API server's check of metrics-server's APIService found: `Available=<status> (<reason>:
-/// <message>)`, once it has checked (up to 30 s).
-async fn api_service_check(workload: &kube::Client) -> anyhow::Result<String> {
+/// <message>)`, once it has checked (up to 30 s); with `real` pods, once it is Available (up to 120 s).
+async fn api_service_check(workload: &kube::Client, real: bool) -> anyhow::Result<String> {
     use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
     let api_services: Api<APIService> = Api::all(workload.clone());
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let limit = Duration::from_secs(if real { 120 } else { 30 });
+    let deadline = Instant::now() + limit;
     loop {
         let checked = api_services
             .get_opt(METRICS_API_SERVICE)
@@ -305,7 +337,9 @@ async fn api_service_check(workload: &kube::Client) -> anyhow::Result<String> {
             .flatten()
             .find(|c| c.type_ == "Available");
         match available {
-            Some(c) if c.status == "True" || c.reason.as_deref() == Some("FailedDiscoveryCheck") => {
+            Some(c)
+                if c.status == "True" || (!real && c.reason.as_deref() == Some("FailedDiscoveryCheck")) =>
+            {
                 return Ok(format!(
                     "Available={} ({}: {})",
                     c.status,
@@ -313,40 +347,27 @@ async fn api_service_check(workload: &kube::Client) -> anyhow::Result<String> {
                     c.message.unwrap_or_default()
                 ));
             }
-            _ if Instant::now() > deadline => bail!("not checked by the API server within 30s"),
+            other if Instant::now() > deadline => bail!("not Available within {limit:?}: {other:?}"),
             _ => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     }
 }
 
-/// The pods of the workload cluster: `namespace/name: phase on node`, sorted.
-async fn running_pods(workload: &kube::Client) -> anyhow::Result<Vec<String>> {
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(workload.clone());
-    let mut lines: Vec<String> = pods
-        .list(&Default::default())
-        .await
-        .context("failed to list the workload cluster's pods")?
-        .items
-        .into_iter()
-        .map(|pod| {
-            let name = format!(
-                "{}/{}",
-                pod.metadata.namespace.clone().unwrap_or_default(),
-                pod.metadata.name.clone().unwrap_or_default()
-            );
-            let phase = pod
-                .status
-                .and_then(|s| s.phase)
-                .unwrap_or_else(|| "Unknown".into());
-            let node = pod
-                .spec
-                .and_then(|s| s.node_name)
-                .unwrap_or_else(|| "no node".into());
-            format!("{name}: {phase} on {node}")
-        })
-        .collect();
-    lines.sort();
-    Ok(lines)
+/// The workload cluster's pods once none of ferrol v1's `web` Deployment is left (v2 has none: pruned; its pods
+/// go with it), up to 60 s.
+async fn pods_without_web(workload: &kube::Client) -> anyhow::Result<Vec<workload::PodLine>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pods = workload::pods(workload).await?;
+        let web: Vec<&workload::PodLine> = pods.iter().filter(|p| p.name.starts_with("web-")).collect();
+        if web.is_empty() {
+            return Ok(pods);
+        }
+        if Instant::now() > deadline {
+            bail!("web's pods are still there 60s after the upgrade pruned it: {web:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// One lifecycle hook call Cluster API made: when (since the demo started), which hook, how it was answered.
@@ -439,7 +460,7 @@ fn capi_api(client: &kube::Client, group: &str, kind: &str, plural: &str) -> Api
 /// Creates the Cluster with a topology of [`CLUSTER_CLASS`] (Cluster API builds it; the stand-in makes its
 /// control plane initialised and points it at the workload cluster) and waits until its ClusterAddon is
 /// ready; returns what was applied into the workload cluster.
-async fn install_addons(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+async fn install_addons(client: &kube::Client) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let cluster: DynamicObject = serde_json::from_value(
         TopologyCluster {
             namespace: NAMESPACE,
@@ -463,7 +484,7 @@ async fn install_addons(client: &kube::Client) -> anyhow::Result<Vec<String>> {
 
 /// Moves the Cluster to [`UPGRADE_CLASS`] at [`UPGRADE_VERSION`] and waits until the addons of v2 are
 /// applied and Cluster API has finished the upgrade (no hook pending, the control plane at the version).
-async fn upgrade(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+async fn upgrade(client: &kube::Client) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let clusters = capi_api(client, "cluster.x-k8s.io", "Cluster", "clusters");
     clusters
         .patch(
@@ -514,17 +535,31 @@ async fn upgrade(client: &kube::Client) -> anyhow::Result<Vec<String>> {
     }
 }
 
-/// Waits until the ClusterAddon is ready with the addons of `class`; returns what it applied.
-async fn addons_ready(client: &kube::Client, class: &str) -> anyhow::Result<Vec<String>> {
+/// Waits until the ClusterAddon is ready with the addons of `class`; returns what it applied and, in the order
+/// first seen, what its conditions said it waited for meanwhile.
+async fn addons_ready(client: &kube::Client, class: &str) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), NAMESPACE);
     let name = cso_api::cluster_addon::cluster_addon_name(CLUSTER);
     let deadline = Instant::now() + Duration::from_secs(180);
+    let mut waited_for: Vec<String> = Vec::new();
     loop {
         let addon = addons.get_opt(&name).await?;
         let status = addon.as_ref().and_then(|a| a.status.as_ref());
         let of_class = addon
             .as_ref()
             .is_some_and(|a| a.spec.cluster_stack == class && a.spec.hook.is_empty());
+        if of_class && let Some(status) = status.filter(|s| !s.ready) {
+            for condition in &status.conditions {
+                if condition.status == cso_api::conditions::ConditionStatus::False
+                    && let Some(message) = condition.message.as_deref().filter(|m| !m.is_empty())
+                {
+                    // `Ready` repeats the message of the condition that holds it.
+                    if !waited_for.iter().any(|seen| seen == message) {
+                        waited_for.push(message.to_owned());
+                    }
+                }
+            }
+        }
         if of_class && status.is_some_and(|s| s.ready) {
             let mut objects: Vec<String> = status
                 .iter()
@@ -535,7 +570,7 @@ async fn addons_ready(client: &kube::Client, class: &str) -> anyhow::Result<Vec<
                 })
                 .collect();
             objects.sort();
-            return Ok(objects);
+            return Ok((objects, waited_for));
         }
         if Instant::now() > deadline {
             let why = status

@@ -6,6 +6,7 @@ mod demo;
 mod dev;
 mod real;
 mod restarts;
+mod workload;
 
 use std::path::PathBuf;
 
@@ -96,6 +97,11 @@ enum Command {
         /// Where the example releases are (default: the ones bundled in the repository).
         #[arg(long)]
         releases: Option<PathBuf>,
+        /// The workload cluster's nodes: real ones (containerd, kubelet, kube-proxy; root, and the addon
+        /// images of `make tools`), whose pods really run the stack's addons; simulated ones (kwok); or real
+        /// where the machine can run them.
+        #[arg(long, value_enum, default_value_t = workload::NodeChoice::Auto)]
+        nodes: workload::NodeChoice,
     },
 }
 
@@ -136,6 +142,6 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Status { dir } => dev::status(&dir).await,
         Command::Nodes { dir, nodes, images } => dev::real_nodes(&dir, nodes, &images).await,
-        Command::Demo { dir, releases } => demo::demo(&dir, releases.as_deref()).await,
+        Command::Demo { dir, releases, nodes } => demo::demo(&dir, releases.as_deref(), nodes).await,
     }
 }

@@ -2,11 +2,16 @@
 //! only a cluster DNS's plugins) as a Deployment in `kube-system` behind the Service `kube-dns` at
 //! [`crate::node::CLUSTER_DNS`], the address every kubelet gives its pods, as kubeadm and kind set it up.
 //!
-//! It answers for `cluster.local` and the reverse zones from the API (Services, their endpoints, pods) and
-//! refuses every other name: nothing is forwarded, so no query leaves the machine. It listens on an unprivileged
+//! It answers for `cluster.local` and the reverse zones from the API (Services, their endpoints, pods), and for
+//! the nodes' names as `<node>.cluster.local`, which a pod's search path finds for a bare node name (a kind node's
+//! name resolves through Docker's DNS; metrics-server dials kubelets by `Hostname`). It refuses every other name:
+//! nothing is forwarded, so no query leaves the machine. It listens on an unprivileged
 //! port in its pod (the image runs as 65532 without capabilities); the Service maps port 53 to it.
 
-use std::time::{Duration, Instant};
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, Client};
@@ -22,17 +27,23 @@ const DNS_PORT: u16 = 1053;
 /// How long the Deployment may take to become available.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The Corefile: the cluster's zones from the API, nothing else.
-fn corefile() -> String {
+/// The Corefile: the cluster's zones from the API, and the names of `hosts` (the nodes) as `<name>.cluster.local`,
+/// which a pod's search path finds for the bare name; nothing else.
+fn corefile(hosts: &[(String, IpAddr)]) -> String {
+    let entries: String = hosts
+        .iter()
+        .map(|(name, address)| format!("        {address} {name}.cluster.local\n"))
+        .collect();
     format!(
         "cluster.local:{DNS_PORT} in-addr.arpa:{DNS_PORT} ip6.arpa:{DNS_PORT} {{\n    errors\n    health :8080\n    \
-         ready :8181\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        pods insecure\n    }}\n    \
+         ready :8181\n    hosts {{\n{entries}        no_reverse\n        fallthrough\n    }}\n    \
+         kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        pods insecure\n    }}\n    \
          cache 30\n    loop\n    reload\n    loadbalance\n}}\n"
     )
 }
 
-/// The objects of cluster DNS running `image` (a name the nodes' containerd has).
-fn objects(image: &str) -> Vec<Value> {
+/// The objects of cluster DNS running `image` (a name the nodes' containerd has), answering for `hosts`.
+fn objects(image: &str, hosts: &[(String, IpAddr)]) -> Vec<Value> {
     let labels = json!({"k8s-app": "kube-dns"});
     vec![
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
@@ -50,7 +61,7 @@ fn objects(image: &str) -> Vec<Value> {
                "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]}),
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": NAME, "namespace": NAMESPACE},
-               "data": {"Corefile": corefile()}}),
+               "data": {"Corefile": corefile(hosts)}}),
         json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
         "spec": {
@@ -99,12 +110,30 @@ fn objects(image: &str) -> Vec<Value> {
     ]
 }
 
-/// Deploys cluster DNS running `image` and returns once it is available (its readiness probe passed: the
-/// API's objects are loaded).
-pub async fn deploy(client: &Client, image: &str) -> Result<(), Error> {
-    for object in objects(image) {
+/// Deploys cluster DNS running `image`, answering for the nodes `hosts` too. Returns once it is available (its
+/// readiness probe passed: the API's objects are loaded) when the nodes have a pod network; without one (a
+/// cluster whose CNI is an addon still to come) it returns at once, and DNS starts with the network.
+pub async fn deploy(client: &Client, image: &str, hosts: &[(String, IpAddr)]) -> Result<(), Error> {
+    for object in objects(image, hosts) {
         crate::apply_object(client, &object, "cso-testenv").await?;
     }
+    wait_available(client).await
+}
+
+/// Deploys cluster DNS as [`deploy`] does, without waiting for it.
+pub async fn deploy_without_waiting(
+    client: &Client,
+    image: &str,
+    hosts: &[(String, IpAddr)],
+) -> Result<(), Error> {
+    for object in objects(image, hosts) {
+        crate::apply_object(client, &object, "cso-testenv").await?;
+    }
+    Ok(())
+}
+
+/// Returns once cluster DNS is available, or an error after [`READY_TIMEOUT`].
+pub async fn wait_available(client: &Client) -> Result<(), Error> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
@@ -136,16 +165,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_cluster_zones_are_served_and_nothing_is_forwarded() {
-        let corefile = corefile();
+    fn only_the_cluster_zones_with_the_nodes_in_them_are_served_and_nothing_is_forwarded() {
+        let hosts = [
+            ("w-node-0".to_owned(), "172.18.4.2".parse().unwrap()),
+            ("w-node-1".to_owned(), "172.18.4.3".parse().unwrap()),
+        ];
+        let corefile = corefile(&hosts);
         assert!(corefile.starts_with("cluster.local:1053 in-addr.arpa:1053 ip6.arpa:1053 {"));
         assert!(!corefile.contains("forward"), "{corefile}");
         assert!(!corefile.contains(".:"), "a catch-all zone: {corefile}");
+        // The nodes' names inside the cluster's zone, before the API's names (which get the rest).
+        let hosts_at = corefile
+            .find("        172.18.4.2 w-node-0.cluster.local\n        172.18.4.3 w-node-1.cluster.local\n");
+        assert!(
+            hosts_at.is_some_and(|at| at < corefile.find("kubernetes cluster.local").unwrap()),
+            "{corefile}"
+        );
     }
 
     #[test]
     fn the_service_is_at_the_address_the_kubelets_give_pods_and_maps_53_to_the_pods_port() {
-        let service = objects("cso.test/coredns:v1")
+        let service = objects("cso.test/coredns:v1", &[])
             .into_iter()
             .find(|o| o["kind"] == "Service")
             .unwrap();

@@ -86,6 +86,18 @@ impl NodeTools {
     }
 }
 
+/// What gives the pods of a [`RealCluster`] their network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// The environment: each node starts with a CNI `bridge` configuration (pods reach each other on their node,
+    /// Services, and this machine's host address). The cluster is returned with every node `Ready`.
+    Environment,
+    /// The cluster's own CNI addon (a stack's kindnet, as a workload cluster of Cluster API has it): the nodes
+    /// start with an empty `/etc/cni/net.d` and stay `NotReady` until a DaemonSet writes a configuration there.
+    /// The cluster is returned once every node has registered and has its pod CIDR.
+    Addon,
+}
+
 /// A control plane in its first node's network namespace, kube-controller-manager and kube-scheduler, and real
 /// nodes. Dropping it stops everything and leaves nothing behind.
 #[derive(Debug)]
@@ -173,6 +185,17 @@ impl RealCluster {
     /// `nodes` real nodes (`<name>-node-<i>`); returns once every node is `Ready`. Files live in `dir`, or in a
     /// temporary directory removed on drop.
     pub async fn start(tools: &Tools, name: &str, dir: Option<&Path>, nodes: usize) -> Result<Self, Error> {
+        Self::start_with(tools, name, dir, nodes, PodNetwork::Environment).await
+    }
+
+    /// [`RealCluster::start`], with the pods' network given by `network`.
+    pub async fn start_with(
+        tools: &Tools,
+        name: &str,
+        dir: Option<&Path>,
+        nodes: usize,
+        network: PodNetwork,
+    ) -> Result<Self, Error> {
         let node_tools = Self::support(tools).map_err(Error::Tools)?;
         if nodes == 0 {
             return Err(Error::Process("a real cluster needs at least one node".into()));
@@ -210,13 +233,25 @@ impl RealCluster {
             _tempdir: tempdir,
         };
         for i in 0..nodes {
-            let node = cluster.start_node(&node_tools, name, i)?;
+            let node = cluster.start_node(&node_tools, name, i, network)?;
             cluster.nodes.push(node);
         }
-        cluster.wait_ready().await?;
+        cluster.assign_pod_cidrs().await?;
+        if network == PodNetwork::Environment {
+            cluster.wait_ready().await?;
+        }
         cluster.import_image(&node_tools.coredns_image)?;
         let client = cluster.control_plane.client().await?;
-        crate::cluster_dns::deploy(&client, &archive_image_name(&node_tools.coredns_image)?).await?;
+        let hosts: Vec<(String, IpAddr)> = cluster
+            .nodes
+            .iter()
+            .map(|node| (node.name.clone(), IpAddr::V4(node.address)))
+            .collect();
+        let image = archive_image_name(&node_tools.coredns_image)?;
+        match network {
+            PodNetwork::Environment => crate::cluster_dns::deploy(&client, &image, &hosts).await?,
+            PodNetwork::Addon => crate::cluster_dns::deploy_without_waiting(&client, &image, &hosts).await?,
+        }
         Ok(cluster)
     }
 
@@ -313,14 +348,24 @@ impl RealCluster {
         drop(self);
     }
 
-    fn start_node(&self, node_tools: &NodeTools, cluster: &str, index: usize) -> Result<RealNode, Error> {
+    fn start_node(
+        &self,
+        node_tools: &NodeTools,
+        cluster: &str,
+        index: usize,
+        network: PodNetwork,
+    ) -> Result<RealNode, Error> {
         let name = format!("{cluster}-node-{index}");
         let address = self.slot.node_address(index);
         let dir = self.dir.join("nodes").join(&name);
         for sub in [
             "containerd/root",
             "containerd/state",
-            "cni/conf",
+            "etc/upper/cni/net.d",
+            "etc/work",
+            "run/upper",
+            "run/work",
+            "mount-namespace",
             "cni/ipam",
             "kubelet",
             "pod-logs",
@@ -329,9 +374,9 @@ impl RealCluster {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
         }
-        let placement = Placement {
-            address: IpAddr::V4(address),
-            netns: Some(self.slot.netns(index)),
+        let placement = NodePlacement {
+            netns: self.slot.netns(index),
+            mounts: make_mount_namespace(&dir)?,
         };
         let pki = self.control_plane.pki();
         let cgroup = self.slot.cgroup(index);
@@ -344,10 +389,13 @@ impl RealCluster {
             std::fs::write(&path, contents).map_err(|e| Error::io(&path, e))?;
             Ok(path)
         };
-        write(
-            "cni/conf/10-cso.conflist",
-            cni_config(index, &dir.join("cni/ipam")),
-        )?;
+        if network == PodNetwork::Environment {
+            // In the node's own /etc (the upper layer of its overlay), where a CNI addon would write.
+            write(
+                "etc/upper/cni/net.d/10-cso.conflist",
+                cni_config(index, &dir.join("cni/ipam")),
+            )?;
+        }
         // No registry outside this machine: every host resolves to nothing, and a missing image fails at once.
         write(
             "certs.d/_default/hosts.toml",
@@ -437,6 +485,48 @@ impl RealCluster {
         })
     }
 
+    /// Gives every node its pod CIDR (`spec.podCIDR`, [`pod_cidr`]) once it has registered, as
+    /// kube-controller-manager's range allocator would: a CNI addon reads it there.
+    async fn assign_pod_cidrs(&mut self) -> Result<(), Error> {
+        let client = self.control_plane.client().await?;
+        let nodes: Api<Node> = Api::all(client);
+        let deadline = Instant::now() + NODE_READY_TIMEOUT;
+        for (index, node) in self.nodes.iter_mut().enumerate() {
+            loop {
+                node.check_running()?;
+                match nodes.get_opt(&node.name).await {
+                    Ok(Some(registered)) => {
+                        let cidr = pod_cidr(index);
+                        if registered.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()) != Some(cidr.as_str())
+                        {
+                            let patch = serde_json::json!({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}});
+                            nodes
+                                .patch(
+                                    &node.name,
+                                    &kube::api::PatchParams::default(),
+                                    &kube::api::Patch::Merge(patch),
+                                )
+                                .await
+                                .map_err(|e| Error::Kube(format!("pod CIDR of {}: {e}", node.name)))?;
+                        }
+                        break;
+                    }
+                    Ok(None) | Err(_) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    other => {
+                        return Err(Error::Process(format!(
+                            "{} did not register within {NODE_READY_TIMEOUT:?} ({other:?}); its kubelet:\n{}",
+                            node.name,
+                            node.kubelet.log_tail()
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn wait_ready(&mut self) -> Result<(), Error> {
         let client = self.control_plane.client().await?;
         let nodes: Api<Node> = Api::all(client);
@@ -477,6 +567,106 @@ impl RealCluster {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+}
+
+/// Has the API server run `image` (a name the nodes' containerd has, with `imagePullPolicy: IfNotPresent`) in
+/// every pod container that asks for one of `asked`: a `MutatingAdmissionPolicy` (with its binding) named
+/// `cso-testenv-<name>`. For an image a stack's addon names that cannot be built here (nginx): the workload
+/// object keeps the image its chart gives (so what the operator applies and compares is the release's), and the
+/// pod runs this project's stand-in, under its own name. Policies take effect a moment after they are created.
+pub async fn substitute_image(
+    client: &kube::Client,
+    name: &str,
+    asked: &[&str],
+    image: &str,
+) -> Result<(), Error> {
+    let policy = format!("cso-testenv-{name}");
+    let asked = serde_json::to_string(asked).map_err(|e| Error::Process(e.to_string()))?;
+    let image = serde_json::to_string(image).map_err(|e| Error::Process(e.to_string()))?;
+    let objects = [
+        serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                }]},
+                "matchConditions": [{
+                    "name": "asks-for-a-substituted-image",
+                    "expression": format!("object.spec.containers.exists(c, c.image in {asked})"),
+                }],
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "mutations": [{
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {"expression": format!(
+                        "Object{{spec: Object.spec{{containers: object.spec.containers.filter(c, c.image in {asked})                         .map(c, Object.spec.containers{{name: c.name, image: {image}, imagePullPolicy: 'IfNotPresent'}})}}}}"
+                    )},
+                }],
+            },
+        }),
+        serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": policy},
+            "spec": {"policyName": policy},
+        }),
+    ];
+    for object in &objects {
+        crate::apply_object(client, object, "cso-testenv").await?;
+    }
+    Ok(())
+}
+
+/// Where a node's own processes (containerd, kubelet, kube-proxy) run: its network namespace and its mount
+/// namespace ([`make_mount_namespace`]).
+struct NodePlacement {
+    netns: String,
+    mounts: PathBuf,
+}
+
+impl NodePlacement {
+    fn command(&self, program: &Path) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg(format!("--mount={}", self.mounts.display()))
+            .arg("--")
+            .arg(program);
+        command
+    }
+}
+
+/// A mount namespace for the node whose files are in `dir`, kept in `dir/mount-namespace/mnt`: the machine's
+/// mounts (propagated into it, never out of it) with `/etc` and `/run` of the node's own, overlays on the
+/// machine's whose writes land in `dir/etc` and `dir/run`. So what a node's pods write through `hostPath`
+/// there (kindnet's `/etc/cni/net.d`, its IPAM state in `/run`) and the mounts of its kubelet and containerd
+/// stay the node's, as in a kind node, and the teardown's removal of `dir` takes them all.
+fn make_mount_namespace(dir: &Path) -> Result<PathBuf, Error> {
+    let holder = dir.join("mount-namespace");
+    let file = holder.join("mnt");
+    std::fs::write(&file, "").map_err(|e| Error::io(&file, e))?;
+    let holder_path = holder.display().to_string();
+    // A namespace is kept by binding it to a file on a mount that does not propagate.
+    run("mount", &["--bind", &holder_path, &holder_path])?;
+    run("mount", &["--make-private", &holder_path])?;
+    let overlay = |target: &str, layer: &str| {
+        format!(
+            "mount -t overlay cso-node-{layer} -o lowerdir={target},upperdir={d}/{layer}/upper,workdir={d}/{layer}/work {target}",
+            d = dir.display()
+        )
+    };
+    run(
+        "unshare",
+        &[
+            &format!("--mount={}", file.display()),
+            "--propagation",
+            "slave",
+            "sh",
+            "-c",
+            &format!("{} && {}", overlay("/etc", "etc"), overlay("/run", "run")),
+        ],
+    )?;
+    Ok(file)
 }
 
 /// A slot of this machine: its index, the bridge, the namespaces and cgroups of its nodes, and the teardown
@@ -1050,7 +1240,7 @@ fn containerd_config(dir: &Path, socket: &Path, cni_bin_dir: &Path) -> String {
          [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = \"overlayfs\"\n    \
          default_runtime_name = \"runc\"\n    \
          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n  \
-         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"{cni}\"\n    conf_dir = \"{d}/cni/conf\"\n  \
+         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"{cni}\"\n    conf_dir = \"/etc/cni/net.d\"\n  \
          [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{d}/certs.d\"\n",
         socket = socket.display(),
         cni = cni_bin_dir.display(),

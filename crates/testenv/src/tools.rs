@@ -61,6 +61,14 @@ pub struct Tools {
     /// The real nodes' cluster DNS, `cso.test/coredns:<version>` (CoreDNS with a cluster DNS's plugins only), an
     /// OCI archive built by `make tools` (`CSO_COREDNS_IMAGE`).
     pub coredns_image: Option<PathBuf>,
+    /// The ferrol stacks' addon images, built here from their sources under the names their charts use:
+    /// `registry.k8s.io/metrics-server/metrics-server:v0.6.4` and `kindest/kindnetd:v20230511-dc714da8`, image
+    /// archives for real nodes ([`crate::node::RealCluster::import_image`]).
+    pub metrics_server_image: Option<PathBuf>,
+    pub kindnetd_image: Option<PathBuf>,
+    /// This project's static web server, `cso.test/web:v1`: what real nodes run where a stack asks for nginx
+    /// ([`crate::node::substitute_images`]).
+    pub web_image: Option<PathBuf>,
 }
 
 impl Tools {
@@ -128,6 +136,9 @@ impl Tools {
             pause_image: lookup("CSO_PAUSE_IMAGE").map(PathBuf::from),
             busybox_image: lookup("CSO_BUSYBOX_IMAGE").map(PathBuf::from),
             coredns_image: lookup("CSO_COREDNS_IMAGE").map(PathBuf::from),
+            metrics_server_image: lookup("CSO_METRICS_SERVER_IMAGE").map(PathBuf::from),
+            kindnetd_image: lookup("CSO_KINDNETD_IMAGE").map(PathBuf::from),
+            web_image: lookup("CSO_WEB_IMAGE").map(PathBuf::from),
         })
     }
 }

@@ -1,5 +1,6 @@
 // Command coredns is cluster DNS for the test environment's real nodes: CoreDNS's own server (coremain) with only
-// the plugins a Kubernetes cluster's DNS uses. Nothing here forwards upstream: a name outside the cluster's zones
+// the plugins a Kubernetes cluster's DNS uses, and `hosts` for the nodes' names (which a kind node's get from
+// Docker's DNS). Nothing here forwards upstream: a name outside the cluster's zones
 // is refused, so no query leaves the machine.
 package main
 
@@ -12,6 +13,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/hosts"
 	_ "github.com/coredns/coredns/plugin/kubernetes"
 	_ "github.com/coredns/coredns/plugin/loadbalance"
 	_ "github.com/coredns/coredns/plugin/loop"
@@ -22,7 +24,7 @@ import (
 func main() {
 	// The order in which a query passes the plugins: CoreDNS's own order (its plugin.cfg), kept to those above.
 	dnsserver.Directives = []string{
-		"reload", "bind", "ready", "health", "errors", "loadbalance", "cache", "kubernetes", "loop",
+		"reload", "bind", "ready", "health", "errors", "loadbalance", "cache", "hosts", "kubernetes", "loop",
 	}
 	coremain.Run()
 }
