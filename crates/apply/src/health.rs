@@ -26,7 +26,12 @@
 //! - `apiregistration.k8s.io` APIService: `Available` True is healthy; otherwise progressing, with the
 //!   condition's reason and message (`FailedDiscoveryCheck: ...`).
 //! - core Pod: phase `Succeeded` or the `Ready` condition True is healthy; phase `Failed` is a failure;
-//!   otherwise progressing, saying why when the status does (unschedulable, a container's waiting reason).
+//!   otherwise progressing, saying why when the status does (unschedulable, a container's waiting reason with
+//!   its restarts, a container that restarted and its last exit code).
+//! - a Deployment, DaemonSet or StatefulSet that does not run: [`check`] reads the pods its selector selects
+//!   and adds why the first of them that says so does not run (`pod kube-system/metrics-server-…: not ready,
+//!   phase Pending (container metrics-server: ImagePullBackOff: …)`), so a condition names the pod and the
+//!   reason, not only a replica count.
 //! - every other kind has no rule ([`assess`] answers `None`): it counts as healthy once applied.
 //!
 //! Whatever is taken from a status into a message is cut to [`MAX_REASON_CHARS`] characters on one line, so
@@ -345,7 +350,7 @@ fn pod(object: &Value) -> Result<Health, String> {
     }
     let why = match condition(object, "PodScheduled")? {
         Some(scheduled) if scheduled.status == "False" => scheduled.describe(),
-        _ => waiting_container(object).or_else(|| {
+        _ => container_trouble(object).or_else(|| {
             condition(object, "Ready")
                 .ok()
                 .flatten()
@@ -363,20 +368,157 @@ fn pod(object: &Value) -> Result<Health, String> {
     )))
 }
 
-/// `container <name>: <reason>: <message>` of the first (init) container that waits with a reason.
-fn waiting_container(pod: &Value) -> Option<String> {
-    ["initContainerStatuses", "containerStatuses"]
+/// Why a container of the pod does not run: `container <name>: <reason>: <message>` of the first (init)
+/// container that waits with a reason, with its restarts when it has any (`, 4 restarts`); else, for the first
+/// one that has restarted, `container <name>: restarted 4 times, last exit code 1 (Error)`.
+fn container_trouble(pod: &Value) -> Option<String> {
+    let containers: Vec<&Value> = ["initContainerStatuses", "containerStatuses"]
         .into_iter()
         .filter_map(|list| pod.get("status")?.get(list)?.as_array())
         .flatten()
-        .find_map(|container| {
-            let waiting = container.get("state")?.get("waiting")?;
-            let reason = waiting.get("reason").and_then(Value::as_str).unwrap_or_default();
-            let message = waiting.get("message").and_then(Value::as_str).unwrap_or_default();
-            let name = container.get("name").and_then(Value::as_str).unwrap_or("?");
-            describe(reason, message).map(|why| format!("container {}: {why}", clip(name, MAX_REASON_CHARS)))
+        .collect();
+    let name = |container: &Value| {
+        clip(
+            container.get("name").and_then(Value::as_str).unwrap_or("?"),
+            MAX_REASON_CHARS,
+        )
+    };
+    let restarts = |container: &Value| container.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+    let waiting = containers.iter().find_map(|container| {
+        let waiting = container.get("state")?.get("waiting")?;
+        let reason = waiting.get("reason").and_then(Value::as_str).unwrap_or_default();
+        let message = waiting.get("message").and_then(Value::as_str).unwrap_or_default();
+        let why = describe(reason, message)?;
+        Some(match restarts(container) {
+            0 => format!("container {}: {why}", name(container)),
+            1 => format!("container {}: {why}, 1 restart", name(container)),
+            n => format!("container {}: {why}, {n} restarts", name(container)),
         })
+    });
+    waiting.or_else(|| {
+        containers.iter().find(|c| restarts(c) > 0).map(|container| {
+            let last = container.get("lastState").and_then(|s| s.get("terminated"));
+            let code = last.and_then(|t| t.get("exitCode")).and_then(Value::as_i64);
+            let reason = last
+                .and_then(|t| t.get("reason"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let exit = code.map_or_else(String::new, |code| {
+                format!(", last exit code {code}{}", in_parentheses(describe(reason, "")))
+            });
+            let times = match restarts(container) {
+                1 => "once".to_owned(),
+                n => format!("{n} times"),
+            };
+            format!("container {}: restarted {times}{exit}", name(container))
+        })
+    })
 }
+
+/// Whether objects of the kind run pods that [`check`] looks at when the object does not run.
+fn runs_pods(group: &str, kind: &str) -> bool {
+    group == "apps" && matches!(kind, "Deployment" | "DaemonSet" | "StatefulSet")
+}
+
+/// The label selector of a workload (`spec.selector`) as a query (`app=web,tier in (a,b),!legacy`); `None`
+/// when it has none, selects everything, or has something a query cannot say.
+pub fn selector_query(workload: &Value) -> Option<String> {
+    let selector = workload.get("spec")?.get("selector")?;
+    let mut terms: Vec<String> = Vec::new();
+    if let Some(labels) = selector.get("matchLabels").and_then(Value::as_object) {
+        for (key, value) in labels {
+            terms.push(format!("{key}={}", value.as_str()?));
+        }
+    }
+    for expression in selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = expression.get("key")?.as_str()?;
+        let values = || -> Option<String> {
+            let values: Option<Vec<&str>> = expression
+                .get("values")?
+                .as_array()?
+                .iter()
+                .map(Value::as_str)
+                .collect();
+            Some(values?.join(","))
+        };
+        terms.push(match expression.get("operator")?.as_str()? {
+            "In" => format!("{key} in ({})", values()?),
+            "NotIn" => format!("{key} notin ({})", values()?),
+            "Exists" => key.to_owned(),
+            "DoesNotExist" => format!("!{key}"),
+            _ => return None,
+        });
+    }
+    (!terms.is_empty()).then(|| terms.join(","))
+}
+
+/// Why the workload's pods do not run, from `pods` (the workload's, any order): `pod <ns>/<name>: <why>` of the
+/// first one by name that is not healthy and says why ([`assess`]'s rule for pods), then `and N more pods not
+/// ready` when others are not either. `None` when no pod says why.
+pub fn pod_trouble(pods: &[Value]) -> Option<String> {
+    let mut troubled: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|pod| {
+            let why = match pod_health(pod) {
+                Health::Progressing(why) | Health::Failed(why) if why.contains('(') => why,
+                _ => return None,
+            };
+            let meta = |field: &str| {
+                pod.pointer(&format!("/metadata/{field}"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            Some((format!("{}/{}", meta("namespace"), meta("name")), why))
+        })
+        .collect();
+    troubled.sort();
+    let (name, why) = troubled.first()?;
+    let more = match troubled.len() - 1 {
+        0 => String::new(),
+        1 => ", and 1 more pod not ready".into(),
+        n => format!(", and {n} more pods not ready"),
+    };
+    Some(format!("pod {name}: {why}{more}"))
+}
+
+fn pod_health(pod: &Value) -> Health {
+    assess_as("", "Pod", pod).unwrap_or(Health::Healthy)
+}
+
+/// [`pod_trouble`] of the pods `workload` selects in `namespace`, read from its cluster; `None` when it has
+/// no selector or they cannot be read (the workload's own finding stands).
+async fn pods_trouble(
+    discovery: &ClusterDiscovery,
+    namespace: Option<&str>,
+    workload: &Value,
+) -> Option<String> {
+    let query = selector_query(workload)?;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(discovery.client().clone(), namespace?);
+    let list = pods
+        .list(
+            &kube::api::ListParams::default()
+                .labels(&query)
+                .limit(MAX_PODS_LISTED),
+        )
+        .await
+        .ok()?;
+    let values: Vec<Value> = list
+        .items
+        .iter()
+        .filter_map(|pod| serde_json::to_value(pod).ok())
+        .collect();
+    pod_trouble(&values)
+}
+
+/// How many of a workload's pods [`check`] reads to say why it does not run.
+const MAX_PODS_LISTED: u32 = 100;
 
 /// Why the controller's status does not describe the current spec yet, if it does not:
 /// `status.observedGeneration` is behind `metadata.generation` (or not written at all).
@@ -670,7 +812,19 @@ async fn read(discovery: &ClusterDiscovery, resource: &Resource) -> Result<Healt
         Err(error @ GetObjectError::Discovery(_)) => return Err(clip(&error.to_string(), MAX_ERROR_CHARS)),
     };
     let object = serde_json::to_value(&object).map_err(|e| clip(&e.to_string(), MAX_ERROR_CHARS))?;
-    Ok(assess_as(&resource.group, &resource.kind, &object).unwrap_or(Health::Healthy))
+    let health = assess_as(&resource.group, &resource.kind, &object).unwrap_or(Health::Healthy);
+    // A workload that does not run: why its pods do not, when one of them says so.
+    if !health.is_healthy()
+        && runs_pods(&resource.group, &resource.kind)
+        && let Some(trouble) = pods_trouble(discovery, namespace, &object).await
+    {
+        return Ok(match health {
+            Health::Failed(why) => Health::Failed(format!("{why}; {trouble}")),
+            Health::Progressing(why) => Health::Progressing(format!("{why}; {trouble}")),
+            Health::Healthy => Health::Healthy,
+        });
+    }
+    Ok(health)
 }
 
 #[cfg(test)]
@@ -1067,7 +1221,20 @@ mod tests {
             "containerStatuses": [{"name": "agent", "ready": false, "restartCount": 5,
                 "state": {"waiting": {"reason": "CrashLoopBackOff",
                     "message": "back-off 2m40s restarting failed container=agent"}}}]}))),
-        Is::Progressing, "not ready, phase Running (container agent: CrashLoopBackOff: back-off 2m40s")]
+        Is::Progressing, "not ready, phase Running (container agent: CrashLoopBackOff: back-off 2m40s restarting failed container=agent, 5 restarts)")]
+    #[case::image_not_pulled(
+        pod(Some(json!({"phase": "Pending", "conditions": conditions(&[("PodScheduled", "True", "", "")]),
+            "containerStatuses": [{"name": "agent", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff",
+                    "message": "Back-off pulling image \"cilium:1.17\""}}}]}))),
+        Is::Progressing, "not ready, phase Pending (container agent: ImagePullBackOff: Back-off pulling image \"cilium:1.17\")")]
+    #[case::restarted_between_back_offs(
+        pod(Some(json!({"phase": "Running", "conditions": conditions(&[
+                ("Ready", "False", "ContainersNotReady", "containers with unready status: [agent]")]),
+            "containerStatuses": [{"name": "agent", "ready": false, "restartCount": 3,
+                "state": {"running": {"startedAt": "2026-11-28T02:00:00Z"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}))),
+        Is::Progressing, "not ready, phase Running (container agent: restarted 3 times, last exit code 1 (Error))")]
     #[case::not_ready(
         pod(Some(json!({"phase": "Running", "conditions": conditions(&[
             ("Ready", "False", "ContainersNotReady", "containers with unready status: [agent]")])}))),
@@ -1083,6 +1250,56 @@ mod tests {
     #[case::phase_a_number(pod(Some(json!({"phase": 3}))), Is::Progressing, "status.phase is 3, not a string")]
     fn pods(#[case] object: Value, #[case] is: Is, #[case] says: &str) {
         judged(&object, is, says);
+    }
+
+    #[rstest]
+    #[case::labels(json!({"matchLabels": {"app": "web", "tier": "front"}}), Some("app=web,tier=front"))]
+    #[case::expressions(
+        json!({"matchLabels": {"app": "web"}, "matchExpressions": [
+            {"key": "track", "operator": "In", "values": ["stable", "canary"]},
+            {"key": "zone", "operator": "NotIn", "values": ["b"]},
+            {"key": "owned", "operator": "Exists"},
+            {"key": "legacy", "operator": "DoesNotExist"}]}),
+        Some("app=web,track in (stable,canary),zone notin (b),owned,!legacy"))]
+    #[case::everything(json!({}), None)]
+    #[case::unknown_operator(json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}), None)]
+    #[case::value_a_number(json!({"matchLabels": {"app": 3}}), None)]
+    fn selectors_as_queries(#[case] selector: Value, #[case] query: Option<&str>) {
+        let workload = json!({"spec": {"selector": selector}});
+        assert_eq!(selector_query(&workload).as_deref(), query);
+    }
+
+    fn named_pod(name: &str, status: Value) -> Value {
+        let mut pod = pod(Some(status));
+        pod["metadata"] = json!({"name": name, "namespace": "kube-system"});
+        pod
+    }
+
+    fn pulling(name: &str) -> Value {
+        named_pod(
+            name,
+            json!({"phase": "Pending", "containerStatuses": [{"name": "agent", "restartCount": 0,
+                "state": {"waiting": {"reason": "ErrImagePull", "message": "no such host"}}}]}),
+        )
+    }
+
+    #[rstest]
+    #[case::none(vec![], None)]
+    #[case::all_ready(
+        vec![named_pod("a", json!({"phase": "Running", "conditions": conditions(&[("Ready", "True", "", "")])}))],
+        None)]
+    #[case::one_says_why(
+        vec![named_pod("a", json!({"phase": "Running", "conditions": conditions(&[("Ready", "True", "", "")])})),
+             pulling("b")],
+        Some("pod kube-system/b: not ready, phase Pending (container agent: ErrImagePull: no such host)"))]
+    #[case::first_by_name_and_the_rest_counted(
+        vec![pulling("c"), pulling("b"), pulling("d")],
+        Some("pod kube-system/b: not ready, phase Pending (container agent: ErrImagePull: no such host), and 2 more pods not ready"))]
+    #[case::pending_without_a_reason_says_nothing(
+        vec![named_pod("a", json!({"phase": "Pending"}))],
+        None)]
+    fn why_a_workloads_pods_do_not_run(#[case] pods: Vec<Value>, #[case] says: Option<&str>) {
+        assert_eq!(pod_trouble(&pods).as_deref(), says);
     }
 
     #[rstest]

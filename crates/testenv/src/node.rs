@@ -9,16 +9,25 @@
 //! Services, pods and webhooks the way a control-plane node does; kube-controller-manager and kube-scheduler
 //! run on this machine and reach it over the bridge, and so do the tests.
 //!
-//! In each node's namespace (entered with `nsenter --net`: the mounts stay the machine's, which the kubelet and
-//! the runtime must share): a containerd of its own (root, state and socket in the node's directory, CRI with the
-//! CNI `bridge` plugin on `cni0`, pod CIDR `10.244.<i>.0/24`, routes only to the environment's ranges, no
-//! masquerade; `restrict_oom_score_adj`, which root here needs), a kubelet (cgroup v1 with the `cgroupfs` driver
-//! under the cgroup `/cso-<c>-<i>`, client certificate `system:node:<name>`, a serving certificate for its
-//! address, webhook authentication and authorization) and kube-proxy (iptables mode, in the namespace only; it
-//! leaves the machine's conntrack settings alone). Pods reach this machine's address on the bridge
+//! Each node's processes run in its network namespace and in a mount namespace of its own (entered with
+//! `nsenter --net --mount`): the machine's mounts propagate into it, none out of it, and `/etc` and `/run` are
+//! overlays on the machine's whose writes stay in the node's directory, as a kind node has them. So what a pod
+//! writes through a `hostPath` there (a CNI addon's `/etc/cni/net.d`, its IPAM state in `/run`) is the node's,
+//! and the kubelet's and containerd's mounts are seen by both and nobody else. In it: a containerd of its own
+//! (root, state and socket in the node's directory, CRI with CNI from `/etc/cni/net.d`;
+//! `restrict_oom_score_adj`, which root here needs), a kubelet (cgroup v1 with the `cgroupfs` driver under the
+//! cgroup `/cso-<c>-<i>`, client certificate `system:node:<name>`, a serving certificate for its address,
+//! webhook authentication and authorization) and kube-proxy (iptables mode, in the namespace only; it leaves
+//! the machine's conntrack settings alone). Each node gets the pod CIDR `10.244.<i>.0/24` in its `spec.podCIDR`.
+//! The pods' network ([`PodNetwork`]) is either the environment's (a CNI `bridge` on `cni0` in that CIDR,
+//! routes only to the environment's ranges, no masquerade) or the cluster's own CNI addon (a stack's kindnet
+//! writes its configuration and routes the other nodes' CIDRs). Pods reach this machine's address on the bridge
 //! ([`RealCluster::host_address`], where a test serves what pods must reach) masqueraded as their node; nothing
-//! else is masqueraded. Images come from archives imported into the node's containerd
-//! ([`RealCluster::import_image`]); the sandbox image is the `pause` that `make tools` builds.
+//! else is masqueraded; a node has no default route. Images come from archives imported into the node's
+//! containerd ([`RealCluster::import_image`]); the sandbox image is the `pause` that `make tools` builds.
+//! Cluster DNS ([`crate::cluster_dns`]) also answers the nodes' names. The API server serves the aggregation
+//! layer (front-proxy client certificate and request headers, as kubeadm sets them) and mutating admission
+//! policies ([`substitute_image`]).
 //!
 //! Stopping (or dropping) the cluster, or the death of the process that started it, runs the slot's teardown
 //! script: every process in the nodes' cgroups and every shim of their containerds is killed, the mounts under
