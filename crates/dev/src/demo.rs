@@ -27,7 +27,7 @@ use cso_testenv::{
 };
 use cso_webhook::TlsServer;
 
-use crate::workload::{self, DemoWorkload, NodeChoice};
+use crate::workload::{self, LocalWorkload, NodeChoice};
 use kube::{
     Api,
     api::{DynamicObject, Patch, PatchParams, PostParams},
@@ -102,7 +102,7 @@ pub async fn demo(dir: &Path, releases: Option<&Path>, nodes: NodeChoice) -> any
         "starting a workload control plane that runs workloads (the Cluster's API server, \
          kube-controller-manager, kube-scheduler, and its nodes)",
     );
-    let (workload, nodes_line) = match DemoWorkload::start(&tools, &dir.join("workload"), nodes).await {
+    let (workload, nodes_line) = match LocalWorkload::start(&tools, &dir.join("workload"), nodes).await {
         Ok(workload) => workload,
         Err(e) => {
             management.cluster_api.stop();

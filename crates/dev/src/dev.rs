@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::Context;
 use cso_testenv::{
-    ControlPlane, NodeSpec, Tools,
+    ControlPlane, Tools,
     capi::{ClusterApi, ClusterApiTools, Options, Provider, start_management_with_cluster_api},
     stand_in::{StandIn, Workload},
 };
@@ -25,12 +25,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::restarts::{self, Action, BACKOFF, ManagerReport, Supervision};
+use crate::{
+    restarts::{self, Action, BACKOFF, ManagerReport, Supervision},
+    workload::{LocalWorkload, NodeChoice},
+};
 
 /// The name of the `ExtensionConfig` `cso-dev up` registers.
 pub const EXTENSION_NAME: &str = "cso";
-/// Simulated nodes of the workload cluster.
-const WORKLOAD_NODES: usize = 2;
 
 /// How `cso-dev up` runs.
 #[derive(Clone, Debug)]
@@ -40,6 +41,8 @@ pub struct UpOptions {
     pub without_cluster_api: bool,
     /// The port `cso run --hook-port` serves the lifecycle hooks on; the ExtensionConfig points there.
     pub hook_port: u16,
+    /// The workload cluster's nodes.
+    pub workload_nodes: NodeChoice,
 }
 
 /// `cso-dev nodes`: a cluster of real nodes ([`cso_testenv::node::RealCluster`]) until SIGINT or SIGTERM.
@@ -106,16 +109,20 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
     // Restart counts of an earlier run are not this one's.
     let _ = std::fs::remove_file(dir.join(restarts::STATUS_FILE));
     let (management_dir, workload_dir) = (dir.join("management"), dir.join("workload"));
-    // The workload cluster runs workloads: kube-controller-manager, kube-scheduler and kwok's simulated nodes.
-    let nodes = NodeSpec::numbered("node", WORKLOAD_NODES);
-    let (mut management, mut cluster_api, mut workload) = if options.without_cluster_api {
+    // The workload cluster runs workloads: kube-controller-manager, kube-scheduler, and simulated or real nodes.
+    let workload_start = async {
+        LocalWorkload::start(&tools, &workload_dir, options.workload_nodes)
+            .await
+            .context("failed to start the workload cluster")
+    };
+    let (mut management, mut cluster_api, (mut workload, nodes_line)) = if options.without_cluster_api {
         eprintln!(
             "starting the management and workload control planes in {} (without Cluster API)",
             dir.display()
         );
         let (management, workload) = tokio::try_join!(
-            cso_testenv::start_management(&tools, Some(&management_dir)),
-            ControlPlane::start_with_workloads(&tools, "workload", Some(&workload_dir), &nodes),
+            async { anyhow::Ok(cso_testenv::start_management(&tools, Some(&management_dir)).await?) },
+            workload_start,
         )?;
         (management, None, workload)
     } else {
@@ -139,15 +146,20 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
             ..Options::default()
         };
         let (with_capi, workload) = tokio::try_join!(
-            start_management_with_cluster_api(&tools, &capi, Some(&management_dir), &capi_options),
-            ControlPlane::start_with_workloads(&tools, "workload", Some(&workload_dir), &nodes),
+            async {
+                anyhow::Ok(
+                    start_management_with_cluster_api(&tools, &capi, Some(&management_dir), &capi_options)
+                        .await?,
+                )
+            },
+            workload_start,
         )?;
         (with_capi.control_plane, Some(with_capi.cluster_api), workload)
     };
     let management_kubeconfig = dir.join("management.kubeconfig");
     let workload_kubeconfig = dir.join("workload.kubeconfig");
     std::fs::write(&management_kubeconfig, management.kubeconfig_yaml())?;
-    std::fs::write(&workload_kubeconfig, workload.control_plane.kubeconfig_yaml())?;
+    std::fs::write(&workload_kubeconfig, workload.control_plane().kubeconfig_yaml())?;
 
     let mut stand_in = None;
     if let Some(cluster_api) = &cluster_api {
@@ -156,8 +168,8 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         stand_in = Some(StandIn::start(
             client,
             Workload {
-                kubeconfig: workload.control_plane.kubeconfig_yaml().to_owned(),
-                server_url: workload.control_plane.server_url().to_owned(),
+                kubeconfig: workload.control_plane().kubeconfig_yaml().to_owned(),
+                server_url: workload.control_plane().server_url().to_owned(),
             },
         ));
         let capi_mib: u64 = cluster_api
@@ -179,11 +191,12 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         );
     }
 
+    eprintln!("workload cluster: {nodes_line}");
     eprintln!(
         "control planes up in {:.1}s; resident memory: management {} MiB, workload {} MiB",
         started.elapsed().as_secs_f64(),
         resident_mib(&management),
-        resident_mib(&workload.control_plane)
+        resident_mib(workload.control_plane())
     );
     println!(
         "ready management={} workload={}",
@@ -214,8 +227,7 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
             _ = health.tick() => {
                 if let Err(e) = management
                     .check_running()
-                    .and_then(|()| workload.control_plane.check_running())
-                    .and_then(|()| workload.runtime.check_running())
+                    .and_then(|()| workload.check_running())
                 {
                     // Not restarted: see `cso-dev up --help`.
                     break Err(anyhow::Error::new(e).context(

@@ -55,6 +55,11 @@ enum Command {
         /// The port of `cso run --hook-port` the ExtensionConfig points at.
         #[arg(long, default_value_t = 9442)]
         hook_port: u16,
+        /// The workload cluster's nodes: simulated (kwok), real (two nodes with containerd, kubelet and
+        /// kube-proxy; root and `make tools`: the stack's addons really run, with its CNI as their network), or
+        /// real where the machine can run them.
+        #[arg(long, value_enum, default_value_t = workload::NodeChoice::Simulated)]
+        workload_nodes: workload::NodeChoice,
         /// The management cluster the way a site runs it: a real node (needs root), Cluster API beside its API
         /// server, and the operator installed by its chart from the image (`--image`) as pods, found by Cluster
         /// API through the chart's ExtensionConfig; the bundled releases on a GitHub stand-in. See
@@ -129,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
             dir,
             without_cluster_api,
             hook_port,
+            workload_nodes,
             ..
         } => {
             dev::up(
@@ -136,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
                 &dev::UpOptions {
                     without_cluster_api,
                     hook_port,
+                    workload_nodes,
                 },
             )
             .await

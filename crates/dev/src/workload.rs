@@ -1,5 +1,6 @@
-//! The demo's workload cluster: two real nodes whose pod network is the stack's own kindnet where the machine
-//! can run nodes and the stack's addon images are built (`make tools`), simulated nodes (kwok) otherwise; and
+//! The workload cluster of `cso-dev demo` and `cso-dev up`: two real nodes whose pod network is the stack's own
+//! kindnet where the machine can run nodes and the stack's addon images are built (`make tools`), simulated
+//! nodes (kwok) otherwise; and
 //! what is read from it to show that the addons run: the pods with their readiness and node, the APIService of
 //! metrics-server, and the nodes' usage as `kubectl top nodes` shows it.
 
@@ -19,7 +20,7 @@ use kube::Api;
 /// How many nodes the workload cluster has.
 pub const NODES: usize = 2;
 
-/// Which nodes the demo's workload cluster gets (`cso-dev demo --nodes`).
+/// Which nodes the workload cluster gets (`cso-dev demo --nodes`, `cso-dev up --workload-nodes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NodeChoice {
     /// Real nodes where the machine can run them and the addon images are built, simulated ones otherwise.
@@ -55,12 +56,12 @@ impl AddonImages {
 }
 
 /// The running workload cluster.
-pub enum DemoWorkload {
+pub enum LocalWorkload {
     Real(RealCluster),
     Simulated(WorkloadCluster),
 }
 
-impl DemoWorkload {
+impl LocalWorkload {
     /// Starts the workload cluster `choice` asks for, in `dir`. Returns it with a line saying which it is and,
     /// for `Auto` on a machine that cannot run real nodes, why.
     pub async fn start(tools: &Tools, dir: &Path, choice: NodeChoice) -> anyhow::Result<(Self, String)> {
@@ -88,7 +89,7 @@ impl DemoWorkload {
                 let line = format!(
                     "{NODES} real nodes (containerd, kubelet, kube-proxy); their pod network is the stack's kindnet"
                 );
-                Ok((DemoWorkload::Real(cluster), line))
+                Ok((LocalWorkload::Real(cluster), line))
             }
             Err(why) if choice == NodeChoice::Real => bail!("real nodes cannot run here: {why}"),
             Err(why) => {
@@ -96,7 +97,7 @@ impl DemoWorkload {
                 let cluster =
                     ControlPlane::start_with_workloads(tools, "workload", Some(dir), &nodes).await?;
                 Ok((
-                    DemoWorkload::Simulated(cluster),
+                    LocalWorkload::Simulated(cluster),
                     format!("{NODES} simulated nodes (kwok): {why}"),
                 ))
             }
@@ -105,19 +106,30 @@ impl DemoWorkload {
 
     pub fn control_plane(&self) -> &ControlPlane {
         match self {
-            DemoWorkload::Real(cluster) => &cluster.control_plane,
-            DemoWorkload::Simulated(cluster) => &cluster.control_plane,
+            LocalWorkload::Real(cluster) => &cluster.control_plane,
+            LocalWorkload::Simulated(cluster) => &cluster.control_plane,
+        }
+    }
+
+    /// An error naming the first of the cluster's processes that has exited.
+    pub fn check_running(&mut self) -> Result<(), cso_testenv::Error> {
+        match self {
+            LocalWorkload::Real(cluster) => cluster.check_running(),
+            LocalWorkload::Simulated(cluster) => {
+                cluster.control_plane.check_running()?;
+                cluster.runtime.check_running()
+            }
         }
     }
 
     pub fn is_real(&self) -> bool {
-        matches!(self, DemoWorkload::Real(_))
+        matches!(self, LocalWorkload::Real(_))
     }
 
     pub fn stop(self) {
         match self {
-            DemoWorkload::Real(cluster) => cluster.stop(),
-            DemoWorkload::Simulated(cluster) => cluster.stop(),
+            LocalWorkload::Real(cluster) => cluster.stop(),
+            LocalWorkload::Simulated(cluster) => cluster.stop(),
         }
     }
 }
