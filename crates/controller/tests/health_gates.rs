@@ -32,20 +32,6 @@ use kube::{Api, ResourceExt, api::ListParams};
 use serde_json::json;
 use support::*;
 
-fn ready(addon: &ClusterAddon) -> bool {
-    addon.status.as_ref().is_some_and(|s| s.ready)
-}
-
-fn health_of(addon: &ClusterAddon) -> Option<(ConditionStatus, String, String)> {
-    addon.get_condition(condition::ADDONS_HEALTHY).map(|c| {
-        (
-            c.status,
-            c.reason.clone().unwrap_or_default(),
-            c.message.clone().unwrap_or_default(),
-        )
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() {
     let client = cso_testenv::shared_management().client().await.unwrap();

@@ -8,29 +8,11 @@ mod support;
 
 use std::time::Duration;
 
-use cso_api::{
-    ClusterAddon,
-    conditions::{ConditionStatus, ConditionsExt},
-    names::{condition, reason},
-};
+use cso_api::{ClusterAddon, conditions::ConditionStatus, names::reason};
 use cso_testenv::node::{PodNetwork, RealCluster, archive_image_name, substitute_image};
 use kube::Api;
 use serde_json::json;
 use support::*;
-
-fn ready(addon: &ClusterAddon) -> bool {
-    addon.status.as_ref().is_some_and(|s| s.ready)
-}
-
-fn health_of(addon: &ClusterAddon) -> Option<(ConditionStatus, String, String)> {
-    addon.get_condition(condition::ADDONS_HEALTHY).map(|c| {
-        (
-            c.status,
-            c.reason.clone().unwrap_or_default(),
-            c.message.clone().unwrap_or_default(),
-        )
-    })
-}
 
 /// A workload cluster of `nodes` real nodes with the pod network `network`, the `images` imported.
 async fn real_workload(

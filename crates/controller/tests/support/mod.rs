@@ -345,6 +345,26 @@ pub async fn inventory_object_exists(client: &Client, entry: &cso_api::common::R
         .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
 }
 
+/// Whether the ClusterAddon says it is ready.
+pub fn ready(addon: &cso_api::ClusterAddon) -> bool {
+    addon.status.as_ref().is_some_and(|s| s.ready)
+}
+
+/// The ClusterAddon's `AddonsHealthy` condition: status, reason and message.
+pub fn health_of(
+    addon: &cso_api::ClusterAddon,
+) -> Option<(cso_api::conditions::ConditionStatus, String, String)> {
+    addon
+        .get_condition(cso_api::names::condition::ADDONS_HEALTHY)
+        .map(|c| {
+            (
+                c.status,
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
 /// A gzipped tar of the files `(path, content)`.
 pub fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
     cso_testenv::archive::tgz(files)
