@@ -92,10 +92,15 @@ COREDNS_IMAGE="$CACHE/coredns-$COREDNS_VERSION-$(sha256sum "$ROOT/hack/testenv/c
 # machine's iptables (in the mode the nodes' kube-proxy uses), and this project's web server, which the workload
 # clusters run where a stack asks for nginx.
 METRICS_SERVER_VERSION="$(awk '$1 == "sigs.k8s.io/metrics-server" { print $2 }' "$ROOT/hack/testenv/metrics-server/go.mod")"
-METRICS_SERVER_IMAGE="$CACHE/addon-images/metrics-server-$METRICS_SERVER_VERSION.tar"
+# What upstream's release build of that version stamps (its Makefile's LDFLAGS): change them with the version.
+METRICS_SERVER_COMMIT=6242212f633d50d6066d2fe95f221b052ef4e1ae
+METRICS_SERVER_BUILD_DATE=2023-07-25T10:08:06Z
+METRICS_SERVER_IMAGE="$CACHE/addon-images/metrics-server-$METRICS_SERVER_VERSION-$(cat "$ROOT"/hack/testenv/metrics-server/go.* | sha256sum | cut -c1-8).tar"
 KINDNETD_TAG=v20230511-dc714da8
-KINDNETD_IMAGE="$CACHE/addon-images/kindnetd-$KINDNETD_TAG-$(cat "$ROOT"/hack/testenv/kindnetd/go.sum "$ROOT"/hack/testenv/kindnetd/cmd/kindnetd/*.go | sha256sum | cut -c1-8).tar"
-WEB_IMAGE="$CACHE/test-images/web-$(sha256sum "$ROOT/hack/testenv/web/main.go" | cut -c1-8).tar"
+# The machine's iptables goes into the image: its mode and version are part of the key.
+IPTABLES_IN_IMAGE="$(basename "$(readlink -f "$(command -v iptables 2>/dev/null || echo none)")") $(iptables --version 2>/dev/null || true)"
+KINDNETD_IMAGE="$CACHE/addon-images/kindnetd-$KINDNETD_TAG-$( (cat "$ROOT"/hack/testenv/kindnetd/go.* "$ROOT"/hack/testenv/kindnetd/cmd/kindnetd/*.go; echo "$IPTABLES_IN_IMAGE") | sha256sum | cut -c1-8).tar"
+WEB_IMAGE="$CACHE/test-images/web-$(cat "$ROOT"/hack/testenv/web/go.mod "$ROOT"/hack/testenv/web/main.go | sha256sum | cut -c1-8).tar"
 # kwok: the version is the one the wrapper module requires.
 KWOK_VERSION="$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$ROOT/hack/testenv/kwok/go.mod")"
 KWOK="$CACHE/kwok-$KWOK_VERSION/kwok"
@@ -227,7 +232,15 @@ build_node_tools() {
     say "busybox test image: $BUSYBOX_IMAGE"
   fi
   build_coredns_image
-  build_addon_images
+  build_pause_image
+  # Best effort, in a process of its own (so that `set -e` holds inside): without them real nodes still run,
+  # only the stack's addons cannot.
+  bash "${BASH_SOURCE[0]}" addon-images \
+    || say "the addon images could not be built: real nodes run, the ferrol stack's addons cannot run on them"
+}
+
+# build_pause_image: the sandbox image every real node needs, compiled from the kubernetes module's pause.c.
+build_pause_image() {
   if [[ -f "$PAUSE_IMAGE" ]]; then say "pause $PAUSE_VERSION: cached at $PAUSE_IMAGE"; return; fi
   say "pause $PAUSE_VERSION: compiling build/pause/linux/pause.c of k8s.io/kubernetes $K8S_VERSION"
   local source work
@@ -278,8 +291,8 @@ build_addon_images() {
     # Stamped as upstream's release build stamps it (its Makefile's LDFLAGS), so that its version reads the same.
     (cd "$ROOT/hack/testenv/metrics-server" && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
       go build -trimpath -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION \
-        -X k8s.io/client-go/pkg/version.gitCommit=6242212f633d50d6066d2fe95f221b052ef4e1ae \
-        -X k8s.io/client-go/pkg/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.buildDate=2023-07-25T10:08:06Z" \
+        -X k8s.io/client-go/pkg/version.gitCommit=$METRICS_SERVER_COMMIT \
+        -X k8s.io/client-go/pkg/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.buildDate=$METRICS_SERVER_BUILD_DATE" \
       -o "$work/rootfs/metrics-server" sigs.k8s.io/metrics-server/cmd/metrics-server)
     python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$METRICS_SERVER_IMAGE.tmp" \
       --name "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION" --user 65534:65534 \
@@ -293,22 +306,34 @@ build_addon_images() {
   else
     say "kindnetd $KINDNETD_TAG: building from its source (cold: about 2 minutes)"
     start=$SECONDS work="$(mktemp -d)"
-    mkdir -p "$work/rootfs/bin" "$work/rootfs/usr/sbin" "$work/rootfs/run" "$(dirname "$KINDNETD_IMAGE")"
+    # The machine's layout of the top directories (on a merged /usr, /lib is a link to usr/lib), so that every
+    # path a library or iptables itself names means the same file in the image.
+    mkdir -p "$work/rootfs/usr"
+    local top
+    for top in bin sbin lib lib64; do
+      if [[ -L "/$top" ]]; then
+        mkdir -p "$work/rootfs/$(readlink "/$top")"
+        ln -s "$(readlink "/$top")" "$work/rootfs/$top"
+      fi
+    done
+    mkdir -p "$work/rootfs/bin/" "$work/rootfs/usr/sbin" "$work/rootfs/run" "$(dirname "$KINDNETD_IMAGE")"
     (cd "$ROOT/hack/testenv/kindnetd" && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
       go build -trimpath -ldflags "-s -w" -o "$work/rootfs/bin/kindnetd" ./cmd/kindnetd)
     # iptables as upstream's image carries it (distroless-iptables): the machine's, in the mode the nodes'
     # kube-proxy uses, with its libraries and extensions.
-    local multi lib
+    local multi extensions so name
     multi="$(readlink -f "$(command -v iptables)")"
     copy_with_libraries "$multi" "$work/rootfs"
-    for lib in /usr/lib/x86_64-linux-gnu/xtables /lib/x86_64-linux-gnu/xtables; do
-      if [[ -d "$lib" ]]; then mkdir -p "$work/rootfs$lib" && cp -a "$lib/." "$work/rootfs$lib/"
-        for so in "$lib"/*.so; do copy_with_libraries "$so" "$work/rootfs"; done
-      fi
-    done
+    # Its extensions (`-m comment`, `-j MASQUERADE`, ...) beside libxtables, wherever this machine has it.
+    extensions="$(readlink -f "$(dirname "$(ldd "$multi" | awk '/libxtables/ { print $3 }')")/xtables")"
+    [[ -d "$extensions" ]] || { say "kindnetd: no iptables extensions at $extensions"; exit 1; }
+    for so in "$extensions"/*.so; do copy_with_libraries "$so" "$work/rootfs"; done
     for name in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
       ln -sf "$multi" "$work/rootfs/usr/sbin/$name"
     done
+    # What kindnet runs, run in the image's file system: the extensions it uses load.
+    chroot "$work/rootfs" /usr/sbin/iptables -m comment --help >/dev/null
+    chroot "$work/rootfs" /usr/sbin/iptables -j MASQUERADE --help >/dev/null
     python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$KINDNETD_IMAGE.tmp" --name "docker.io/kindest/kindnetd:$KINDNETD_TAG" \
       --env PATH=/usr/sbin:/usr/bin:/sbin:/bin --cmd '["/bin/kindnetd"]' >/dev/null
     mv "$KINDNETD_IMAGE.tmp" "$KINDNETD_IMAGE"
@@ -319,7 +344,7 @@ build_addon_images() {
   else
     start=$SECONDS work="$(mktemp -d)"
     mkdir -p "$work/rootfs" "$(dirname "$WEB_IMAGE")"
-    (cd "$ROOT/hack/testenv/web" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath \
+    (cd "$ROOT/hack/testenv/web" && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 go build -trimpath \
       -ldflags "-s -w" -o "$work/rootfs/web" .)
     python3 "$ROOT/hack/oci-archive.py" "$work/rootfs" "$WEB_IMAGE.tmp" --name "cso.test/web:v1" --user 65532:65532 \
       --entrypoint '["/web"]' >/dev/null
@@ -329,11 +354,12 @@ build_addon_images() {
   fi
 }
 
-# copy_with_libraries FILE ROOTFS: FILE at its path under ROOTFS, with every shared library it loads (and the loader).
+# copy_with_libraries FILE ROOTFS: FILE at its path under ROOTFS (as a file, whatever links lead to it), with every
+# shared library it loads (and the loader).
 copy_with_libraries() {
   local file="$1" rootfs="$2" lib
   mkdir -p "$rootfs$(dirname "$file")"
-  cp -L "$file" "$rootfs$file"
+  cp -L --remove-destination "$file" "$rootfs$file"
   for lib in $(ldd "$file" 2>/dev/null | grep -o '/[^ ]*'); do
     [[ -e "$rootfs$lib" ]] && continue
     mkdir -p "$rootfs$(dirname "$lib")"
@@ -609,6 +635,7 @@ install_for_demo() {
 
 case "${1:-install}" in
   --env) print_env ;;
+  addon-images) build_addon_images ;;
   install)
     case "${2:-}" in
       "") ;;

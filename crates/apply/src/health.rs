@@ -369,13 +369,17 @@ fn pod(object: &Value) -> Result<Health, String> {
 }
 
 /// Why a container of the pod does not run: `container <name>: <reason>: <message>` of the first (init)
-/// container that waits with a reason, with its restarts when it has any (`, 4 restarts`); else, for the first
-/// one that has restarted, `container <name>: restarted 4 times, last exit code 1 (Error)`.
+/// container that waits with a reason, with its restarts when it has any (`, 4 restarts`; for
+/// `CrashLoopBackOff` without the kubelet's message, which only repeats the back-off and the pod); else, for the
+/// first one that is not ready and has restarted, `container <name>: restarted 4 times, last exit code 1
+/// (Error)`. Init containers that finished with exit code 0 and containers that are ready say nothing.
 fn container_trouble(pod: &Value) -> Option<String> {
     let containers: Vec<&Value> = ["initContainerStatuses", "containerStatuses"]
         .into_iter()
         .filter_map(|list| pod.get("status")?.get(list)?.as_array())
         .flatten()
+        .filter(|c| c.get("ready").and_then(Value::as_bool) != Some(true))
+        .filter(|c| c.pointer("/state/terminated/exitCode").and_then(Value::as_i64) != Some(0))
         .collect();
     let name = |container: &Value| {
         clip(
@@ -387,7 +391,10 @@ fn container_trouble(pod: &Value) -> Option<String> {
     let waiting = containers.iter().find_map(|container| {
         let waiting = container.get("state")?.get("waiting")?;
         let reason = waiting.get("reason").and_then(Value::as_str).unwrap_or_default();
-        let message = waiting.get("message").and_then(Value::as_str).unwrap_or_default();
+        let message = match reason {
+            "CrashLoopBackOff" => "",
+            _ => waiting.get("message").and_then(Value::as_str).unwrap_or_default(),
+        };
         let why = describe(reason, message)?;
         Some(match restarts(container) {
             0 => format!("container {}: {why}", name(container)),
@@ -458,37 +465,73 @@ pub fn selector_query(workload: &Value) -> Option<String> {
 }
 
 /// Why the workload's pods do not run, from `pods` (the workload's, any order): `pod <ns>/<name>: <why>` of the
-/// first one by name that is not healthy and says why ([`assess`]'s rule for pods), then `and N more pods not
-/// ready` when others are not either. `None` when no pod says why.
+/// pod that says most plainly why it does not run (a container waiting with a reason other than being created,
+/// then one unschedulable or restarting, then one being created; among equals the first by name), then `and N
+/// more pods that do not run` for the others that say why. Finished pods (an evicted one, kept until the
+/// garbage collector takes it, counts for no replica) and pods being deleted are left out. `None` when no pod
+/// says why.
 pub fn pod_trouble(pods: &[Value]) -> Option<String> {
-    let mut troubled: Vec<(String, String)> = pods
+    let mut troubled: Vec<(u8, String, String)> = pods
         .iter()
         .filter_map(|pod| {
-            let why = match pod_health(pod) {
-                Health::Progressing(why) | Health::Failed(why) if why.contains('(') => why,
-                _ => return None,
-            };
+            let (rank, why) = why_pod_does_not_run(pod)?;
             let meta = |field: &str| {
                 pod.pointer(&format!("/metadata/{field}"))
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_owned()
             };
-            Some((format!("{}/{}", meta("namespace"), meta("name")), why))
+            Some((rank, format!("{}/{}", meta("namespace"), meta("name")), why))
         })
         .collect();
     troubled.sort();
-    let (name, why) = troubled.first()?;
+    let (_, name, why) = troubled.first()?;
     let more = match troubled.len() - 1 {
         0 => String::new(),
-        1 => ", and 1 more pod not ready".into(),
-        n => format!(", and {n} more pods not ready"),
+        1 => ", and 1 more pod that does not run".into(),
+        n => format!(", and {n} more pods that do not run"),
     };
-    Some(format!("pod {name}: {why}{more}"))
+    Some(format!("pod {name}: {}{more}", clip(why, MAX_REASON_CHARS)))
 }
 
-fn pod_health(pod: &Value) -> Health {
-    assess_as("", "Pod", pod).unwrap_or(Health::Healthy)
+/// Why a pod of a workload does not run, with a rank (lower: plainer, see [`pod_trouble`]); `None` for a pod
+/// that is ready, finished or being deleted, or that says nothing.
+fn why_pod_does_not_run(pod: &Value) -> Option<(u8, String)> {
+    let phase = pod
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if matches!(phase, "Succeeded" | "Failed")
+        || pod
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|d| !d.is_null())
+        || condition(pod, "Ready")
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.status == "True")
+    {
+        return None;
+    }
+    if let Some(scheduled) = condition(pod, "PodScheduled")
+        .ok()
+        .flatten()
+        .filter(|c| c.status == "False")
+    {
+        return Some((1, scheduled.describe()?));
+    }
+    let why = container_trouble(pod)?;
+    let being_created = ["ContainerCreating", "PodInitializing"]
+        .iter()
+        .any(|reason| why.contains(&format!(": {reason}")));
+    let restarting = why.contains(": restarted ");
+    let rank = if being_created {
+        2
+    } else if restarting {
+        1
+    } else {
+        0
+    };
+    Some((rank, why))
 }
 
 /// [`pod_trouble`] of the pods `workload` selects in `namespace`, read from its cluster; `None` when it has
@@ -814,7 +857,11 @@ async fn read(discovery: &ClusterDiscovery, resource: &Resource) -> Result<Healt
     let object = serde_json::to_value(&object).map_err(|e| clip(&e.to_string(), MAX_ERROR_CHARS))?;
     let health = assess_as(&resource.group, &resource.kind, &object).unwrap_or(Health::Healthy);
     // A workload that does not run: why its pods do not, when one of them says so.
+    // Not while its controller has yet to see the current spec (right after every apply): its pods are not
+    // what the finding is about.
+    let unobserved = unobserved(&object).ok().flatten().is_some();
     if !health.is_healthy()
+        && !unobserved
         && runs_pods(&resource.group, &resource.kind)
         && let Some(trouble) = pods_trouble(discovery, namespace, &object).await
     {
@@ -1221,7 +1268,7 @@ mod tests {
             "containerStatuses": [{"name": "agent", "ready": false, "restartCount": 5,
                 "state": {"waiting": {"reason": "CrashLoopBackOff",
                     "message": "back-off 2m40s restarting failed container=agent"}}}]}))),
-        Is::Progressing, "not ready, phase Running (container agent: CrashLoopBackOff: back-off 2m40s restarting failed container=agent, 5 restarts)")]
+        Is::Progressing, "not ready, phase Running (container agent: CrashLoopBackOff, 5 restarts)")]
     #[case::image_not_pulled(
         pod(Some(json!({"phase": "Pending", "conditions": conditions(&[("PodScheduled", "True", "", "")]),
             "containerStatuses": [{"name": "agent", "ready": false, "restartCount": 0,
@@ -1283,6 +1330,14 @@ mod tests {
         )
     }
 
+    fn running(name: &str, containers: Value) -> Value {
+        named_pod(
+            name,
+            json!({"phase": "Running", "conditions": conditions(&[("Ready", "False", "ContainersNotReady", "")]),
+                "containerStatuses": containers}),
+        )
+    }
+
     #[rstest]
     #[case::none(vec![], None)]
     #[case::all_ready(
@@ -1291,13 +1346,41 @@ mod tests {
     #[case::one_says_why(
         vec![named_pod("a", json!({"phase": "Running", "conditions": conditions(&[("Ready", "True", "", "")])})),
              pulling("b")],
-        Some("pod kube-system/b: not ready, phase Pending (container agent: ErrImagePull: no such host)"))]
+        Some("pod kube-system/b: container agent: ErrImagePull: no such host"))]
     #[case::first_by_name_and_the_rest_counted(
         vec![pulling("c"), pulling("b"), pulling("d")],
-        Some("pod kube-system/b: not ready, phase Pending (container agent: ErrImagePull: no such host), and 2 more pods not ready"))]
+        Some("pod kube-system/b: container agent: ErrImagePull: no such host, and 2 more pods that do not run"))]
     #[case::pending_without_a_reason_says_nothing(
         vec![named_pod("a", json!({"phase": "Pending"}))],
         None)]
+    #[case::an_evicted_pod_is_not_the_trouble(
+        vec![named_pod("a", json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"})),
+             pulling("b")],
+        Some("pod kube-system/b: container agent: ErrImagePull: no such host"))]
+    #[case::a_ready_sidecar_that_restarted_long_ago_is_not_the_trouble(
+        vec![running("a", json!([
+            {"name": "sidecar", "ready": true, "restartCount": 2,
+             "state": {"running": {}}, "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}},
+            {"name": "main", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "secret \"x\" not found"}}}]))],
+        Some("pod kube-system/a: container main: CreateContainerConfigError: secret \"x\" not found"))]
+    #[case::a_finished_init_container_is_not_the_trouble(
+        vec![named_pod("a", json!({"phase": "Pending",
+            "initContainerStatuses": [{"name": "init", "ready": false, "restartCount": 1,
+                "state": {"terminated": {"exitCode": 0}}, "lastState": {"terminated": {"exitCode": 1}}}],
+            "containerStatuses": [{"name": "main", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off pulling"}}}]}))],
+        Some("pod kube-system/a: container main: ImagePullBackOff: back-off pulling"))]
+    #[case::a_plain_reason_before_one_being_created(
+        vec![named_pod("a", json!({"phase": "Pending", "containerStatuses": [{"name": "agent", "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}}]})),
+             pulling("b")],
+        Some("pod kube-system/b: container agent: ErrImagePull: no such host, and 1 more pod that does not run"))]
+    #[case::crash_looping_with_its_restarts(
+        vec![running("a", json!([{"name": "agent", "ready": false, "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff",
+                "message": "back-off 1m20s restarting failed container=agent pod=a_kube-system(uid)"}}}]))],
+        Some("pod kube-system/a: container agent: CrashLoopBackOff, 4 restarts"))]
     fn why_a_workloads_pods_do_not_run(#[case] pods: Vec<Value>, #[case] says: Option<&str>) {
         assert_eq!(pod_trouble(&pods).as_deref(), says);
     }

@@ -271,9 +271,14 @@ async fn a_stage_that_cannot_be_scheduled_holds_the_next_stage_and_the_upgrade_u
     let waiting = addon_where(
         &addons,
         "c2",
-        "the web stage waits for its Deployment",
+        "the web stage waits for its Deployment and says why, from its status",
         CONVERGE,
-        |a| health_of(a).is_some_and(|(_, why, _)| why == reason::WAITING_FOR_HEALTH),
+        // (Its first look may find the Deployment not yet observed by its controller: then it says that.)
+        |a| {
+            health_of(a).is_some_and(|(_, why, message)| {
+                why == reason::WAITING_FOR_HEALTH && message.contains("Deployment kube-system/web: 0 of 1")
+            })
+        },
     )
     .await;
     let (_, _, message) = health_of(&waiting).unwrap();

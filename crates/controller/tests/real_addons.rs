@@ -1,6 +1,8 @@
 //! Health gates on real nodes (containerd, kubelet, kube-proxy: `cso_testenv::node`): an addon whose pods cannot
-//! run is reported with the pod and the kubelet's reason, and is never called ready; it recovers by itself once
-//! what it lacked is there. The ferrol stack's addons run from the images `make tools` builds; kindnet is the
+//! run is reported with the pod and the kubelet's reason, and is not ready while it cannot; it recovers by itself
+//! once what it lacked is there. (A container that keeps exiting without a readiness probe is Ready for moments
+//! between its restarts; a look that falls into one finds the Deployment available, as `kubectl rollout status`
+//! would: a known gap, docs/decisions.md.) The ferrol stack's addons run from the images `make tools` builds; kindnet is the
 //! workload cluster's pod network, as in a cluster Cluster API built.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
@@ -163,38 +165,6 @@ async fn an_addon_whose_image_is_missing_is_named_with_its_pod_and_reason_and_re
     own.stop();
 }
 
-/// The ClusterAddon `name` once `wanted` holds for it and its `AddonsHealthy` message; on a timeout, panics with
-/// the last message seen.
-async fn addon_saying(
-    addons: &Api<ClusterAddon>,
-    name: &str,
-    limit: Duration,
-    wanted: impl Fn(&ClusterAddon, &str) -> bool,
-) -> ClusterAddon {
-    let deadline = std::time::Instant::now() + limit;
-    let mut last = String::new();
-    loop {
-        if let Ok(addon) = addons.get(name).await {
-            let message =
-                health_of(&addon).map(|(status, why, message)| format!("{status:?} {why}: {message}"));
-            last = format!(
-                "{} {:?}: {}",
-                addon.spec.cluster_stack,
-                addon.spec.hook,
-                message.unwrap_or_default()
-            );
-            if health_of(&addon).is_some_and(|(_, _, message)| wanted(&addon, &message)) {
-                return addon;
-            }
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} not as wanted within {limit:?}; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 fn chart(name: &str) -> (String, String) {
     (
         format!("{name}/Chart.yaml"),
@@ -213,7 +183,7 @@ fn agent(image: &str, script: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_whose_container_exits_is_reported_with_its_restarts_and_never_ready() {
+async fn an_upgrade_whose_container_exits_is_reported_with_its_pod_and_restarts() {
     let tools = cso_testenv::Tools::discover().unwrap();
     let busybox = built(&tools.busybox_image, "busybox");
     let own = real_workload("crash-loop", 1, PodNetwork::Environment, &[&busybox]).await;
@@ -271,14 +241,17 @@ async fn an_upgrade_whose_container_exits_is_reported_with_its_restarts_and_neve
     // with the pod, the reason and how often it restarted, and is not ready.
     move_cluster(&client, &ns, "c2", "docker-staged-1-27-v2").await;
     // (v1 ran: only v2's stage, applied before the upgrade, can crash.)
-    let crashing = addon_saying(
+    let crashing = addon_where(
         &addons,
-        "cluster-addon-c2",
+        "c2",
+        "the health gate names the crash-looping pod with its restarts",
         Duration::from_secs(180),
-        |_, message| {
-            message.contains("pod kube-system/agent-")
-                && (message.contains("CrashLoopBackOff") || message.contains("last exit code 1"))
-                && message.contains("restart")
+        |a| {
+            health_of(a).is_some_and(|(_, _, message)| {
+                message.contains("pod kube-system/agent-")
+                    && (message.contains("CrashLoopBackOff") || message.contains("last exit code 1"))
+                    && message.contains("restart")
+            })
         },
     )
     .await;

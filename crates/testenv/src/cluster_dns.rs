@@ -110,17 +110,15 @@ fn objects(image: &str, hosts: &[(String, IpAddr)]) -> Vec<Value> {
     ]
 }
 
-/// Deploys cluster DNS running `image`, answering for the nodes `hosts` too. Returns once it is available (its
-/// readiness probe passed: the API's objects are loaded) when the nodes have a pod network; without one (a
-/// cluster whose CNI is an addon still to come) it returns at once, and DNS starts with the network.
+/// Deploys cluster DNS running `image`, answering for the nodes `hosts` too, and returns once it is available
+/// (its readiness probe passed: the API's objects are loaded).
 pub async fn deploy(client: &Client, image: &str, hosts: &[(String, IpAddr)]) -> Result<(), Error> {
-    for object in objects(image, hosts) {
-        crate::apply_object(client, &object, "cso-testenv").await?;
-    }
+    deploy_without_waiting(client, image, hosts).await?;
     wait_available(client).await
 }
 
-/// Deploys cluster DNS as [`deploy`] does, without waiting for it.
+/// Deploys cluster DNS as [`deploy`] does, without waiting for it: for nodes without a pod network yet (a
+/// cluster whose CNI is an addon still to come), where DNS starts with the network.
 pub async fn deploy_without_waiting(
     client: &Client,
     image: &str,

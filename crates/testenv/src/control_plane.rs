@@ -402,9 +402,10 @@ fn start_apiserver(
         "--profiling=false".into(),
     ]);
     if placement.serves_real_nodes() {
-        // The aggregation layer as kubeadm configures it, so that an `APIService` served from a pod (a stack's
+        // The aggregation layer as kubeadm sets it up, so that an `APIService` served from a pod (a stack's
         // metrics-server) authenticates the API server's proxied requests: the front proxy's client certificate
-        // (from the cluster's CA, accepted by that name only) and the request headers it sets.
+        // and the request headers it sets. kubeadm gives the front proxy a CA of its own; here the cluster's CA
+        // signs it, and only the name `front-proxy-client` is accepted.
         let (proxy_cert, proxy_key) = pki.sign(dir, "front-proxy-client", "front-proxy-client", None, &[])?;
         command.args([
             format!("--requestheader-client-ca-file={}", path(&pki.ca_cert)),
@@ -415,7 +416,7 @@ fn start_apiserver(
             format!("--proxy-client-cert-file={}", path(&proxy_cert)),
             format!("--proxy-client-key-file={}", path(&proxy_key)),
             // Mutating admission policies (beta, off by default in 1.35): the environment's image substitution
-            // (crate::node::substitute_images) is one.
+            // (crate::node::substitute_image) is one.
             "--feature-gates=MutatingAdmissionPolicy=true".into(),
             "--runtime-config=admissionregistration.k8s.io/v1beta1=true".into(),
         ]);

@@ -10,8 +10,9 @@
 //! run on this machine and reach it over the bridge, and so do the tests.
 //!
 //! Each node's processes run in its network namespace and in a mount namespace of its own (entered with
-//! `nsenter --net --mount`): the machine's mounts propagate into it, none out of it, and `/etc` and `/run` are
-//! overlays on the machine's whose writes stay in the node's directory, as a kind node has them. So what a pod
+//! `nsenter --net --mount`, [`make_mount_namespace`]): none of its mounts go out of it, `/etc` and `/run` are
+//! overlays on the machine's whose writes stay in the node's directory, as a kind node has them, and
+//! `/etc/cni/net.d` is a directory of the node's own. So what a pod
 //! writes through a `hostPath` there (a CNI addon's `/etc/cni/net.d`, its IPAM state in `/run`) is the node's,
 //! and the kubelet's and containerd's mounts are seen by both and nobody else. In it: a containerd of its own
 //! (root, state and socket in the node's directory, CRI with CNI from `/etc/cni/net.d`;
@@ -22,12 +23,13 @@
 //! The pods' network ([`PodNetwork`]) is either the environment's (a CNI `bridge` on `cni0` in that CIDR,
 //! routes only to the environment's ranges, no masquerade) or the cluster's own CNI addon (a stack's kindnet
 //! writes its configuration and routes the other nodes' CIDRs). Pods reach this machine's address on the bridge
-//! ([`RealCluster::host_address`], where a test serves what pods must reach) masqueraded as their node; nothing
-//! else is masqueraded; a node has no default route. Images come from archives imported into the node's
+//! ([`RealCluster::host_address`], where a test serves what pods must reach) masqueraded as their node; the
+//! environment masquerades nothing else (a CNI addon may: kindnet's agent does, for what leaves the pod
+//! network); a node has no default route. Images come from archives imported into the node's
 //! containerd ([`RealCluster::import_image`]); the sandbox image is the `pause` that `make tools` builds.
 //! Cluster DNS ([`crate::cluster_dns`]) also answers the nodes' names. The API server serves the aggregation
-//! layer (front-proxy client certificate and request headers, as kubeadm sets them) and mutating admission
-//! policies ([`substitute_image`]).
+//! layer (a front-proxy client certificate and the request headers, as kubeadm sets them up, but signed by the
+//! cluster's CA rather than a CA of its own) and mutating admission policies ([`substitute_image`]).
 //!
 //! Stopping (or dropping) the cluster, or the death of the process that started it, runs the slot's teardown
 //! script: every process in the nodes' cgroups and every shim of their containerds is killed, the mounts under
@@ -182,7 +184,7 @@ impl RealCluster {
         {
             return Err("real nodes need cgroups: /sys/fs/cgroup has neither v1 hierarchies nor v2".into());
         }
-        for tool in ["nsenter", "ip", "iptables"] {
+        for tool in ["nsenter", "unshare", "mount", "ip", "iptables"] {
             if crate::egress::which(tool).is_none() {
                 return Err(format!("real nodes need `{tool}`: run `make tools`"));
             }
@@ -222,6 +224,9 @@ impl RealCluster {
             }
         };
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // Absolute (the nodes' processes start in `/`) and fit for overlay options.
+        let dir = dir.canonicalize().map_err(|e| Error::io(&dir, e))?;
+        usable_dir(&dir).map_err(Error::Process)?;
         let slot = Slot::take(&dir, nodes)?;
         for i in 0..nodes {
             slot.make_namespace(i)?;
@@ -367,6 +372,14 @@ impl RealCluster {
         let name = format!("{cluster}-node-{index}");
         let address = self.slot.node_address(index);
         let dir = self.dir.join("nodes").join(&name);
+        // A node's own /etc, /run and CNI configuration start empty (a directory reused from an earlier run
+        // would hand an addon's old configuration and IP reservations to the new node).
+        for layer in ["etc", "run", "cni-conf"] {
+            let path = dir.join(layer);
+            if path.exists() {
+                std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
         for sub in [
             "containerd/root",
             "containerd/state",
@@ -374,6 +387,7 @@ impl RealCluster {
             "etc/work",
             "run/upper",
             "run/work",
+            "cni-conf",
             "mount-namespace",
             "cni/ipam",
             "kubelet",
@@ -382,6 +396,12 @@ impl RealCluster {
         ] {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        }
+        if network == PodNetwork::Environment {
+            // The node's /etc/cni/net.d (before the namespace mounts it), where a CNI addon would write.
+            let path = dir.join("cni-conf/10-cso.conflist");
+            std::fs::write(&path, cni_config(index, &dir.join("cni/ipam")))
+                .map_err(|e| Error::io(&path, e))?;
         }
         let placement = NodePlacement {
             netns: self.slot.netns(index),
@@ -398,13 +418,6 @@ impl RealCluster {
             std::fs::write(&path, contents).map_err(|e| Error::io(&path, e))?;
             Ok(path)
         };
-        if network == PodNetwork::Environment {
-            // In the node's own /etc (the upper layer of its overlay), where a CNI addon would write.
-            write(
-                "etc/upper/cni/net.d/10-cso.conflist",
-                cni_config(index, &dir.join("cni/ipam")),
-            )?;
-        }
         // No registry outside this machine: every host resolves to nothing, and a missing image fails at once.
         write(
             "certs.d/_default/hosts.toml",
@@ -520,12 +533,15 @@ impl RealCluster {
                         }
                         break;
                     }
-                    Ok(None) | Err(_) if Instant::now() < deadline => {
+                    // Not registered yet, or the API server not reachable for a moment; a refusal is final.
+                    Ok(None) | Err(kube::Error::HyperError(_) | kube::Error::Service(_))
+                        if Instant::now() < deadline =>
+                    {
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                     other => {
                         return Err(Error::Process(format!(
-                            "{} did not register within {NODE_READY_TIMEOUT:?} ({other:?}); its kubelet:\n{}",
+                            "{}: no pod CIDR given: not registered within {NODE_READY_TIMEOUT:?}, or refused ({other:?}); its kubelet:\n{}",
                             node.name,
                             node.kubelet.log_tail()
                         )));
@@ -579,10 +595,12 @@ impl RealCluster {
 }
 
 /// Has the API server run `image` (a name the nodes' containerd has, with `imagePullPolicy: IfNotPresent`) in
-/// every pod container that asks for one of `asked`: a `MutatingAdmissionPolicy` (with its binding) named
-/// `cso-testenv-<name>`. For an image a stack's addon names that cannot be built here (nginx): the workload
-/// object keeps the image its chart gives (so what the operator applies and compares is the release's), and the
-/// pod runs this project's stand-in, under its own name. Policies take effect a moment after they are created.
+/// every pod container whose image is exactly one of `asked`: a `MutatingAdmissionPolicy` (with its binding)
+/// named `cso-testenv-<name>`. For an image a stack's addon names that cannot be built here (nginx): the
+/// workload object keeps the image its chart gives (so what the operator applies and compares is the
+/// release's), and the pod runs this project's stand-in, under its own name. Returns once the API server
+/// applies it (a dry-run pod comes back with `image`; at most [`POLICY_TIMEOUT`]): a pod created earlier would
+/// keep the image it asked for.
 pub async fn substitute_image(
     client: &kube::Client,
     name: &str,
@@ -590,8 +608,13 @@ pub async fn substitute_image(
     image: &str,
 ) -> Result<(), Error> {
     let policy = format!("cso-testenv-{name}");
-    let asked = serde_json::to_string(asked).map_err(|e| Error::Process(e.to_string()))?;
-    let image = serde_json::to_string(image).map_err(|e| Error::Process(e.to_string()))?;
+    let asked_list = serde_json::to_string(asked).map_err(|e| Error::Process(e.to_string()))?;
+    let image_literal = serde_json::to_string(image).map_err(|e| Error::Process(e.to_string()))?;
+    let wants = format!("has(c.image) && c.image in {asked_list}");
+    let mutation = format!(
+        "Object{{spec: Object.spec{{containers: object.spec.containers.filter(c, {wants}).map(c, \
+         Object.spec.containers{{name: c.name, image: {image_literal}, imagePullPolicy: 'IfNotPresent'}})}}}}"
+    );
     let objects = [
         serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicy",
@@ -602,16 +625,11 @@ pub async fn substitute_image(
                 }]},
                 "matchConditions": [{
                     "name": "asks-for-a-substituted-image",
-                    "expression": format!("object.spec.containers.exists(c, c.image in {asked})"),
+                    "expression": format!("object.spec.containers.exists(c, {wants})"),
                 }],
                 "failurePolicy": "Fail",
                 "reinvocationPolicy": "Never",
-                "mutations": [{
-                    "patchType": "ApplyConfiguration",
-                    "applyConfiguration": {"expression": format!(
-                        "Object{{spec: Object.spec{{containers: object.spec.containers.filter(c, c.image in {asked})                         .map(c, Object.spec.containers{{name: c.name, image: {image}, imagePullPolicy: 'IfNotPresent'}})}}}}"
-                    )},
-                }],
+                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": mutation}}],
             },
         }),
         serde_json::json!({
@@ -623,8 +641,42 @@ pub async fn substitute_image(
     for object in &objects {
         crate::apply_object(client, object, "cso-testenv").await?;
     }
-    Ok(())
+    // In effect once a pod that asks for the first image comes back from a dry run with the substitute.
+    let Some(first) = asked.first() else {
+        return Ok(());
+    };
+    let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": "cso-testenv-substitution-probe-"},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "probe", "image": first}]},
+    }))
+    .map_err(|e| Error::Process(e.to_string()))?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + POLICY_TIMEOUT;
+    loop {
+        let seen = match pods.create(&dry_run, &probe).await {
+            Ok(pod) => pod
+                .spec
+                .and_then(|s| s.containers.first().and_then(|c| c.image.clone())),
+            Err(e) => Some(e.to_string()),
+        };
+        if seen.as_deref() == Some(image) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Process(format!(
+                "the image substitution {policy} not in effect after {POLICY_TIMEOUT:?}: a dry-run pod got {seen:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
+
+/// How long a new admission policy may take to be applied by the API server.
+const POLICY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where a node's own processes (containerd, kubelet, kube-proxy) run: its network namespace and its mount
 /// namespace ([`make_mount_namespace`]).
@@ -645,37 +697,75 @@ impl NodePlacement {
     }
 }
 
-/// A mount namespace for the node whose files are in `dir`, kept in `dir/mount-namespace/mnt`: the machine's
-/// mounts (propagated into it, never out of it) with `/etc` and `/run` of the node's own, overlays on the
-/// machine's whose writes land in `dir/etc` and `dir/run`. So what a node's pods write through `hostPath`
-/// there (kindnet's `/etc/cni/net.d`, its IPAM state in `/run`) and the mounts of its kubelet and containerd
-/// stay the node's, as in a kind node, and the teardown's removal of `dir` takes them all.
+/// A mount namespace for the node whose files are in `dir`, kept in `dir/mount-namespace/mnt`. It starts as a
+/// copy of the machine's, and the machine's mounts made later propagate into it where the machine's root is
+/// shared (none go out of it). `/etc` and `/run` there are overlays on the machine's whose writes land in
+/// `dir/etc` and `dir/run`, and `/etc/cni/net.d` is the node's own directory `dir/cni-conf` (never the
+/// machine's files, if it has any). So what a node's pods write through a `hostPath` there (kindnet's
+/// `/etc/cni/net.d`, its IPAM state in `/run`) and the mounts of its kubelet and containerd stay the node's, as
+/// in a kind node; the namespace ends when its processes are gone and the teardown unmounts the file. Inside,
+/// the root is shared again (as kind makes it), so pods may ask for `Bidirectional` mount propagation. Other
+/// paths (`/opt`, `/var/lib`) are the machine's: an addon's `hostPath` there would write to the machine.
 fn make_mount_namespace(dir: &Path) -> Result<PathBuf, Error> {
     let holder = dir.join("mount-namespace");
     let file = holder.join("mnt");
     std::fs::write(&file, "").map_err(|e| Error::io(&file, e))?;
-    let holder_path = holder.display().to_string();
+    let path = |p: &Path| p.display().to_string();
     // A namespace is kept by binding it to a file on a mount that does not propagate.
-    run("mount", &["--bind", &holder_path, &holder_path])?;
-    run("mount", &["--make-private", &holder_path])?;
-    let overlay = |target: &str, layer: &str| {
-        format!(
-            "mount -t overlay cso-node-{layer} -o lowerdir={target},upperdir={d}/{layer}/upper,workdir={d}/{layer}/work {target}",
-            d = dir.display()
-        )
-    };
+    run("mount", &["--bind", &path(&holder), &path(&holder)])?;
+    run("mount", &["--make-private", &path(&holder)])?;
     run(
         "unshare",
         &[
             &format!("--mount={}", file.display()),
             "--propagation",
             "slave",
-            "sh",
-            "-c",
-            &format!("{} && {}", overlay("/etc", "etc"), overlay("/run", "run")),
+            "true",
         ],
     )?;
+    let inside = |args: &[&str]| {
+        run(
+            "nsenter",
+            &[&[format!("--mount={}", file.display()).as_str(), "--"][..], args].concat(),
+        )
+    };
+    for layer in ["etc", "run"] {
+        let target = format!("/{layer}");
+        let options = format!(
+            "lowerdir={target},upperdir={},workdir={}",
+            path(&dir.join(layer).join("upper")),
+            path(&dir.join(layer).join("work"))
+        );
+        inside(&[
+            "mount",
+            "-t",
+            "overlay",
+            &format!("cso-node-{layer}"),
+            "-o",
+            &options,
+            &target,
+        ])?;
+    }
+    inside(&["mount", "--bind", &path(&dir.join("cni-conf")), "/etc/cni/net.d"])?;
+    inside(&["mount", "--make-rshared", "/"])?;
     Ok(file)
+}
+
+/// Whether the nodes' files can live in `dir` (absolute): its path goes into overlay mount options, which a
+/// `,` `:` or `\` would break, and its layers must not lie in the `/etc` or `/run` they overlay.
+fn usable_dir(dir: &Path) -> Result<(), String> {
+    let text = dir.display().to_string();
+    if text.contains([',', ':', '\\']) || text.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{text}: a real cluster's directory may not contain `,` `:` `\\` or spaces"
+        ));
+    }
+    if dir.starts_with("/etc") || dir.starts_with("/run") {
+        return Err(format!(
+            "{text}: a real cluster's directory may not be under /etc or /run (its nodes overlay them)"
+        ));
+    }
+    Ok(())
 }
 
 /// A slot of this machine: its index, the bridge, the namespaces and cgroups of its nodes, and the teardown
@@ -1037,6 +1127,18 @@ pub fn left_on_the_machine(slot: u8, dir: &Path) -> Vec<String> {
                 entry.file_name().to_string_lossy()
             ));
         }
+        // A node's mount namespace kept alive by any process (its overlays have their layers below `dir`):
+        // the machine's own mount table does not show it.
+        let namespace_mounts = std::fs::read_to_string(entry.path().join("mountinfo")).unwrap_or_default();
+        if let Some(line) = namespace_mounts
+            .lines()
+            .find(|l| l.contains("cso-node-") && l.contains(&format!("upperdir={dir}/")))
+        {
+            found.push(format!(
+                "a node's mount namespace, held by process {}: {line}",
+                entry.file_name().to_string_lossy()
+            ));
+        }
     }
     found
 }
@@ -1342,6 +1444,20 @@ mod tests {
             "rm -f /run/cso-testenv/nodes/slots/7",
         ] {
             assert!(script.contains(part), "{part} in:\n{script}");
+        }
+    }
+
+    #[test]
+    fn a_directory_that_overlay_options_or_the_overlays_cannot_take_is_refused() {
+        assert!(usable_dir(Path::new("/var/tmp/cso-a-1")).is_ok());
+        for bad in [
+            "/var/tmp/a b",
+            "/var/tmp/a,b",
+            "/var/tmp/a:b",
+            "/run/cso",
+            "/etc/cso/x",
+        ] {
+            assert!(usable_dir(Path::new(bad)).is_err(), "{bad}");
         }
     }
 

@@ -61,13 +61,14 @@ pub struct Tools {
     /// The real nodes' cluster DNS, `cso.test/coredns:<version>` (CoreDNS with a cluster DNS's plugins only), an
     /// OCI archive built by `make tools` (`CSO_COREDNS_IMAGE`).
     pub coredns_image: Option<PathBuf>,
-    /// The ferrol stacks' addon images, built here from their sources under the names their charts use:
-    /// `registry.k8s.io/metrics-server/metrics-server:v0.6.4` and `kindest/kindnetd:v20230511-dc714da8`, image
-    /// archives for real nodes ([`crate::node::RealCluster::import_image`]).
+    /// The ferrol stacks' metrics-server, built here from its source under the name its chart uses
+    /// (`registry.k8s.io/metrics-server/metrics-server:v0.6.4`), an image archive for real nodes
+    /// ([`crate::node::RealCluster::import_image`]).
     pub metrics_server_image: Option<PathBuf>,
+    /// The ferrol stacks' kindnet (`kindest/kindnetd:v20230511-dc714da8`), built here the same way.
     pub kindnetd_image: Option<PathBuf>,
     /// This project's static web server, `cso.test/web:v1`: what real nodes run where a stack asks for nginx
-    /// ([`crate::node::substitute_images`]).
+    /// ([`crate::node::substitute_image`]).
     pub web_image: Option<PathBuf>,
 }
 

@@ -143,7 +143,7 @@ impl NodeSpec {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         labels.extend(self.labels.clone());
-        let pod_cidr = format!("10.244.{index}.0/24");
+        let pod_cidr = crate::node::pod_cidr(index);
         let mut status = json!({
             "addresses": [
                 {"type": "InternalIP", "address": format!("172.18.0.{}", index + 2)},

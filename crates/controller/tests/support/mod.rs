@@ -328,10 +328,28 @@ pub async fn addon_where(
     check: impl Fn(&cso_api::ClusterAddon) -> bool,
 ) -> cso_api::ClusterAddon {
     let name = cso_api::cluster_addon::cluster_addon_name(cluster);
-    eventually(what, limit, || async {
-        addons.get_opt(&name).await.unwrap().filter(|a| check(a))
+    // What it said last, for the failure's message.
+    let last = std::sync::Mutex::new(String::from("no ClusterAddon"));
+    let found = tokio::time::timeout(
+        limit,
+        eventually(what, limit + Duration::from_secs(1), || async {
+            let addon = addons.get_opt(&name).await.unwrap()?;
+            if let Some((status, reason, message)) = health_of(&addon) {
+                *last.lock().unwrap() = format!(
+                    "on {}, AddonsHealthy {status:?} {reason}: {message}",
+                    addon.spec.cluster_stack
+                );
+            }
+            check(&addon).then_some(addon)
+        }),
+    )
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out after {limit:?} waiting for: {what}; last seen {}",
+            last.lock().unwrap()
+        )
     })
-    .await
 }
 
 /// Whether the object of an inventory entry exists (and is not being deleted).
