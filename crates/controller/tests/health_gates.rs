@@ -198,14 +198,6 @@ async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() 
     own.stop();
 }
 
-/// A stage chart `name` with the given templates.
-fn chart(name: &str) -> (String, String) {
-    (
-        format!("{name}/Chart.yaml"),
-        format!("apiVersion: v2\nname: {name}\nversion: 0.1.0\n"),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stage_that_cannot_be_scheduled_holds_the_next_stage_and_the_upgrade_until_the_timeout() {
     let client = cso_testenv::shared_management().client().await.unwrap();

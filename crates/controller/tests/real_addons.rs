@@ -36,18 +36,17 @@ async fn real_workload(
     cluster
 }
 
+/// A tool of `make tools`, or a failed test saying which is missing.
 fn built(image: &Option<std::path::PathBuf>, what: &str) -> std::path::PathBuf {
-    image
-        .clone()
-        .unwrap_or_else(|| panic!("the {what} image is not built: run `make tools`"))
+    cso_testenv::tools::built(image, what).unwrap_or_else(|why| panic!("{why}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_addon_whose_image_is_missing_is_named_with_its_pod_and_reason_and_recovers_once_it_is_there() {
     let tools = cso_testenv::Tools::discover().unwrap();
-    let kindnetd = built(&tools.kindnetd_image, "kindnetd");
-    let metrics_server = built(&tools.metrics_server_image, "metrics-server");
-    let web = built(&tools.web_image, "cso.test/web");
+    let kindnetd = built(&tools.kindnetd_image, "the kindnetd image");
+    let metrics_server = built(&tools.metrics_server_image, "the metrics-server image");
+    let web = built(&tools.web_image, "the cso.test/web image");
     // Everything of ferrol v1 but metrics-server's image.
     let own = real_workload("missing-image", 1, PodNetwork::Addon, &[&kindnetd, &web]).await;
     let workload = own.control_plane.client().await.unwrap();
@@ -165,13 +164,6 @@ async fn an_addon_whose_image_is_missing_is_named_with_its_pod_and_reason_and_re
     own.stop();
 }
 
-fn chart(name: &str) -> (String, String) {
-    (
-        format!("{name}/Chart.yaml"),
-        format!("apiVersion: v2\nname: {name}\nversion: 0.1.0\n"),
-    )
-}
-
 /// A Deployment `agent` of one busybox pod that runs `script`.
 fn agent(image: &str, script: &str) -> String {
     format!(
@@ -185,7 +177,7 @@ fn agent(image: &str, script: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_whose_container_exits_is_reported_with_its_pod_and_restarts() {
     let tools = cso_testenv::Tools::discover().unwrap();
-    let busybox = built(&tools.busybox_image, "busybox");
+    let busybox = built(&tools.busybox_image, "the busybox test image");
     let own = real_workload("crash-loop", 1, PodNetwork::Environment, &[&busybox]).await;
     let image = archive_image_name(&busybox).unwrap();
     let client = cso_testenv::shared_management().client().await.unwrap();

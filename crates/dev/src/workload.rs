@@ -42,15 +42,11 @@ impl AddonImages {
     /// The images, or one line saying why real nodes cannot run the stack's addons on this machine.
     fn find(tools: &Tools) -> Result<Self, String> {
         RealCluster::support(tools)?;
-        let need = |path: &Option<PathBuf>, what: &str| {
-            path.clone()
-                .filter(|p| p.exists())
-                .ok_or_else(|| format!("the {what} image is not built: run `make tools`"))
-        };
+        let need = cso_testenv::tools::built;
         Ok(AddonImages {
-            kindnetd: need(&tools.kindnetd_image, "kindnetd")?,
-            metrics_server: need(&tools.metrics_server_image, "metrics-server")?,
-            web: need(&tools.web_image, "cso.test/web")?,
+            kindnetd: need(&tools.kindnetd_image, "the kindnetd image")?,
+            metrics_server: need(&tools.metrics_server_image, "the metrics-server image")?,
+            web: need(&tools.web_image, "the cso.test/web image")?,
         })
     }
 }

@@ -78,11 +78,7 @@ pub struct NodeTools {
 impl NodeTools {
     /// The node tools, or one line saying what is missing (and how to get it).
     pub fn find(tools: &Tools) -> Result<Self, String> {
-        let need = |path: &Option<PathBuf>, what: &str| {
-            path.clone()
-                .filter(|p| p.exists())
-                .ok_or_else(|| format!("{what} is missing: run `make tools`"))
-        };
+        let need = crate::tools::built;
         Ok(NodeTools {
             kubelet: need(&tools.kubelet, "kubelet")?,
             kube_proxy: need(&tools.kube_proxy, "kube-proxy")?,

@@ -145,6 +145,14 @@ impl Tools {
 }
 
 /// `$CSO_TOOLS_DIR`, else `$XDG_CACHE_HOME/cso`, else `~/.cache/cso` (the same rule as hack/tools.sh).
+/// A tool `make tools` builds or installs, at `path` when it is there; else one line saying `what` is missing
+/// and how to get it.
+pub fn built(path: &Option<PathBuf>, what: &str) -> Result<PathBuf, String> {
+    path.clone()
+        .filter(|p| p.exists())
+        .ok_or_else(|| format!("{what} is missing: run `make tools`"))
+}
+
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CSO_TOOLS_DIR") {
         return dir.into();

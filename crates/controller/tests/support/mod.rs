@@ -383,6 +383,14 @@ pub fn health_of(
         })
 }
 
+/// A chart `name`'s `Chart.yaml`: `(path in an addon archive, content)`.
+pub fn chart(name: &str) -> (String, String) {
+    (
+        format!("{name}/Chart.yaml"),
+        format!("apiVersion: v2\nname: {name}\nversion: 0.1.0\n"),
+    )
+}
+
 /// A gzipped tar of the files `(path, content)`.
 pub fn tgz(files: &[(&str, &str)]) -> Vec<u8> {
     cso_testenv::archive::tgz(files)
