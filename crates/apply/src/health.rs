@@ -33,12 +33,17 @@
 //!   phase Pending (container metrics-server: ImagePullBackOff: …)`), so a condition names the pod and the
 //!   reason, not only a replica count.
 //! - every other kind has no rule ([`assess`] answers `None`): it counts as healthy once applied.
+//! - settling: a check given a settle time (while an addon waits after an apply) counts a Deployment,
+//!   DaemonSet or StatefulSet its controller calls running only once every container of its live pods has
+//!   been up that long ([`unsettled`]): a container that exits at start, in a pod without a readiness probe,
+//!   is Ready for a moment after each start, and its workload available for that moment.
 //!
 //! Whatever is taken from a status into a message is cut to [`MAX_REASON_CHARS`] characters on one line, so
 //! a hostile or broken controller cannot put a megabyte into a condition.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, time::Duration};
 
+use chrono::{DateTime, Utc};
 use cso_api::common::Resource;
 use futures::StreamExt as _;
 use serde_json::Value;
@@ -497,14 +502,7 @@ pub fn pod_trouble(pods: &[Value]) -> Option<String> {
 /// Why a pod of a workload does not run, with a rank (lower: plainer, see [`pod_trouble`]); `None` for a pod
 /// that is ready, finished or being deleted, or that says nothing.
 fn why_pod_does_not_run(pod: &Value) -> Option<(u8, String)> {
-    let phase = pod
-        .pointer("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if matches!(phase, "Succeeded" | "Failed")
-        || pod
-            .pointer("/metadata/deletionTimestamp")
-            .is_some_and(|d| !d.is_null())
+    if !is_live(pod)
         || condition(pod, "Ready")
             .ok()
             .flatten()
@@ -534,13 +532,13 @@ fn why_pod_does_not_run(pod: &Value) -> Option<(u8, String)> {
     Some((rank, why))
 }
 
-/// [`pod_trouble`] of the pods `workload` selects in `namespace`, read from its cluster; `None` when it has
-/// no selector or they cannot be read (the workload's own finding stands).
-async fn pods_trouble(
+/// The pods `workload` selects in `namespace` (at most [`MAX_PODS_LISTED`]), read from its cluster; `None` when
+/// it has no selector or they cannot be read (the workload's own finding stands).
+async fn pods_of(
     discovery: &ClusterDiscovery,
     namespace: Option<&str>,
     workload: &Value,
-) -> Option<String> {
+) -> Option<Vec<Value>> {
     let query = selector_query(workload)?;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(discovery.client().clone(), namespace?);
@@ -552,12 +550,80 @@ async fn pods_trouble(
         )
         .await
         .ok()?;
-    let values: Vec<Value> = list
-        .items
-        .iter()
-        .filter_map(|pod| serde_json::to_value(pod).ok())
-        .collect();
-    pod_trouble(&values)
+    Some(
+        list.items
+            .iter()
+            .filter_map(|pod| serde_json::to_value(pod).ok())
+            .collect(),
+    )
+}
+
+/// Which of `pods` (a running workload's, any order) has not been up for `settle` at `now`: `pod <ns>/<name>:
+/// container <c> up 3s of 15s` for the container that started last, with its restarts when it has any, and
+/// `container <c> not running (<reason>)` for a live pod's container that is not running at all. Finished
+/// pods and pods being deleted are left out (they count for no replica); a start time that cannot be read
+/// counts as settled (never a guess). `None`: every container has been up for `settle`.
+pub fn unsettled(pods: &[Value], now: DateTime<Utc>, settle: Duration) -> Option<String> {
+    let settle_secs = i64::try_from(settle.as_secs()).unwrap_or(i64::MAX);
+    let mut youngest: Option<(i64, String)> = None;
+    for pod in pods.iter().filter(|pod| is_live(pod)) {
+        let pod_name = format!(
+            "{}/{}",
+            text(pod, "metadata.namespace").ok().flatten().unwrap_or_default(),
+            text(pod, "metadata.name").ok().flatten().unwrap_or_default()
+        );
+        let containers = field(pod, "status.containerStatuses")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for container in containers {
+            let name = container.get("name").and_then(Value::as_str).unwrap_or("?");
+            let restarts = container.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+            let restarted = match restarts {
+                0 => String::new(),
+                1 => ", restarted once".to_owned(),
+                n => format!(", restarted {n} times"),
+            };
+            let state = container.get("state");
+            let Some(running) = state.and_then(|state| state.get("running")) else {
+                let why = state
+                    .and_then(Value::as_object)
+                    .and_then(|state| state.values().find_map(|s| s.get("reason")?.as_str()))
+                    .unwrap_or("no state");
+                return Some(format!(
+                    "pod {pod_name}: container {name} not running ({}){restarted}",
+                    clip(why, MAX_REASON_CHARS)
+                ));
+            };
+            let Some(started) = running
+                .get("startedAt")
+                .and_then(Value::as_str)
+                .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+            else {
+                continue;
+            };
+            let up = (now - started.with_timezone(&Utc)).num_seconds().max(0);
+            if up < settle_secs && youngest.as_ref().is_none_or(|(least, _)| up < *least) {
+                youngest = Some((
+                    up,
+                    format!("pod {pod_name}: container {name} up {up}s of {settle_secs}s{restarted}"),
+                ));
+            }
+        }
+    }
+    youngest.map(|(_, why)| why)
+}
+
+/// Whether `pod` counts for its workload: not finished and not being deleted.
+fn is_live(pod: &Value) -> bool {
+    let phase = pod
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    !matches!(phase, "Succeeded" | "Failed")
+        && pod
+            .pointer("/metadata/deletionTimestamp")
+            .is_none_or(Value::is_null)
 }
 
 /// How many of a workload's pods [`check`] reads to say why it does not run.
@@ -787,8 +853,9 @@ impl HealthReport {
 /// Reads the objects of `resources` (an inventory, as the engine records it) whose kinds have a rule, at
 /// most [`CONCURRENT_READS`] at once, and judges them. An object that is not there, or of a kind the cluster
 /// does not serve, is progressing; one that cannot be read is in [`HealthReport::errors`]. An object the
-/// inventory names twice is read once.
-pub async fn check(discovery: &ClusterDiscovery, resources: &[Resource]) -> HealthReport {
+/// inventory names twice is read once. `settle`: how long a running workload's containers must have been up
+/// to count (see [`unsettled`]); zero counts a workload as its controller does.
+pub async fn check(discovery: &ClusterDiscovery, resources: &[Resource], settle: Duration) -> HealthReport {
     let mut seen = HashSet::new();
     // Owned entries: the reads' futures borrow nothing but the discovery (a future that borrows its
     // argument is not `Send` for every lifetime, which a caller spawned on the runtime needs).
@@ -801,7 +868,7 @@ pub async fn check(discovery: &ClusterDiscovery, resources: &[Resource]) -> Heal
         .collect();
     let outcomes: Vec<(usize, ObjectKey, Result<Health, String>)> =
         futures::stream::iter(wanted.into_iter().map(|(position, resource)| async move {
-            let outcome = read(discovery, &resource).await;
+            let outcome = read(discovery, &resource, settle).await;
             (position, ObjectKey::of(&resource), outcome)
         }))
         .buffered(CONCURRENT_READS)
@@ -826,7 +893,7 @@ pub async fn check(discovery: &ClusterDiscovery, resources: &[Resource]) -> Heal
 }
 
 /// Reads one inventory entry whose kind has a rule and judges it; `Err` is a read that failed.
-async fn read(discovery: &ClusterDiscovery, resource: &Resource) -> Result<Health, String> {
+async fn read(discovery: &ClusterDiscovery, resource: &Resource, settle: Duration) -> Result<Health, String> {
     let api_version = match (resource.group.as_str(), resource.version.as_str()) {
         (_, "") => None,
         ("", version) => Some(version.to_owned()),
@@ -860,18 +927,28 @@ async fn read(discovery: &ClusterDiscovery, resource: &Resource) -> Result<Healt
     // Not while its controller has yet to see the current spec (right after every apply): its pods are not
     // what the finding is about.
     let unobserved = unobserved(&object).ok().flatten().is_some();
-    if !health.is_healthy()
-        && !unobserved
-        && runs_pods(&resource.group, &resource.kind)
-        && let Some(trouble) = pods_trouble(discovery, namespace, &object).await
-    {
-        return Ok(match health {
-            Health::Failed(why) => Health::Failed(format!("{why}; {trouble}")),
-            Health::Progressing(why) => Health::Progressing(format!("{why}; {trouble}")),
-            Health::Healthy => Health::Healthy,
-        });
+    if unobserved || !runs_pods(&resource.group, &resource.kind) {
+        return Ok(health);
     }
-    Ok(health)
+    match health {
+        Health::Healthy if !settle.is_zero() => {
+            let pods = pods_of(discovery, namespace, &object).await.unwrap_or_default();
+            Ok(match unsettled(&pods, Utc::now(), settle) {
+                Some(why) => Health::Progressing(format!("running, not yet settled: {why}")),
+                None => Health::Healthy,
+            })
+        }
+        Health::Healthy => Ok(Health::Healthy),
+        not_running => {
+            let pods = pods_of(discovery, namespace, &object).await.unwrap_or_default();
+            Ok(match (pod_trouble(&pods), not_running) {
+                (None, health) => health,
+                (Some(trouble), Health::Failed(why)) => Health::Failed(format!("{why}; {trouble}")),
+                (Some(trouble), Health::Progressing(why)) => Health::Progressing(format!("{why}; {trouble}")),
+                (Some(_), Health::Healthy) => Health::Healthy,
+            })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1383,6 +1460,61 @@ mod tests {
         Some("pod kube-system/a: container agent: CrashLoopBackOff, 4 restarts"))]
     fn why_a_workloads_pods_do_not_run(#[case] pods: Vec<Value>, #[case] says: Option<&str>) {
         assert_eq!(pod_trouble(&pods).as_deref(), says);
+    }
+
+    /// A ready pod whose containers started at the given times (`(name, startedAt, restarts)`).
+    fn started(name: &str, containers: &[(&str, &str, i64)]) -> Value {
+        let statuses: Vec<Value> = containers
+            .iter()
+            .map(|(container, at, restarts)| {
+                json!({"name": container, "ready": true, "restartCount": restarts,
+                    "state": {"running": {"startedAt": at}}})
+            })
+            .collect();
+        named_pod(
+            name,
+            json!({"phase": "Running", "conditions": conditions(&[("Ready", "True", "", "")]),
+                "containerStatuses": statuses}),
+        )
+    }
+
+    #[rstest]
+    #[case::no_pods(vec![], None)]
+    #[case::up_long_enough(vec![started("a", &[("agent", "2026-11-28T11:59:00Z", 0)])], None)]
+    #[case::up_exactly_the_settle_time(vec![started("a", &[("agent", "2026-11-28T11:59:45Z", 3)])], None)]
+    #[case::just_started(
+        vec![started("a", &[("agent", "2026-11-28T11:59:58Z", 0)])],
+        Some("pod kube-system/a: container agent up 2s of 15s"))]
+    #[case::restarted_and_up_a_moment(
+        vec![started("a", &[("agent", "2026-11-28T11:59:59Z", 4)])],
+        Some("pod kube-system/a: container agent up 1s of 15s, restarted 4 times"))]
+    #[case::the_container_that_started_last_is_named(
+        vec![started("a", &[("old", "2026-11-28T11:00:00Z", 0), ("agent", "2026-11-28T11:59:50Z", 1)]),
+             started("b", &[("agent", "2026-11-28T11:59:55Z", 0)])],
+        Some("pod kube-system/b: container agent up 5s of 15s"))]
+    #[case::a_start_in_the_future_counts_as_just_started(
+        vec![started("a", &[("agent", "2026-11-28T12:00:09Z", 0)])],
+        Some("pod kube-system/a: container agent up 0s of 15s"))]
+    #[case::a_container_that_does_not_run(
+        vec![named_pod("a", json!({"phase": "Running", "containerStatuses": [{"name": "agent", "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}))],
+        Some("pod kube-system/a: container agent not running (CrashLoopBackOff), restarted 2 times"))]
+    #[case::pods_being_deleted_and_finished_ones_do_not_count(
+        vec![{
+            let mut pod = started("a", &[("agent", "2026-11-28T11:59:59Z", 0)]);
+            pod["metadata"]["deletionTimestamp"] = json!("2026-11-28T11:59:59Z");
+            pod
+        }, named_pod("b", json!({"phase": "Succeeded", "containerStatuses": [{"name": "agent",
+            "state": {"terminated": {"reason": "Completed"}}}]}))],
+        None)]
+    #[case::a_start_time_that_cannot_be_read_is_no_guess(
+        vec![started("a", &[("agent", "yesterday", 0)])],
+        None)]
+    fn a_running_workloads_pods_settle(#[case] pods: Vec<Value>, #[case] says: Option<&str>) {
+        let now = DateTime::parse_from_rfc3339("2026-11-28T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(unsettled(&pods, now, Duration::from_secs(15)).as_deref(), says);
     }
 
     #[rstest]

@@ -105,7 +105,7 @@ async fn a_deployment_is_progressing_until_its_status_says_it_is_available_and_n
     ];
 
     // As created: no controller has written a status.
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert_eq!(report.checked, 2, "the ConfigMap has no rule");
     assert!(!report.is_healthy() && !report.has_failed(), "{report:?}");
     assert_eq!(
@@ -135,7 +135,7 @@ async fn a_deployment_is_progressing_until_its_status_says_it_is_available_and_n
                "updatedNumberScheduled": 3}),
     )
     .await;
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert_eq!(
         report.summary(5),
         format!(
@@ -164,7 +164,7 @@ async fn a_deployment_is_progressing_until_its_status_says_it_is_available_and_n
         json!({"numberReady": 3, "numberAvailable": 3, "numberUnavailable": null}),
     )
     .await;
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert!(report.is_healthy(), "{}", report.summary(5));
     assert_eq!(report.checked, 2);
 
@@ -177,7 +177,7 @@ async fn a_deployment_is_progressing_until_its_status_says_it_is_available_and_n
         )
         .await
         .unwrap();
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert_eq!(
         only_unhealthy(&report),
         &Health::Progressing("generation 2 not observed by its controller yet (observed 1)".into())
@@ -185,7 +185,7 @@ async fn a_deployment_is_progressing_until_its_status_says_it_is_available_and_n
 
     // Deleted (no garbage collector runs here, nothing holds it back).
     deployments.delete("web", &DeleteParams::default()).await.unwrap();
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert_eq!(only_unhealthy(&report), &Health::Progressing("not found".into()));
     assert_eq!(report.summary(3), format!("Deployment {ns}/web: not found"));
 }
@@ -210,7 +210,7 @@ async fn a_job_that_failed_has_failed() {
         json!({"startTime": "2026-11-02T10:00:00Z", "active": 1}),
     )
     .await;
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert_eq!(
         only_unhealthy(&report),
         &Health::Progressing("0 of 1 completions (1 active)".into())
@@ -230,7 +230,7 @@ async fn a_job_that_failed_has_failed() {
         json!({"active": null, "failed": 1, "conditions": [condition("FailureTarget"), condition("Failed")]}),
     )
     .await;
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert!(report.has_failed(), "{report:?}");
     assert_eq!(
         report.summary(3),
@@ -269,7 +269,7 @@ async fn a_custom_resource_definition_is_established_by_the_api_server() {
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let report = loop {
-        let report = health::check(&discovery, &inventory).await;
+        let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
         if report.is_healthy() || Instant::now() > deadline {
             break report;
         }
@@ -298,7 +298,7 @@ async fn kinds_not_served_are_progressing_and_objects_named_twice_are_read_once(
         entry("apps", "", "Deployment", &ns, "web"),
         entry("", "v1", "Pod", &ns, "missing"),
     ];
-    let report = health::check(&discovery, &inventory).await;
+    let report = health::check(&discovery, &inventory, std::time::Duration::ZERO).await;
     assert_eq!(report.checked, 3, "{report:?}");
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let found: Vec<(usize, String)> = report

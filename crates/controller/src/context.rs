@@ -79,6 +79,9 @@ pub struct Settings {
     /// available, DaemonSets rolled out, Jobs complete, CRDs established, ...), waited for up to
     /// `stage_timeout`, checked again at every periodic pass. Off: ready when applied, as the Go operator has it.
     pub addon_health_checks: bool,
+    /// `--addon-settle-time`: while applied addons are waited for, how long every container of a running
+    /// workload's pods must have been up for the workload to count as running ([`cso_apply::health::unsettled`]).
+    pub addon_settle_time: Duration,
     /// `--shard`: the Clusters this replica handles (see [`cso_api::shard`]). A named shard runs only the
     /// ClusterAddonCreate and ClusterAddon controllers, over the Clusters and ClusterAddons labelled with its
     /// name (its watches select them, so it neither lists nor caches others); the default shard runs every
@@ -107,6 +110,7 @@ impl Default for Settings {
             reconcile_timeout: Duration::from_secs(600),
             stage_timeout: Duration::from_secs(600),
             addon_health_checks: true,
+            addon_settle_time: Duration::from_secs(15),
             shard: cso_api::shard::Shard::Default,
             shard_grace: Duration::from_secs(120),
             lease_namespace: None,

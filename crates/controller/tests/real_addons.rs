@@ -1,16 +1,18 @@
 //! Health gates on real nodes (containerd, kubelet, kube-proxy: `cso_testenv::node`): an addon whose pods cannot
 //! run is reported with the pod and the kubelet's reason, and is not ready while it cannot; it recovers by itself
-//! once what it lacked is there. (A container that keeps exiting without a readiness probe is Ready for moments
-//! between its restarts; a look that falls into one finds the Deployment available, as `kubectl rollout status`
-//! would: a known gap, docs/decisions.md.) The ferrol stack's addons run from the images `make tools` builds; kindnet is the
-//! workload cluster's pod network, as in a cluster Cluster API built.
+//! once what it lacked is there. A container that keeps exiting is never taken for running, even in the moments
+//! after each start when its pod is Ready (`--addon-settle-time`), so a rollout wave with it pauses. The ferrol
+//! stack's addons run from the images `make tools` builds; kindnet is the workload cluster's pod network, as in a
+//! cluster Cluster API built.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
 mod support;
 
 use std::time::Duration;
 
-use cso_api::{ClusterAddon, conditions::ConditionStatus, names::reason};
+use cso_api::{
+    ClusterAddon, ClusterStackRollout, ClusterStackRolloutSpec, conditions::ConditionStatus, names::reason,
+};
 use cso_testenv::node::{PodNetwork, RealCluster, archive_image_name, substitute_image};
 use kube::Api;
 use serde_json::json;
@@ -175,7 +177,7 @@ fn agent(image: &str, script: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_whose_container_exits_is_reported_with_its_pod_and_restarts() {
+async fn an_upgrade_whose_container_exits_is_never_ready_and_pauses_its_rollout_wave() {
     let tools = cso_testenv::Tools::discover().unwrap();
     let busybox = built(&tools.busybox_image, "the busybox test image");
     let own = real_workload("crash-loop", 1, PodNetwork::Environment, &[&busybox]).await;
@@ -209,6 +211,7 @@ async fn an_upgrade_whose_container_exits_is_reported_with_its_pod_and_restarts(
     );
     let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
         s.addon_health_checks = true;
+        s.addon_settle_time = cso_controller::Settings::default().addon_settle_time;
         s.resync_interval = Duration::from_secs(5);
     })
     .await;
@@ -229,29 +232,67 @@ async fn an_upgrade_whose_container_exits_is_reported_with_its_pod_and_restarts(
     )
     .await;
 
-    // v2's container exits at once: the kubelet restarts it with a growing back-off; the ClusterAddon says so,
-    // with the pod, the reason and how often it restarted, and is not ready.
-    move_cluster(&client, &ns, "c2", "docker-staged-1-27-v2").await;
-    // (v1 ran: only v2's stage, applied before the upgrade, can crash.)
-    let crashing = addon_where(
-        &addons,
-        "c2",
-        "the health gate names the crash-looping pod with its restarts",
-        Duration::from_secs(180),
-        |a| {
-            health_of(a).is_some_and(|(_, _, message)| {
-                message.contains("pod kube-system/agent-")
-                    && (message.contains("CrashLoopBackOff") || message.contains("last exit code 1"))
-                    && message.contains("restart")
-            })
+    // Cluster API is not in this test: the Cluster says what its topology controller would once the class
+    // is applied, so that a rollout waits on the addons alone.
+    dynamic(&client, &ns, &capi("Cluster"))
+        .patch_status(
+            "c2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"conditions": [{
+                "type": "TopologyReconciled", "status": "True",
+                "lastTransitionTime": "2026-11-28T00:00:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+
+    // v2's container exits at once: the kubelet restarts it with a growing back-off, and after each start the
+    // pod is Ready for a moment. A rollout moves the Cluster; the ClusterAddon names the pod, the reason and the
+    // restarts, is never ready, and the wave pauses when its timeout passes.
+    let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
+    let mut rollout = ClusterStackRolloutSpec::to("staged", "v2");
+    rollout.wave_timeout = Some("60s".into());
+    rollouts
+        .create(
+            &kube::api::PostParams::default(),
+            &ClusterStackRollout::new("to-v2", rollout),
+        )
+        .await
+        .unwrap();
+    let crash_seen = std::sync::atomic::AtomicBool::new(false);
+    let paused = eventually(
+        "the rollout pauses on the crash-looping Cluster",
+        Duration::from_secs(240),
+        || async {
+            let addon = addons
+                .get(&cso_api::cluster_addon::cluster_addon_name("c2"))
+                .await
+                .unwrap();
+            assert!(
+                !(ready(&addon) && addon.spec.cluster_stack == "docker-staged-1-27-v2"),
+                "a release whose container keeps exiting was taken for ready: {:?}",
+                health_of(&addon)
+            );
+            if let Some((_, _, message)) = health_of(&addon)
+                && message.contains("pod kube-system/agent-")
+                && message.contains("restart")
+            {
+                crash_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            let rollout = rollouts.get("to-v2").await.unwrap();
+            let status = rollout.status?;
+            (status.phase == cso_api::cluster_stack_rollout::phase::PAUSED).then_some(status)
         },
     )
     .await;
-    let (status, _, message) = health_of(&crashing).unwrap();
-    assert_eq!(status, ConditionStatus::False, "{message}");
-    assert!(message.contains("Deployment kube-system/agent"), "{message}");
-    assert!(!ready(&crashing), "{message}");
-    eprintln!("crash loop: {message}");
+    assert!(
+        crash_seen.load(std::sync::atomic::Ordering::Relaxed),
+        "the health gate named the crash-looping pod with its restarts"
+    );
+    assert_eq!(paused.failing, 1, "{paused:?}");
+    let failing = &paused.waves[0].failing_clusters[0];
+    assert_eq!(failing.cluster, format!("{ns}/c2"));
+    assert!(failing.reason.contains("addons"), "{}", failing.reason);
+    eprintln!("crash loop: the wave paused: {}", failing.reason);
     operator.stop().await;
     own.stop();
 }

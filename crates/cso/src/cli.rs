@@ -207,6 +207,12 @@ pub struct RunArgs {
     /// applied, as the Go operator has it.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true")]
     pub addon_health_checks: bool,
+    /// With the health checks: while addons are waited for after an apply, a Deployment, DaemonSet or
+    /// StatefulSet counts as running only once every container of its pods has been up this long, so that a
+    /// container that exits at start (Ready for a moment after each start when it has no readiness probe) is
+    /// not taken for running. `0s`: as its controller says.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub addon_settle_time: Duration,
     /// Field managers whose applied fields are taken over (comma-separated; `kubectl` is how the Go
     /// operator applies, so swapping operators leaves no fields stranded). Empty to disable.
     #[arg(long, default_value = "kubectl", value_delimiter = ',')]

@@ -472,7 +472,19 @@ impl Driver<'_> {
                     Some(report) => report.resources.clone(),
                     None => applied_objects(self.addon),
                 };
-                let report = cso_apply::health::check(&workload.discovery, &objects).await;
+                // Settling while they are waited for (just applied, or not found running since): a
+                // running workload whose containers keep restarting is not taken for running. Once running,
+                // a container's restart is its controller's to judge.
+                let waiting = progress.applied.is_some()
+                    || !self
+                        .addon
+                        .is_condition_true(cso_api::names::condition::ADDONS_HEALTHY);
+                let settle = if waiting {
+                    self.ctx.settings.addon_settle_time
+                } else {
+                    Duration::ZERO
+                };
+                let report = cso_apply::health::check(&workload.discovery, &objects, settle).await;
                 progress.health = Some(health::Found::of(&report));
             }
             Step::RunStages(_) | Step::Conclude => {}

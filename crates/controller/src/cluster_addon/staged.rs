@@ -165,7 +165,12 @@ impl StagedRun<'_> {
                     let check = self.check(stages[i].wait_for_post_condition.as_ref()).await;
                     if check == Check::Holds && self.progress.health_gates && stages::applies(&stages[i]) {
                         let objects = inventory.get(&stages[i].name).cloned().unwrap_or_default();
-                        let report = cso_apply::health::check(&self.workload.discovery, &objects).await;
+                        let report = cso_apply::health::check(
+                            &self.workload.discovery,
+                            &objects,
+                            self.ctx.settings.addon_settle_time,
+                        )
+                        .await;
                         let found = super::health::Found::of(&report);
                         stages::after_health(addon, i, &found, &mut end.conclusion.events)
                     } else {

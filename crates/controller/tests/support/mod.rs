@@ -70,6 +70,9 @@ pub fn operator(
         // The workload clusters here are bare API servers: no controller ever makes an object run. Tests on
         // workload clusters that run workloads (`cso_testenv::workloads`) turn the health gates on.
         addon_health_checks: false,
+        // Simulated pods start once and never exit: waiting for their containers to have been up a while
+        // would only slow the tests down. The settle time is tested on real nodes (`real_addons.rs`).
+        addon_settle_time: Duration::ZERO,
         ..Settings::default()
     };
     adjust(&mut settings);
