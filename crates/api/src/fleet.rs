@@ -1,11 +1,18 @@
 //! The fleet view: which release the addons of each Cluster are on and how they are doing, counted per
-//! release from the ClusterAddons. One rule for `cso status` and the `cso_clusters` gauge.
+//! release. One rule for `cso status`, the `cso_clusters` gauge and the status counts.
+//!
+//! The counts count Clusters, through their ClusterAddons ([`Member`]): a ClusterAddon whose Cluster is gone
+//! counts for nothing (whether or not a garbage collector has removed it yet), and one that is on no release
+//! yet (its first install has not finished, or failed) counts on the release its Cluster's class names, where
+//! it is heading, so that a Cluster that fails before its first install is counted as failing on its stack.
+//! Where the Cluster is not known (no Cluster cache, a watch filter, a list not done yet), the ClusterAddon
+//! counts alone, as it says.
 //!
 //! A ClusterAddon is on the release its `spec.clusterStack` names (what was last applied completely; an
-//! upgrade under way still counts for the release it leaves), or on none yet. It is *ready* when its status
-//! says so, *failing* when not ready and one of its conditions is False with severity Warning or Error (a
-//! render or apply that failed, a broken release, a stage that failed or timed out, a held prune), and
-//! *progressing* otherwise (waiting for its control plane, stages running).
+//! upgrade under way still counts for the release it leaves). It is *ready* when its status says so,
+//! *failing* when not ready and one of its conditions is False with severity Warning or Error (a render or
+//! apply that failed, an unreadable kubeconfig, a broken release, a stage that failed or timed out, a held
+//! prune), and *progressing* otherwise (waiting for its control plane, stages running).
 //!
 //! The operator writes the same counts into the status of each ClusterStackRelease and ClusterStack
 //! ([`ClusterCounts`], from [`ReleaseCounts`]; `cso_controller`'s fleet status writer).
@@ -14,6 +21,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     ClusterAddon, ReleaseId,
+    capi::Cluster,
     cluster_stack_release::ClusterCounts,
     conditions::{ConditionStatus, ConditionsExt, Severity},
 };
@@ -123,41 +131,86 @@ fn saturating_i32(count: usize) -> i32 {
     i32::try_from(count).unwrap_or(i32::MAX)
 }
 
-/// The stack (`docker-ferrol-1-27`) and release tag the addons of `addon` are on (see the module); a
-/// `spec.clusterStack` that names no release is kept as it is, with no stack.
-pub fn release_of(addon: &ClusterAddon) -> (String, String) {
-    let applied = addon.spec.cluster_stack.as_str();
-    match ReleaseId::parse_any(applied) {
-        Ok(id) => (id.stack_prefix(), id.tag()),
-        Err(_) => (String::new(), applied.to_owned()),
+/// What the counts know of the Cluster of a ClusterAddon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterSeen {
+    /// Not known here: the ClusterAddon counts alone.
+    Unknown,
+    /// The Cluster is gone: its ClusterAddon counts for nothing.
+    Gone,
+    /// The Cluster exists; the release tag its class names, when a cluster stack's.
+    Exists { class_release: Option<String> },
+}
+
+impl ClusterSeen {
+    /// What `cluster` tells: `None` is a Cluster that is gone.
+    pub fn of(cluster: Option<&Cluster>) -> Self {
+        match cluster {
+            None => ClusterSeen::Gone,
+            Some(cluster) => ClusterSeen::Exists {
+                class_release: cluster.stack_release().map(|(id, _)| id.tag()),
+            },
+        }
     }
 }
 
-/// The ClusterAddons whose addons do not run, per release (see [`release_of`]) and `AddonsHealthy` reason
-/// (`WaitingForHealth`, `NotHealthyInTime`, `Degraded`): `(stack, release, reason) -> count`.
+/// One Cluster as the counts see it: its ClusterAddon and what is known of the Cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Member<'a> {
+    pub addon: &'a ClusterAddon,
+    pub cluster: &'a ClusterSeen,
+}
+
+impl Member<'_> {
+    /// Whether it is counted at all: not when its Cluster is gone.
+    fn counts(&self) -> bool {
+        *self.cluster != ClusterSeen::Gone
+    }
+
+    /// The stack (`docker-ferrol-1-27`) and release tag it is counted on (see the module); a name that is
+    /// no release's is kept as it is, with no stack; empty on none.
+    pub fn release(&self) -> (String, String) {
+        let applied = self.addon.spec.cluster_stack.as_str();
+        let on = match self.cluster {
+            ClusterSeen::Exists {
+                class_release: Some(heading),
+            } if applied.is_empty() => heading.as_str(),
+            _ => applied,
+        };
+        match ReleaseId::parse_any(on) {
+            Ok(id) => (id.stack_prefix(), id.tag()),
+            Err(_) => (String::new(), on.to_owned()),
+        }
+    }
+}
+
+/// The ClusterAddons whose addons do not run, per release (see [`Member::release`]) and `AddonsHealthy`
+/// reason (`WaitingForHealth`, `NotHealthyInTime`, `Degraded`): `(stack, release, reason) -> count`.
 pub fn not_running<'a>(
-    addons: impl IntoIterator<Item = &'a ClusterAddon>,
+    members: impl IntoIterator<Item = Member<'a>>,
 ) -> BTreeMap<(String, String, String), usize> {
     let mut counts = BTreeMap::new();
-    for addon in addons {
-        let Some(condition) = addon
+    for member in members.into_iter().filter(Member::counts) {
+        let Some(condition) = member
+            .addon
             .get_condition(crate::names::condition::ADDONS_HEALTHY)
             .filter(|c| c.status == ConditionStatus::False)
         else {
             continue;
         };
-        let (stack, release) = release_of(addon);
+        let (stack, release) = member.release();
         let reason = condition.reason.clone().unwrap_or_default();
         *counts.entry((stack, release, reason)).or_default() += 1;
     }
     counts
 }
 
-/// The counts per release of `addons`, in release order (Clusters on no release yet first).
-pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<ReleaseCounts> {
+/// The counts per release of the Clusters of `members`, in release order (Clusters on no release first).
+pub fn fleet<'a>(members: impl IntoIterator<Item = Member<'a>>) -> Vec<ReleaseCounts> {
     let mut by_release: BTreeMap<String, (ReleaseCounts, Vec<String>)> = BTreeMap::new();
-    for addon in addons {
-        let (stack, release) = release_of(addon);
+    for member in members.into_iter().filter(Member::counts) {
+        let addon = member.addon;
+        let (stack, release) = member.release();
         let (counts, failing) = by_release.entry(release.clone()).or_insert_with(|| {
             let counts = ReleaseCounts {
                 stack,
@@ -185,6 +238,14 @@ pub fn fleet<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<Rele
             counts
         })
         .collect()
+}
+
+/// [`fleet`] of ClusterAddons whose Clusters are not known: each counts alone.
+pub fn fleet_of_addons<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<ReleaseCounts> {
+    fleet(addons.into_iter().map(|addon| Member {
+        addon,
+        cluster: &ClusterSeen::Unknown,
+    }))
 }
 
 /// `namespace/name` of the Cluster of `addon`.
@@ -261,7 +322,7 @@ mod tests {
             Some(Severity::Info),
         ));
         addons.push(addon("new", "", false, None));
-        let fleet = fleet(&addons);
+        let fleet = fleet_of_addons(&addons);
         let summary: Vec<(&str, &str, usize, usize, usize, usize)> = fleet
             .iter()
             .map(|c| {
@@ -296,6 +357,58 @@ mod tests {
             ["fleet/v2-0", "fleet/v2-1", "fleet/v2-2"]
         );
         assert_eq!(fleet[3].in_state(AddonState::Failing), 4);
+    }
+
+    #[test]
+    fn clusters_are_counted_not_cluster_addons() {
+        let ready = addon("ready", "docker-ferrol-1-27-v1", true, None);
+        // Failed before its first install: on no release yet.
+        let broken = addon("broken", "", false, Some(Severity::Warning));
+        let orphan = addon("orphan", "docker-ferrol-1-27-v1", true, None);
+        let unknown = addon("unknown", "", false, None);
+        let on_v1 = ClusterSeen::Exists {
+            class_release: Some("docker-ferrol-1-27-v1".into()),
+        };
+        let heading_to_v2 = ClusterSeen::Exists {
+            class_release: Some("docker-ferrol-1-27-v2".into()),
+        };
+        let members = [
+            Member { addon: &ready, cluster: &on_v1 },
+            Member { addon: &broken, cluster: &heading_to_v2 },
+            Member { addon: &orphan, cluster: &ClusterSeen::Gone },
+            Member { addon: &unknown, cluster: &ClusterSeen::Unknown },
+        ];
+        let summary: Vec<(String, usize, usize, usize, Vec<String>)> = fleet(members)
+            .into_iter()
+            .map(|c| (c.release, c.clusters, c.ready, c.failing, c.failing_clusters))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (String::new(), 1, 0, 0, vec![]),
+                ("docker-ferrol-1-27-v1".into(), 1, 1, 0, vec![]),
+                ("docker-ferrol-1-27-v2".into(), 1, 0, 1, vec!["fleet/broken".into()]),
+            ]
+        );
+        let mut gone = addon("gone", "docker-ferrol-1-27-v1", false, None);
+        gone.mark_false(
+            crate::names::condition::ADDONS_HEALTHY,
+            "Degraded",
+            Severity::Warning,
+            "x",
+        );
+        assert!(not_running([Member { addon: &gone, cluster: &ClusterSeen::Gone }]).is_empty());
+        assert_eq!(
+            not_running([Member { addon: &gone, cluster: &on_v1 }]).into_iter().collect::<Vec<_>>(),
+            [(
+                (
+                    "docker-ferrol-1-27".into(),
+                    "docker-ferrol-1-27-v1".into(),
+                    "Degraded".into()
+                ),
+                1
+            )]
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ use cso_api::{
     capi::Cluster,
     cluster_stack::{ReleaseClusters, StackClusters},
     cluster_stack_release::{ClusterCounts, ReleaseMoves},
-    fleet::{self, AddonState},
+    fleet::{self, AddonState, ClusterSeen},
     rules::{
         StackKey,
         class_move::{self, ClassView},
@@ -97,23 +97,30 @@ pub(crate) struct Desired {
     pub(crate) moves: BTreeMap<Key, ReleaseMoves>,
 }
 
-/// The counts of `stacks` and `releases` from `addons` (see the module). `class_namespace` tells the
-/// namespace of the ClusterClass of an addon's Cluster, when known.
+/// The counts of `stacks` and `releases` from `addons` (see the module). `cluster_of` tells what is known of
+/// an addon's Cluster, and the namespace of its ClusterClass when known.
 pub(crate) fn desired(
     stacks: &[Arc<ClusterStack>],
     releases: &[Arc<ClusterStackRelease>],
     addons: &[Arc<ClusterAddon>],
-    class_namespace: impl Fn(&ClusterAddon) -> Option<String>,
+    cluster_of: impl Fn(&ClusterAddon) -> (ClusterSeen, Option<String>),
 ) -> Desired {
     // The addons by the namespace of their release, then counted per release by the one rule.
-    let mut by_namespace: BTreeMap<String, Vec<&ClusterAddon>> = BTreeMap::new();
+    let mut by_namespace: BTreeMap<String, Vec<(&ClusterAddon, ClusterSeen)>> = BTreeMap::new();
     for addon in addons {
-        let namespace = class_namespace(addon).unwrap_or_else(|| addon.namespace().unwrap_or_default());
-        by_namespace.entry(namespace).or_default().push(addon);
+        let (seen, class_namespace) = cluster_of(addon);
+        let namespace = class_namespace.unwrap_or_else(|| addon.namespace().unwrap_or_default());
+        by_namespace
+            .entry(namespace)
+            .or_default()
+            .push((addon.as_ref(), seen));
     }
     let mut counted: BTreeMap<Key, ClusterCounts> = BTreeMap::new();
     for (namespace, addons) in by_namespace {
-        for counts in fleet::fleet(addons) {
+        let members = addons
+            .iter()
+            .map(|(addon, cluster)| fleet::Member { addon, cluster });
+        for counts in fleet::fleet(members) {
             if !counts.release.is_empty() {
                 counted.insert((namespace.clone(), counts.release.clone()), (&counts).into());
             }
@@ -419,13 +426,10 @@ impl FleetStatusWriter {
             release_store.state(),
             addon_store.state(),
         );
-        let class_namespace = |addon: &ClusterAddon| {
-            let cluster = caches
-                .cluster(&addon.namespace().unwrap_or_default(), &addon.cluster_name())
-                .flatten()?;
-            Some(cluster.class()?.namespace)
+        let cluster_of = |addon: &ClusterAddon| {
+            caches.cluster_seen(&addon.namespace().unwrap_or_default(), &addon.cluster_name())
         };
-        let mut wanted = desired(&stacks, &releases, &addons, class_namespace);
+        let mut wanted = desired(&stacks, &releases, &addons, cluster_of);
         if let Some(clusters) = caches.all_clusters() {
             wanted.moves = desired_moves(&releases, &clusters, |namespace, name| {
                 self.classes.class(namespace, name)
@@ -586,8 +590,9 @@ mod tests {
     }
 
     /// No Cluster has moved to another namespace's class.
-    fn own_namespace(_: &ClusterAddon) -> Option<String> {
-        None
+    /// Nothing known of the addons' Clusters: each counts alone, in its own namespace.
+    fn own_namespace(_: &ClusterAddon) -> (ClusterSeen, Option<String>) {
+        (ClusterSeen::Unknown, None)
     }
 
     #[test]
@@ -636,6 +641,32 @@ mod tests {
     }
 
     #[test]
+    fn clusters_are_counted_a_failed_first_install_on_its_class_and_a_gone_cluster_not_at_all() {
+        let stacks = [stack("ns", "ferrol", "stable")];
+        let releases = [release("ns", "docker-ferrol-1-27-v1")];
+        let addons = [
+            addon("ns", "fine", "docker-ferrol-1-27-v1", State::Ready),
+            // Its kubeconfig cannot be read: failing before anything was applied.
+            addon("ns", "broken", "", State::Failing),
+            // Its Cluster was deleted; no garbage collector removed the ClusterAddon (yet).
+            addon("ns", "deleted", "docker-ferrol-1-27-v1", State::Ready),
+        ];
+        let seen = |addon: &ClusterAddon| match addon.cluster_name().as_str() {
+            "deleted" => (ClusterSeen::Gone, None),
+            _ => (
+                ClusterSeen::Exists {
+                    class_release: Some("docker-ferrol-1-27-v1".into()),
+                },
+                Some("ns".into()),
+            ),
+        };
+        let desired = desired(&stacks, &releases, &addons, seen);
+        let v1 = counts(2, 1, 0, &["ns/broken"]);
+        assert_eq!(desired.releases[&key("ns", "docker-ferrol-1-27-v1")], v1);
+        assert_eq!(desired.stacks[&key("ns", "ferrol")].total, v1);
+    }
+
+    #[test]
     fn a_release_without_its_cluster_stack_release_still_counts_on_its_stack() {
         let stacks = [stack("ns", "ferrol", "stable")];
         let releases = [release("ns", "docker-ferrol-1-27-v2")];
@@ -680,7 +711,7 @@ mod tests {
         let stacks = [stack("ns", "ferrol", "stable")];
         let addons = [addon(addon_namespace, "c", tag, State::Ready)];
         let class_namespace = class_namespace.map(str::to_owned);
-        let desired = desired(&stacks, &[], &addons, |_| class_namespace.clone());
+        let desired = desired(&stacks, &[], &addons, |_| (ClusterSeen::Unknown, class_namespace.clone()));
         assert_eq!(desired.stacks[&key("ns", "ferrol")].total.clusters, clusters);
     }
 

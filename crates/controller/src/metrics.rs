@@ -13,6 +13,7 @@
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
 use std::{
+    collections::HashMap,
     future::Future,
     path::Path,
     sync::{Arc, Mutex, OnceLock},
@@ -24,7 +25,10 @@ use cso_apply::ApplyReport;
 use cso_release::{ReleaseCache, ReleaseSource, SourceError, source::Provenance};
 use cso_render::{ChartRenderer, RenderError, RenderRequest};
 use futures::{FutureExt, future::BoxFuture};
-use kube::runtime::{controller::Action, reflector};
+use kube::{
+    ResourceExt,
+    runtime::{controller::Action, reflector},
+};
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, text::encode},
     metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -156,6 +160,9 @@ pub struct Metrics {
     /// Clusters this replica's shard handles, counted from its Cluster watch at scrape time.
     shard_clusters: Family<ShardLabels, Gauge>,
     shard_store: OnceLock<(reflector::Store<cso_api::capi::Cluster>, cso_api::shard::Shard)>,
+    /// Every Cluster (no watch filter, the default shard): the fleet gauges count Clusters, not ClusterAddons
+    /// ([`cso_api::fleet`]). Unset: each ClusterAddon counts alone.
+    fleet_clusters: OnceLock<crate::stores::Listed<cso_api::capi::Cluster>>,
     /// The ClusterAddons whose counts `clusters` shows ([`cso_api::fleet`]), read at scrape time.
     addons: OnceLock<reflector::Store<ClusterAddon>>,
     fleet_status_writes: Family<KindLabels, Counter>,
@@ -268,6 +275,7 @@ impl Default for Metrics {
             unattended: Family::default(),
             shard_clusters: Family::default(),
             shard_store: OnceLock::new(),
+            fleet_clusters: OnceLock::new(),
             addons: OnceLock::new(),
             fleet_status_writes: Family::default(),
             releases: OnceLock::new(),
@@ -497,9 +505,16 @@ impl Metrics {
         }
         if let Some(addons) = self.addons.get() {
             let addons = addons.state();
+            let seen = self.clusters_seen(&addons);
+            let members = || {
+                addons
+                    .iter()
+                    .zip(&seen)
+                    .map(|(addon, cluster)| cso_api::fleet::Member { addon, cluster })
+            };
             // Releases no Cluster is on any more leave the gauge.
             self.clusters.clear();
-            for counts in cso_api::fleet::fleet(addons.iter().map(AsRef::as_ref)) {
+            for counts in cso_api::fleet::fleet(members()) {
                 for state in AddonState::ALL {
                     let labels = FleetLabels {
                         stack: counts.stack.clone(),
@@ -513,7 +528,7 @@ impl Metrics {
                 }
             }
             self.not_running.clear();
-            let not_running = cso_api::fleet::not_running(addons.iter().map(AsRef::as_ref));
+            let not_running = cso_api::fleet::not_running(members());
             for ((stack, release, reason), count) in not_running {
                 #[allow(clippy::cast_possible_wrap, reason = "a count of Clusters")]
                 self.not_running
@@ -776,6 +791,39 @@ impl Metrics {
     /// `cso_condition_false`.
     pub(crate) fn watch_releases(&self, releases: reflector::Store<ClusterStackRelease>) {
         let _ = self.releases.set(releases);
+    }
+
+    /// What the fleet gauges know of the Cluster of each of `addons`, in order.
+    fn clusters_seen(&self, addons: &[Arc<ClusterAddon>]) -> Vec<cso_api::fleet::ClusterSeen> {
+        use cso_api::fleet::ClusterSeen;
+        let clusters = self
+            .fleet_clusters
+            .get()
+            .filter(|clusters| clusters.listed.now())
+            .map(|clusters| {
+                clusters
+                    .store
+                    .state()
+                    .into_iter()
+                    .map(|c| ((c.namespace().unwrap_or_default(), c.name_any()), c))
+                    .collect::<HashMap<_, _>>()
+            });
+        addons
+            .iter()
+            .map(|addon| match &clusters {
+                None => ClusterSeen::Unknown,
+                Some(clusters) => ClusterSeen::of(
+                    clusters
+                        .get(&(addon.namespace().unwrap_or_default(), addon.cluster_name()))
+                        .map(AsRef::as_ref),
+                ),
+            })
+            .collect()
+    }
+
+    /// The Clusters the fleet gauges count (every Cluster: no watch filter, the default shard).
+    pub(crate) fn watch_fleet_clusters(&self, clusters: crate::stores::Listed<cso_api::capi::Cluster>) {
+        let _ = self.fleet_clusters.set(clusters);
     }
 
     /// Shows the counts of the ClusterAddons in `addons` (the watch's store) as `cso_clusters`.

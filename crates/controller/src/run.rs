@@ -166,6 +166,9 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     );
     ctx.metrics
         .watch_shard_clusters(cluster_watch.store(), settings.shard.clone());
+    if management && settings.watch_filter.is_none() {
+        ctx.metrics.watch_fleet_clusters(cluster_watch.cache());
+    }
     ctx.use_stores(Stores {
         releases: release_watch.cache(),
         addons: addon_watch.cache(),

@@ -14,7 +14,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use cso_api::{ClusterAddon, ClusterStackRelease, capi::Cluster};
+use cso_api::{ClusterAddon, ClusterStackRelease, capi::Cluster, fleet::ClusterSeen};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Resource, ResourceExt,
@@ -49,6 +49,19 @@ where
 {
     pub(crate) store: Store<K>,
     pub(crate) listed: crate::watch::Listed,
+}
+
+impl<K> std::fmt::Debug for Listed<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listed")
+            .field("objects", &self.store.state().len())
+            .field("listed", &self.listed.now())
+            .finish()
+    }
 }
 
 impl<K> Listed<K>
@@ -93,6 +106,19 @@ impl Stores {
     pub(crate) fn cluster(&self, namespace: &str, name: &str) -> Option<Option<Arc<Cluster>>> {
         let store = self.clusters.store()?;
         Some(store.get(&ObjectRef::new_with(name, self.cluster_resource.clone()).within(namespace)))
+    }
+
+    /// What the fleet counts know of the Cluster `name` in `namespace`, and the namespace of its ClusterClass:
+    /// gone only when the store holds every Cluster and has none of that name.
+    pub(crate) fn cluster_seen(&self, namespace: &str, name: &str) -> (ClusterSeen, Option<String>) {
+        match self.cluster(namespace, name) {
+            Some(Some(cluster)) => (
+                ClusterSeen::of(Some(&cluster)),
+                cluster.class().map(|class| class.namespace),
+            ),
+            Some(None) if self.all_clusters => (ClusterSeen::Gone, None),
+            _ => (ClusterSeen::Unknown, None),
+        }
     }
 
     /// The resourceVersion of the Secret `name` in `namespace` as the watch last saw it.

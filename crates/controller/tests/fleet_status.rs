@@ -1,7 +1,9 @@
 //! The fleet status writer on a real API server, with the operator's controllers running: 20 ClusterAddons
 //! over two releases, two of them failing, are counted into the ClusterStack's status (in all and per
 //! release) and into each ClusterStackRelease's; the counts follow the addons, survive the controllers' own
-//! status writes, and a burst of changes is written in a round or two, without waking a reconcile.
+//! status writes, and a burst of changes is written in a round or two, without waking a reconcile. Clusters are
+//! counted, not ClusterAddons: one that failed before its first install counts as failing on the release its
+//! class names (statuses and `cso_clusters`), and the ClusterAddon of a deleted Cluster counts for nothing.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
 mod support;
@@ -328,10 +330,65 @@ async fn cluster_counts_are_written_into_the_stack_and_release_statuses() {
         before,
         "(ClusterStack, ClusterStackRelease) reconciles: the counts' writes woke a controller"
     );
+
+    // A Cluster whose first install failed (its ClusterAddon on no release yet, a Warning condition) counts
+    // as failing on the release its class names; the ClusterAddon of a deleted Cluster counts for nothing,
+    // although it is still there (no garbage collector runs here).
+    create_paused_cluster(&client, &ns, "c20", V2).await;
+    let mut broken = ClusterAddon::new("cluster-addon-c20", ClusterAddonSpec::default());
+    broken
+        .annotations_mut()
+        .insert("cluster.x-k8s.io/paused".into(), String::new());
+    addons.create(&PostParams::default(), &broken).await.unwrap();
+    set_state(&addons, "cluster-addon-c20", false, true).await;
+    dynamic(&client, &ns, &capi("Cluster"))
+        .delete("c00", &Default::default())
+        .await
+        .unwrap();
+    let v1 = counts(11, 0, 11, &[]);
+    let v2 = counts(9, 0, 8, &failing(&["c20"]));
+    until_shown("v1's counts without the deleted Cluster", &Some(v1), || {
+        release_counts(&releases, V1)
+    })
+    .await;
+    until_shown("v2's counts with the failed first install", &Some(v2), || {
+        release_counts(&releases, V2)
+    })
+    .await;
+    until_shown(
+        "the ClusterStack's total",
+        &Some(counts(20, 0, 19, &failing(&["c20"]))),
+        || async { stack_counts(&stacks).await.map(|s| s.total) },
+    )
+    .await;
+    assert!(addons.get_opt("cluster-addon-c00").await.unwrap().is_some());
+    let text = metrics.encode();
+    let gauge = |release: &str, state: &str| {
+        metric(
+            &text,
+            &format!(r#"cso_clusters{{stack="docker-ferrol-1-27",release="{release}",state="{state}"}}"#),
+        )
+    };
+    assert_eq!(gauge(V2, "failing"), 1, "{text}");
+    assert_eq!(gauge(V1, "progressing"), 11, "{text}");
     running.stop().await;
 }
 
-/// 20 ClusterAddons, paused (their controller leaves them alone: they have no Cluster): `c00`..`c11` on v1
+/// A Cluster `name` of the class `class`, paused (no controller acts on it).
+async fn create_paused_cluster(client: &Client, ns: &str, name: &str, class: &str) {
+    let cluster: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": ns, "annotations": {"cluster.x-k8s.io/paused": ""}},
+        "spec": {"topology": {"class": class, "version": "v1.27.3"}},
+    }))
+    .unwrap();
+    dynamic(client, ns, &capi("Cluster"))
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+}
+
+/// 20 Clusters and their ClusterAddons, paused (their controllers leave them alone): `c00`..`c11` on v1
 /// and ready, `c12`..`c17` on v2 and ready, `c18` and `c19` on v2 and failing.
 async fn create_addons(client: &Client, ns: &str) -> Api<ClusterAddon> {
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), ns);
@@ -341,6 +398,7 @@ async fn create_addons(client: &Client, ns: &str) -> Api<ClusterAddon> {
             12..18 => (V2, false),
             _ => (V2, true),
         };
+        create_paused_cluster(client, ns, &format!("c{i:02}"), release).await;
         let name = format!("cluster-addon-c{i:02}");
         let mut addon = ClusterAddon::new(
             &name,

@@ -5,14 +5,15 @@
 //! Clusters of their stack on other releases could move to them and which could not, and why (issue 30);
 //! then the ClusterStackRollouts, one line each (`cso rollout status NAME` shows one in full).
 
-use std::fmt::Write as _;
+use std::{collections::HashMap, fmt::Write as _};
 
 use anyhow::Context as _;
 use cso_api::{
     ClusterAddon, ClusterStackRelease, ClusterStackRollout,
-    fleet::{ReleaseCounts, fleet},
+    capi::Cluster,
+    fleet::{ClusterSeen, Member, ReleaseCounts, fleet, fleet_of_addons},
 };
-use kube::Api;
+use kube::{Api, ResourceExt};
 
 use crate::cli::StatusArgs;
 
@@ -26,19 +27,52 @@ pub async fn print(args: StatusArgs) -> anyhow::Result<()> {
         Some(namespace) => (
             Api::namespaced(client.clone(), namespace),
             Api::namespaced(client.clone(), namespace),
-            Api::namespaced(client, namespace),
+            Api::namespaced(client.clone(), namespace),
         ),
         None => (
             Api::all(client.clone()),
             Api::all(client.clone()),
-            Api::all(client),
+            Api::all(client.clone()),
         ),
     };
     let listed = addons
         .list(&Default::default())
         .await
         .context("failed to list the ClusterAddons")?;
-    print!("{}", table(&fleet(&listed.items)));
+    // Clusters are counted, not ClusterAddons: one whose Cluster is gone counts for nothing, one that failed
+    // before its first install counts on the release its Cluster's class names. Without Cluster API's CRD
+    // (or the right to list Clusters), each ClusterAddon counts alone.
+    let cluster_resource = cso_controller::cluster_resource(&client).await;
+    let clusters: Api<Cluster> = match &args.namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &cluster_resource),
+        None => Api::all_with(client.clone(), &cluster_resource),
+    };
+    let counts = match clusters.list(&Default::default()).await {
+        Ok(clusters) => {
+            let by_name: HashMap<(String, String), &Cluster> = clusters
+                .items
+                .iter()
+                .map(|c| ((c.namespace().unwrap_or_default(), c.name_any()), c))
+                .collect();
+            let seen: Vec<ClusterSeen> = listed
+                .items
+                .iter()
+                .map(|addon| {
+                    let key = (addon.namespace().unwrap_or_default(), addon.cluster_name());
+                    ClusterSeen::of(by_name.get(&key).copied())
+                })
+                .collect();
+            fleet(
+                listed
+                    .items
+                    .iter()
+                    .zip(&seen)
+                    .map(|(addon, cluster)| Member { addon, cluster }),
+            )
+        }
+        Err(_) => fleet_of_addons(&listed.items),
+    };
+    print!("{}", table(&counts));
     // The moves are an addition: without them (an older operator, no ClusterStackReleases) the table is all.
     let releases = releases
         .list(&Default::default())
