@@ -1,5 +1,6 @@
-//! `cso status` as a process against a real API server: 20 ClusterAddons over two releases, two of them
-//! failing, are counted per release, the failing Clusters named.
+//! `cso status` as a process against a real API server: 20 Clusters over two releases, two of them failing,
+//! are counted per release, the failing Clusters named; a Cluster whose first install failed counts as failing
+//! on the release of its class, and the ClusterAddon of a Cluster that is gone counts for nothing.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
 use std::process::Command;
@@ -11,7 +12,8 @@ use cso_api::{
 };
 use kube::{
     Api,
-    api::{Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    core::GroupVersionKind,
 };
 use serde_json::json;
 
@@ -21,17 +23,32 @@ async fn the_fleet_is_counted_per_release_with_the_failing_clusters_named() {
     let client = plane.client().await.unwrap();
     let ns = cso_testenv::namespace(&client, "status").await.unwrap();
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
-    for i in 0..20 {
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster")),
+    );
+    // c20: its first install failed (on no release yet); c21: its Cluster is gone.
+    for i in 0..22 {
         let (class, failing) = match i {
-            0..12 => ("docker-ferrol-1-27-v1", false),
+            0..12 | 21 => ("docker-ferrol-1-27-v1", false),
             12..18 => ("docker-ferrol-1-27-v2", false),
             _ => ("docker-ferrol-1-27-v2", true),
         };
+        if i != 21 {
+            let cluster: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+                "metadata": {"name": format!("c{i:02}"), "namespace": &ns},
+                "spec": {"topology": {"class": class, "version": "v1.27.3"}},
+            }))
+            .unwrap();
+            clusters.create(&PostParams::default(), &cluster).await.unwrap();
+        }
         let name = format!("cluster-addon-c{i:02}");
         let addon = ClusterAddon::new(
             &name,
             ClusterAddonSpec {
-                cluster_stack: class.into(),
+                cluster_stack: if i == 20 { String::new() } else { class.into() },
                 ..Default::default()
             },
         );
@@ -95,11 +112,11 @@ async fn the_fleet_is_counted_per_release_with_the_failing_clusters_named() {
             vec!["docker-ferrol-1-27-v1", "12", "12", "0", "0"],
             vec![
                 "docker-ferrol-1-27-v2",
-                "8",
+                "9",
                 "6",
                 "0",
-                "2",
-                &format!("{ns}/c18, {ns}/c19"),
+                "3",
+                &format!("{ns}/c18, {ns}/c19, {ns}/c20"),
             ],
         ],
         "{table}"
