@@ -109,6 +109,9 @@ pub mod reason {
     pub const NOT_HEALTHY_IN_TIME: &str = "NotHealthyInTime";
     /// *New.* `AddonsHealthy` False (Warning): the addons ran, and no longer do (found by a later check).
     pub const DEGRADED: &str = "Degraded";
+    /// *New.* `AddonsHealthy` Unknown: the addons' objects cannot be read (the workload cluster does not
+    /// answer); `status.ready` keeps what the last finding said.
+    pub const HEALTH_NOT_READABLE: &str = "HealthNotReadable";
     /// *New.* `ReleaseVerified` False: keys are configured and the release has no signature.
     pub const UNSIGNED: &str = "Unsigned";
     /// *New.* `ReleaseVerified` False: the release has signatures, none of them by a configured key.

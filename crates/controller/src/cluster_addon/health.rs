@@ -9,6 +9,13 @@
 //! `status.ready` is True only while they run. The wait is
 //! timed from the moment they were first found not running after an apply: the condition keeps that time
 //! while its message follows what the objects' status says.
+//!
+//! Given up on or degraded, they are looked at again on a back-off from the moment they were found so (a
+//! quarter of the time since, from [`GIVEN_UP_POLL`] up to [`GIVEN_UP_POLL_MAX`]), not only at the periodic
+//! pass, so that addons that run again (a workload cluster back after an outage, an object put back) are
+//! found running within seconds of it. Objects that cannot be read at all (the workload cluster does not
+//! answer) are no finding: `AddonsHealthy` Unknown (`HealthNotReadable`) says so, `status.ready` keeps what
+//! the last finding said, and they are looked at again on the same back-off.
 
 use std::time::Duration;
 
@@ -23,6 +30,10 @@ use crate::events::Events;
 
 /// How soon addons that do not run yet are looked at again.
 pub(crate) const WAITING_POLL: Duration = Duration::from_secs(5);
+/// How soon addons given up on, degraded or not readable are looked at again, at first.
+pub(crate) const GIVEN_UP_POLL: Duration = Duration::from_secs(10);
+/// ... and at the latest (the periodic pass may come sooner).
+pub(crate) const GIVEN_UP_POLL_MAX: Duration = Duration::from_secs(120);
 
 /// What a health check of the applied objects found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +41,8 @@ pub(crate) enum Found {
     Running,
     /// Not running: the objects and why, from their status (`Deployment kube-system/x: 0 of 1 ...; ...`).
     NotRunning(String),
+    /// Nothing found not running, but objects that could not be read, and why.
+    Unreadable(String),
 }
 
 impl Found {
@@ -37,6 +50,8 @@ impl Found {
     pub(crate) fn of(report: &cso_apply::HealthReport) -> Self {
         if report.is_healthy() {
             Found::Running
+        } else if report.unhealthy.is_empty() {
+            Found::Unreadable(report.summary(3))
         } else {
             Found::NotRunning(report.summary(3))
         }
@@ -70,6 +85,21 @@ pub(crate) fn record(
                 again: None,
             };
         }
+        Found::Unreadable(summary) => {
+            let since = addon
+                .get_condition(condition::ADDONS_HEALTHY)
+                .filter(|c| c.reason.as_deref() == Some(reason::HEALTH_NOT_READABLE))
+                .map_or(now, |c| c.last_transition_time);
+            addon.mark_unknown(
+                condition::ADDONS_HEALTHY,
+                reason::HEALTH_NOT_READABLE,
+                format!("the addons' objects cannot be read: {summary}"),
+            );
+            return Verdict {
+                running: addon.status.as_ref().is_some_and(|s| s.ready),
+                again: Some(given_up_poll(now, since)),
+            };
+        }
         Found::NotRunning(summary) => summary,
     };
     if applied_anew {
@@ -78,12 +108,16 @@ pub(crate) fn record(
     let before = addon
         .get_condition(condition::ADDONS_HEALTHY)
         .map(|c| (c.status, c.reason.clone(), c.last_transition_time));
-    // Given up on, or degraded: looked at again at the periodic pass (they may recover), not sooner.
+    // Given up on, or degraded: looked at again on a back-off from when it was found so (they may recover).
     let given_up = |addon: &mut ClusterAddon, why: &'static str, message: String| {
+        let since = addon
+            .get_condition(condition::ADDONS_HEALTHY)
+            .filter(|c| c.reason.as_deref() == Some(why))
+            .map_or(now, |c| c.last_transition_time);
         addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Warning, message);
         Verdict {
             running: false,
-            again: None,
+            again: Some(given_up_poll(now, since)),
         }
     };
     match before {
@@ -112,6 +146,12 @@ pub(crate) fn record(
         }
         _ => waiting(addon, summary, None),
     }
+}
+
+/// When to look again at addons found given up on, degraded or unreadable since `since`: a quarter of the time
+/// since, within [`GIVEN_UP_POLL`] and [`GIVEN_UP_POLL_MAX`].
+fn given_up_poll(now: DateTime<Utc>, since: DateTime<Utc>) -> Duration {
+    ((now - since).to_std().unwrap_or_default() / 4).clamp(GIVEN_UP_POLL, GIVEN_UP_POLL_MAX)
 }
 
 /// Marks the addons as waited for, the wait started at `since` (now when `None`).
@@ -189,10 +229,12 @@ mod tests {
     #[rstest]
     #[case::first_look(None, false, 0, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
     #[case::still_waiting(Some((false, reason::WAITING_FOR_HEALTH)), false, 599, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
-    #[case::timed_out(Some((false, reason::WAITING_FOR_HEALTH)), false, 600, reason::NOT_HEALTHY_IN_TIME, None, &[event::ADDONS_NOT_HEALTHY])]
-    #[case::still_given_up(Some((false, reason::NOT_HEALTHY_IN_TIME)), false, 5000, reason::NOT_HEALTHY_IN_TIME, None, &[])]
-    #[case::degraded(Some((true, "")), false, 5000, reason::DEGRADED, None, &[event::ADDONS_DEGRADED])]
-    #[case::still_degraded(Some((false, reason::DEGRADED)), false, 5000, reason::DEGRADED, None, &[])]
+    #[case::timed_out(Some((false, reason::WAITING_FOR_HEALTH)), false, 600, reason::NOT_HEALTHY_IN_TIME, Some(GIVEN_UP_POLL), &[event::ADDONS_NOT_HEALTHY])]
+    #[case::still_given_up(Some((false, reason::NOT_HEALTHY_IN_TIME)), false, 5000, reason::NOT_HEALTHY_IN_TIME, Some(GIVEN_UP_POLL_MAX), &[])]
+    #[case::given_up_a_minute_ago(Some((false, reason::NOT_HEALTHY_IN_TIME)), false, 60, reason::NOT_HEALTHY_IN_TIME, Some(Duration::from_secs(15)), &[])]
+    #[case::degraded(Some((true, "")), false, 5000, reason::DEGRADED, Some(GIVEN_UP_POLL), &[event::ADDONS_DEGRADED])]
+    #[case::still_degraded(Some((false, reason::DEGRADED)), false, 5000, reason::DEGRADED, Some(GIVEN_UP_POLL_MAX), &[])]
+    #[case::degraded_a_moment_ago(Some((false, reason::DEGRADED)), false, 8, reason::DEGRADED, Some(GIVEN_UP_POLL), &[])]
     #[case::an_upgrade_waits_again(Some((true, "")), true, 5000, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
     #[case::an_upgrade_after_a_timeout_waits_again(Some((false, reason::NOT_HEALTHY_IN_TIME)), true, 5000, reason::WAITING_FOR_HEALTH, Some(WAITING_POLL), &[])]
     fn addons_not_running(
@@ -257,6 +299,40 @@ mod tests {
         );
         assert!(!verdict.running);
         assert_eq!(reason_of(&addon).as_deref(), Some(reason::NOT_HEALTHY_IN_TIME));
+    }
+
+    #[rstest]
+    #[case::running_before(Some((true, "")), true)]
+    #[case::never_found_running(None, false)]
+    #[case::degraded_before(Some((false, reason::DEGRADED)), false)]
+    fn objects_that_cannot_be_read_are_no_finding(
+        #[case] before: Option<(bool, &'static str)>,
+        #[case] ready: bool,
+    ) {
+        let mut addon = with_health(before, 0);
+        addon.status.get_or_insert_with(Default::default).ready = ready;
+        let mut events = Events::default();
+        let found = Found::Unreadable("Deployment kube-system/x: cannot be read: connection refused".into());
+        let first = record(&mut addon, &found, false, at(100), TIMEOUT, &mut events);
+        assert_eq!(
+            first,
+            Verdict {
+                running: ready,
+                again: Some(GIVEN_UP_POLL)
+            }
+        );
+        let condition = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
+        assert_eq!(condition.status, ConditionStatus::Unknown);
+        assert_eq!(condition.reason.as_deref(), Some(reason::HEALTH_NOT_READABLE));
+        assert!(condition.message.as_deref().unwrap().contains("connection refused"));
+        assert!(events.reasons().is_empty());
+        // Still not readable ten minutes on: looked at on the back-off, timed from the first such look.
+        let later = record(&mut addon, &found, false, at(700), TIMEOUT, &mut events);
+        assert_eq!(later.again, Some(GIVEN_UP_POLL_MAX));
+        // Readable again and running: healthy at once.
+        let back = record(&mut addon, &Found::Running, false, at(710), TIMEOUT, &mut events);
+        assert!(back.running);
+        assert!(addon.is_condition_true(condition::ADDONS_HEALTHY));
     }
 
     #[rstest]

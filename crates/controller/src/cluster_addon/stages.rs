@@ -233,7 +233,7 @@ pub(crate) fn after_health(
             }
             after_check(addon, index, false, Check::Holds, events)
         }
-        super::health::Found::NotRunning(summary) => {
+        super::health::Found::NotRunning(summary) | super::health::Found::Unreadable(summary) => {
             let name = stage_name(addon, index);
             addon.delete_condition(condition::EVALUATED_CEL);
             let given_up_before = addon
