@@ -63,6 +63,10 @@ pub mod reason {
     pub const CONTROL_PLANE_NOT_READY: &str = "ControlPlaneNotReady";
     pub const FAILED_TO_APPLY_OBJECTS: &str = "FailedToApplyObjects";
     pub const OBJECTS_APPLYING_ONGOING: &str = "ObjectsApplyingOngoing";
+    /// *New.* `HelmChartApplied` False (Error): the API server refuses objects for good (400, 403, 422: a
+    /// terminating namespace, a schema, RBAC, an admission policy); trying again does not change that, a change
+    /// of the objects or the cluster does.
+    pub const OBJECTS_REFUSED: &str = "ObjectsRefused";
     pub const PROVIDER_TEMPLATE_NOT_FOUND: &str = "ProviderTemplateNotFound";
     pub const FAILED_TO_CREATE_OR_UPDATE: &str = "FailedToCreateOrUpdate";
     pub const RELEASE_ASSETS_NOT_DOWNLOADED_YET: &str = "ReleaseAssetsNotDownloadedYet";

@@ -73,6 +73,16 @@ const APPLIES_AT_ONCE: usize = 8;
 pub struct Failure {
     pub key: ObjectKey,
     pub error: String,
+    /// The API server refused it in a way that trying again does not change ([`refused_for_good`]): only a
+    /// change of the object or of the cluster (its namespace, a policy, permissions) will.
+    pub lasting: bool,
+}
+
+/// Whether an API server's answer to a write refuses it for good: 400 Bad Request, 403 Forbidden (a
+/// namespace being deleted, RBAC, an admission policy), 422 Invalid (a schema or a webhook's refusal).
+/// Conflicts, timeouts, throttling, unknown kinds and missing namespaces may clear by themselves.
+pub fn refused_for_good(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422))
 }
 
 /// What applying a render did.
@@ -109,6 +119,12 @@ pub struct ApplyReport {
 impl ApplyReport {
     pub fn is_complete(&self) -> bool {
         self.failures.is_empty() && self.held.is_none()
+    }
+
+    /// Whether the apply failed and every failure is a refusal for good ([`Failure::lasting`]): waiting will
+    /// not make it complete.
+    pub fn refused_for_good(&self) -> bool {
+        self.held.is_none() && !self.failures.is_empty() && self.failures.iter().all(|f| f.lasting)
     }
 
     /// A one-line summary of why the apply is not complete (held, failures), for conditions and events.
@@ -288,6 +304,8 @@ pub(crate) struct Prepared {
     pub(crate) kind: Option<ResolvedKind>,
     pub(crate) object: Value,
     pub(crate) error: Option<String>,
+    /// The error is a refusal for good ([`refused_for_good`]).
+    lasting: bool,
     drift_corrected: bool,
     /// Left unwritten: as our last apply of the same content left it.
     unchanged: bool,
@@ -469,6 +487,7 @@ impl ApplyEngine {
                     report.failures.push(Failure {
                         key: item.key.clone(),
                         error: error.clone(),
+                        lasting: item.lasting,
                     });
                     ResourceStatus::NotSynced
                 }
@@ -496,12 +515,17 @@ impl ApplyEngine {
                 Ok(Pruned::Refused(error)) => {
                     tracing::warn!(object = %key, %error,
                         "the API server refused to delete a stale object; dropped from the inventory, left in place");
-                    report.refused.push(Failure { key, error });
+                    report.refused.push(Failure {
+                        key,
+                        error,
+                        lasting: true,
+                    });
                 }
                 Err(error) => {
                     report.failures.push(Failure {
                         key: key.clone(),
                         error: error.clone(),
+                        lasting: false,
                     });
                     report
                         .resources
@@ -556,6 +580,7 @@ impl ApplyEngine {
                     kind: None,
                     object,
                     error: Some(e.to_string()),
+                    lasting: false,
                     drift_corrected: false,
                     unchanged: false,
                 };
@@ -583,7 +608,8 @@ impl ApplyEngine {
                         kind: Some(kind),
                         object,
                         error: Some(error),
-                        drift_corrected: false,
+                        lasting: false,
+                    drift_corrected: false,
                         unchanged: false,
                     };
                 }
@@ -618,6 +644,7 @@ impl ApplyEngine {
             kind: Some(kind),
             object,
             error: None,
+            lasting: false,
             drift_corrected: false,
             unchanged: false,
         }
@@ -853,6 +880,7 @@ impl ApplyEngine {
                         &item.key.kind,
                     ));
                 }
+                item.lasting = refused_for_good(&e);
                 item.error = Some(api_error(&e));
             }
         }

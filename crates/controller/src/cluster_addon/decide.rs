@@ -586,6 +586,7 @@ mod tests {
                         name: "web".into(),
                     },
                     error: (*e).into(),
+                    lasting: false,
                 })
                 .collect(),
             ..Default::default()

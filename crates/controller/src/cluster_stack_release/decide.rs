@@ -272,6 +272,15 @@ fn conclude_sync(
             ),
             event::PRUNE_HELD,
         ),
+        // The API server refuses them for good (a terminating namespace, a schema, RBAC): not "ongoing".
+        None if report.refused_for_good() => (
+            (
+                condition::HELM_CHART_APPLIED,
+                reason::OBJECTS_REFUSED,
+                Severity::Error,
+            ),
+            event::FAILED_TO_APPLY_OBJECTS,
+        ),
         None => (
             (
                 condition::HELM_CHART_APPLIED,
@@ -529,6 +538,7 @@ mod tests {
                         name: "x".into(),
                     },
                     error: (*e).into(),
+                    lasting: false,
                 })
                 .collect(),
             ..Default::default()
@@ -1115,6 +1125,18 @@ mod tests {
         assert_eq!(
             condition_of(&r, condition::HELM_CHART_APPLIED),
             failed(ConditionStatus::False, reason::OBJECTS_APPLYING_ONGOING)
+        );
+
+        // Refused for good: a reason that does not promise progress.
+        let mut refused = report(&["namespace stacks is being terminated (403)"]);
+        refused.failures[0].lasting = true;
+        p.applied = Some(refused);
+        let (events, outcome) = conclude(&p, &mut r, RESYNC);
+        assert!(matches!(outcome, Outcome::Retry(m) if m.contains("being terminated")));
+        assert_eq!(events.reasons(), [event::FAILED_TO_APPLY_OBJECTS]);
+        assert_eq!(
+            condition_of(&r, condition::HELM_CHART_APPLIED),
+            failed(ConditionStatus::False, reason::OBJECTS_REFUSED)
         );
 
         let mut held = report(&[]);
