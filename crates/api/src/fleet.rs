@@ -373,10 +373,22 @@ mod tests {
             class_release: Some("docker-ferrol-1-27-v2".into()),
         };
         let members = [
-            Member { addon: &ready, cluster: &on_v1 },
-            Member { addon: &broken, cluster: &heading_to_v2 },
-            Member { addon: &orphan, cluster: &ClusterSeen::Gone },
-            Member { addon: &unknown, cluster: &ClusterSeen::Unknown },
+            Member {
+                addon: &ready,
+                cluster: &on_v1,
+            },
+            Member {
+                addon: &broken,
+                cluster: &heading_to_v2,
+            },
+            Member {
+                addon: &orphan,
+                cluster: &ClusterSeen::Gone,
+            },
+            Member {
+                addon: &unknown,
+                cluster: &ClusterSeen::Unknown,
+            },
         ];
         let summary: Vec<(String, usize, usize, usize, Vec<String>)> = fleet(members)
             .into_iter()
@@ -387,7 +399,13 @@ mod tests {
             [
                 (String::new(), 1, 0, 0, vec![]),
                 ("docker-ferrol-1-27-v1".into(), 1, 1, 0, vec![]),
-                ("docker-ferrol-1-27-v2".into(), 1, 0, 1, vec!["fleet/broken".into()]),
+                (
+                    "docker-ferrol-1-27-v2".into(),
+                    1,
+                    0,
+                    1,
+                    vec!["fleet/broken".into()]
+                ),
             ]
         );
         let mut gone = addon("gone", "docker-ferrol-1-27-v1", false, None);
@@ -397,9 +415,20 @@ mod tests {
             Severity::Warning,
             "x",
         );
-        assert!(not_running([Member { addon: &gone, cluster: &ClusterSeen::Gone }]).is_empty());
+        assert!(
+            not_running([Member {
+                addon: &gone,
+                cluster: &ClusterSeen::Gone
+            }])
+            .is_empty()
+        );
         assert_eq!(
-            not_running([Member { addon: &gone, cluster: &on_v1 }]).into_iter().collect::<Vec<_>>(),
+            not_running([Member {
+                addon: &gone,
+                cluster: &on_v1
+            }])
+            .into_iter()
+            .collect::<Vec<_>>(),
             [(
                 (
                     "docker-ferrol-1-27".into(),

@@ -609,7 +609,7 @@ impl ApplyEngine {
                         object,
                         error: Some(error),
                         lasting: false,
-                    drift_corrected: false,
+                        drift_corrected: false,
                         unchanged: false,
                     };
                 }

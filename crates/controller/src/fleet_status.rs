@@ -711,7 +711,9 @@ mod tests {
         let stacks = [stack("ns", "ferrol", "stable")];
         let addons = [addon(addon_namespace, "c", tag, State::Ready)];
         let class_namespace = class_namespace.map(str::to_owned);
-        let desired = desired(&stacks, &[], &addons, |_| (ClusterSeen::Unknown, class_namespace.clone()));
+        let desired = desired(&stacks, &[], &addons, |_| {
+            (ClusterSeen::Unknown, class_namespace.clone())
+        });
         assert_eq!(desired.stacks[&key("ns", "ferrol")].total.clusters, clusters);
     }
 

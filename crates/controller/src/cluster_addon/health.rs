@@ -324,7 +324,13 @@ mod tests {
         let condition = addon.get_condition(condition::ADDONS_HEALTHY).unwrap();
         assert_eq!(condition.status, ConditionStatus::Unknown);
         assert_eq!(condition.reason.as_deref(), Some(reason::HEALTH_NOT_READABLE));
-        assert!(condition.message.as_deref().unwrap().contains("connection refused"));
+        assert!(
+            condition
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("connection refused")
+        );
         assert!(events.reasons().is_empty());
         // Still not readable ten minutes on: looked at on the back-off, timed from the first such look.
         let later = record(&mut addon, &found, false, at(700), TIMEOUT, &mut events);

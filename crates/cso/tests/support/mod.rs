@@ -290,11 +290,14 @@ pub async fn github_with_ferrol() -> cso_testenv::github::FakeGithub {
 }
 
 /// A TCP proxy on loopback in front of an API server that a test can cut off (open connections dropped, new
-/// ones refused) and restore on the same port: an API outage as the operator sees it.
+/// ones refused) or silence (a network partition: open connections stay open and carry nothing, new ones are
+/// accepted and carry nothing) and restore on the same port: an API outage as the operator sees it.
 pub struct ApiProxy {
     port: u16,
     upstream: String,
     serving: Option<tokio::task::JoinHandle<()>>,
+    /// True while silenced: nothing is forwarded either way.
+    silent: tokio::sync::watch::Sender<bool>,
 }
 
 impl ApiProxy {
@@ -302,10 +305,12 @@ impl ApiProxy {
     pub async fn start(server_url: &str) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let upstream = server_url.trim_start_matches("https://").to_owned();
+        let (silent, _) = tokio::sync::watch::channel(false);
         ApiProxy {
             port: listener.local_addr().unwrap().port(),
-            serving: Some(Self::serve(listener, upstream.clone())),
+            serving: Some(Self::serve(listener, upstream.clone(), silent.clone())),
             upstream,
+            silent,
         }
     }
 
@@ -320,8 +325,18 @@ impl ApiProxy {
         }
     }
 
-    /// Listens again on the same port.
+    /// Forwards nothing until [`Self::restore`], closing nothing: what was sent waits, as packets of a
+    /// partition wait for TCP's retransmissions.
+    pub fn silence(&self) {
+        self.silent.send_replace(true);
+    }
+
+    /// Forwards again; listens again on the same port after a [`Self::cut`].
     pub async fn restore(&mut self) {
+        self.silent.send_replace(false);
+        if self.serving.is_some() {
+            return;
+        }
         let mut attempts = 0;
         let listener = loop {
             match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
@@ -333,26 +348,62 @@ impl ApiProxy {
                 }
             }
         };
-        self.serving = Some(Self::serve(listener, self.upstream.clone()));
+        self.serving = Some(Self::serve(listener, self.upstream.clone(), self.silent.clone()));
     }
 
-    fn serve(listener: tokio::net::TcpListener, upstream: String) -> tokio::task::JoinHandle<()> {
+    fn serve(
+        listener: tokio::net::TcpListener,
+        upstream: String,
+        silent: tokio::sync::watch::Sender<bool>,
+    ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             // Dropped with the task when it is aborted: that closes every connection.
             let mut connections = tokio::task::JoinSet::new();
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let Ok((inbound, _)) = listener.accept().await else {
                     continue;
                 };
                 let upstream = upstream.clone();
+                let silent = silent.subscribe();
                 connections.spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    let mut quiet = silent.clone();
+                    if quiet.wait_for(|silent| !silent).await.is_err() {
+                        return;
+                    }
+                    if let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                        let (from_client, to_server) = inbound.into_split();
+                        let (from_server, to_client) = outbound.into_split();
+                        tokio::select! {
+                            () = forward(from_client, to_server, silent.clone()) => {}
+                            () = forward(from_server, to_client, silent) => {}
+                        }
                     }
                 });
                 while connections.try_join_next().is_some() {}
             }
         })
+    }
+}
+
+/// Copies `from` to `to` until either ends, holding whatever it reads while `silent` says so.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut silent: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        if silent.wait_for(|silent| !silent).await.is_err() {
+            return;
+        }
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        if silent.wait_for(|silent| !silent).await.is_err() || to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
     }
 }
 
