@@ -1,7 +1,9 @@
 //! Drift fights (issue 33) on real API servers with real helm: a second writer with its own field manager
 //! keeps changing a field the addons set, and the operator puts it back with back-off (far fewer corrections
 //! than writes), reports the fight on the ClusterAddon naming the manager and the field, leaves other objects
-//! and another Cluster alone, and, once the writer stops, puts it back once and clears the report. Replicas an
+//! and another Cluster alone, and, once the writer stops, puts it back once and clears the report; a deletion
+//! of the object well after that last correction, while its hold still lasts, is put back at once (no writer
+//! answers so late: the fight is over). Replicas an
 //! autoscaler sets through the `scale` subresource are left to it: no fight at all.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
@@ -177,12 +179,36 @@ async fn a_field_another_manager_keeps_changing_is_put_back_with_back_off_and_re
         (d.labels().get("domain").map(String::as_str) == Some(ours)).then_some(())
     })
     .await;
+    let after_stop = corrections(&metrics) - stopped_at;
+
+    // 12 s after that correction its hold (the cap, 20 s) still lasts; a person deletes the Deployment. The
+    // writer answered within a fraction of a second: this is no answer of it, and it is put back at once.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    fought_deployments
+        .delete("metrics-server", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = std::time::Instant::now();
+    eventually("the deleted Deployment put back", CONVERGE, || async {
+        fought_deployments
+            .get_opt("metrics-server")
+            .await
+            .unwrap()
+            .filter(|d| d.metadata.deletion_timestamp.is_none())
+            .map(|_| ())
+    })
+    .await;
+    let put_back = deleted.elapsed();
+    println!("a deletion 12 s after the fight's last correction was put back after {put_back:?}");
+    assert!(
+        put_back < Duration::from_secs(4),
+        "put back at once, not at the hold's end (8 s later): {put_back:?}"
+    );
     let cleared = addon_where(&addons, "fought", "the fight's report cleared", CONVERGE, |a| {
         a.get_condition(condition::DRIFT_SETTLED).is_none()
     })
     .await;
     assert!(cleared.status.as_ref().unwrap().ready);
-    let after_stop = corrections(&metrics) - stopped_at;
     assert!(
         (0.0..=2.0).contains(&after_stop),
         "put back once after the writer stopped (one more if a correction was under way): {after_stop}"

@@ -13,6 +13,14 @@
 //! object is found as applied a quiet window (the cap) after its last correction; rounds that never became a
 //! fight are forgotten a quiet window after their hold.
 //!
+//! Holds end when the fight does ([`late`]): a writer in a fight answers each correction within about the
+//! same time (its *answer*: from a correction to the first drift seen after it). Drift first seen at least
+//! [`LATE_AFTER`] and four answers after the last correction, while that correction's hold lasts, is no
+//! answer of the writer (it stopped, and a person or another writer changed the object): the object's record
+//! is dropped and the drift put back at once, as a first correction. Seen in a chaos run: after a fight
+//! that had grown the hold to the cap (300 s), a deletion 25 s after the last correction was put back
+//! 275 s later.
+//!
 //! An object is one object on one API server ([`Place`]): Clusters whose kubeconfigs point at the same API
 //! server share its rounds and its hold, so that the object is put back once per hold however many
 //! ClusterAddons fight over it, and the first of them to find it drifted claims it for the moment its apply
@@ -39,6 +47,9 @@ pub(crate) const FIGHT_ROUNDS: u32 = 3;
 pub(crate) const FIRST_HOLD: Duration = Duration::from_secs(1);
 /// The most objects the condition names.
 const NAMED: usize = 3;
+/// Drift seen this long after the last correction (and four of the writer's answers) is not the writer's
+/// answer ([`late`]).
+pub(crate) const LATE_AFTER: Duration = Duration::from_secs(10);
 
 /// `(namespace, cluster)` of a ClusterAddon's Cluster, as the drift watches name it.
 pub(crate) type Owner = (String, String);
@@ -53,6 +64,9 @@ pub(crate) struct Round {
     pub(crate) hold: Duration,
     /// Who changed it last, as its drift watch saw.
     pub(crate) cause: Option<DriftCause>,
+    /// How soon after the previous correction the drift this one put back was first seen; none for a first
+    /// round.
+    pub(crate) answer: Option<Duration>,
 }
 
 impl Round {
@@ -69,11 +83,13 @@ impl Round {
     }
 }
 
-/// The round after a correction at `now`: the next one (its hold doubled, up to `cap`) when the previous
-/// correction's hold ended less than a quiet window (`cap`) ago, else the first.
+/// The round after a correction at `now` of drift first seen at `seen` (now when not told): the next one (its
+/// hold doubled, up to `cap`) when the previous correction's hold ended less than a quiet window (`cap`) ago,
+/// else the first.
 pub(crate) fn corrected(
     previous: Option<&Round>,
     now: Instant,
+    seen: Option<Instant>,
     cap: Duration,
     cause: Option<DriftCause>,
 ) -> Round {
@@ -86,7 +102,18 @@ pub(crate) fn corrected(
         corrected_at: now,
         hold,
         cause: cause.or_else(|| previous.and_then(|p| p.cause.clone())),
+        answer: previous.map(|p| seen.unwrap_or(now).saturating_duration_since(p.corrected_at)),
     }
+}
+
+/// Whether drift first seen at `seen`, while `round`'s hold lasts, comes too late to be the answer of the
+/// writer `round` fought: at least [`LATE_AFTER`] and four of its answers after the correction. A first round
+/// (no answer known) is never late: its hold is short anyway.
+pub(crate) fn late(round: &Round, seen: Instant) -> bool {
+    let Some(answer) = round.answer else {
+        return false;
+    };
+    round.held(seen) && seen.saturating_duration_since(round.corrected_at) >= LATE_AFTER.max(answer * 4)
 }
 
 /// Whether a look at `now` ends the record of an object: found `as_applied` a quiet window (`cap`) after
@@ -201,6 +228,8 @@ pub(crate) struct Fights(Mutex<Memory>);
 #[derive(Debug, Default)]
 struct Memory {
     rounds: HashMap<Place, Round>,
+    /// When drift of an object with a record was first seen since its last correction.
+    seen: HashMap<Place, Instant>,
     /// Objects a ClusterAddon is putting back now (see [`CLAIM`]).
     claims: HashMap<Place, Claim>,
     /// The API server of each ClusterAddon's Cluster and the objects there it put back.
@@ -261,7 +290,7 @@ impl Fights {
         }
         for place in places {
             if !memory.held(&place, owner, now) {
-                let hold_end = self::corrected(memory.rounds.get(&place), now, cap, None).hold_end();
+                let hold_end = self::corrected(memory.rounds.get(&place), now, None, cap, None).hold_end();
                 let claim = Claim {
                     by: owner.clone(),
                     until: now + CLAIM,
@@ -288,6 +317,7 @@ impl Fights {
         let mut memory = self.memory();
         let Memory {
             rounds,
+            seen,
             claims,
             addons,
             ..
@@ -307,7 +337,8 @@ impl Fights {
         let place = |key: &ObjectKey| (server.clone(), key.clone());
         let mut entered = Vec::new();
         for (key, cause) in corrected {
-            let round = self::corrected(rounds.get(&place(key)), now, cap, cause.clone());
+            let first_seen = seen.remove(&place(key));
+            let round = self::corrected(rounds.get(&place(key)), now, first_seen, cap, cause.clone());
             if round.rounds == FIGHT_ROUNDS {
                 entered.push(key.to_string());
             }
@@ -321,6 +352,7 @@ impl Fights {
             match rounds.get(&place(key)) {
                 Some(round) if !just_corrected && settled(round, now, cap, as_applied) => {
                     rounds.remove(&place(key));
+                    seen.remove(&place(key));
                     false
                 }
                 Some(_) => true,
@@ -364,8 +396,27 @@ impl Fights {
     }
 
     /// The throttle's decision for a drift notification of `key` of `owner` ([`wake`]); a wake-up decided
-    /// for later is recorded as pending until [`Fights::woken`].
+    /// for later is recorded as pending until [`Fights::woken`]. Drift that comes [`late`] ends the record of
+    /// the object: it is put back now.
     pub(crate) fn notified(&self, owner: &Owner, key: &ObjectKey, now: Instant) -> Wake {
+        {
+            let mut memory = self.memory();
+            let Memory {
+                rounds, seen, addons, ..
+            } = &mut *memory;
+            if let Some((server, _)) = addons.get(owner) {
+                let place = (server.clone(), key.clone());
+                if let Some(round) = rounds.get(&place) {
+                    let first_seen = *seen.entry(place.clone()).or_insert(now);
+                    if late(round, first_seen) {
+                        tracing::info!(object = %key, after = ?first_seen.saturating_duration_since(round.corrected_at),
+                            "drift long after the last correction: not the fighting writer's answer, put back now");
+                        rounds.remove(&place);
+                        seen.remove(&place);
+                    }
+                }
+            }
+        }
         let hold_end = self.hold_end(owner, key);
         let mut memory = self.memory();
         let decided = wake(hold_end, memory.pending.contains_key(owner), now);
@@ -390,12 +441,15 @@ impl Fights {
         let mut memory = self.memory();
         memory.addons.remove(owner);
         memory.pending.remove(owner);
-        let Memory { rounds, addons, .. } = &mut *memory;
+        let Memory {
+            rounds, seen, addons, ..
+        } = &mut *memory;
         rounds.retain(|(server, key), _| {
             addons
                 .values()
                 .any(|(at, involved)| at == server && involved.contains(key))
         });
+        seen.retain(|place, _| rounds.contains_key(place));
     }
 }
 
@@ -472,7 +526,41 @@ mod tests {
             corrected_at: at,
             hold: secs(hold),
             cause: None,
+            answer: None,
         }
+    }
+
+    #[rstest]
+    // A fighter answering in 0.2 s: drift 1 s after the correction is its answer, drift 12 s after is not.
+    #[case::the_fighters_answer(Some(0.2), 300.0, 1.0, false)]
+    #[case::long_after_the_fighter_stopped(Some(0.2), 300.0, 12.0, true)]
+    #[case::just_at_the_late_mark(Some(0.2), 300.0, 10.0, true)]
+    // A writer that answers every 30 s is answering, even late in a long hold.
+    #[case::a_slow_writer_answering(Some(30.0), 300.0, 35.0, false)]
+    #[case::a_slow_writer_silent_for_four_answers(Some(30.0), 300.0, 121.0, true)]
+    // After the hold there is no hold to end; a first round has no answer known.
+    #[case::after_the_hold(Some(0.2), 8.0, 12.0, false)]
+    #[case::a_first_round(None, 300.0, 50.0, false)]
+    fn drift_long_after_the_last_correction_is_no_answer_of_the_writer(
+        #[case] answer: Option<f64>,
+        #[case] hold: f64,
+        #[case] seen_after: f64,
+        #[case] expected: bool,
+    ) {
+        let t0 = Instant::now();
+        let mut round = round(6, t0, hold);
+        round.answer = answer.map(secs);
+        assert_eq!(late(&round, t0 + secs(seen_after)), expected);
+    }
+
+    #[test]
+    fn a_correction_records_how_soon_the_drift_came() {
+        let t0 = Instant::now();
+        let first = corrected(None, t0, None, CAP, None);
+        assert_eq!(first.answer, None);
+        // Seen 0.3 s after the first correction, put back at its hold's end.
+        let second = corrected(Some(&first), t0 + secs(1.0), Some(t0 + secs(0.3)), CAP, None);
+        assert_eq!(second.answer, Some(secs(0.3)));
     }
 
     #[rstest]
@@ -490,22 +578,22 @@ mod tests {
     ) {
         let t0 = Instant::now();
         let previous = previous.map(|(rounds, hold)| round(rounds, t0, hold));
-        let next = corrected(previous.as_ref(), t0 + secs(after), CAP, None);
+        let next = corrected(previous.as_ref(), t0 + secs(after), None, CAP, None);
         assert_eq!((next.rounds, next.hold), (expected.0, secs(expected.1)));
         assert_eq!(next.in_fight(), expected.0 >= FIGHT_ROUNDS);
     }
 
     #[test]
     fn a_cap_shorter_than_the_first_hold_holds_for_the_cap() {
-        let next = corrected(None, Instant::now(), Duration::from_millis(300), None);
+        let next = corrected(None, Instant::now(), None, Duration::from_millis(300), None);
         assert_eq!(next.hold, Duration::from_millis(300));
     }
 
     #[test]
     fn the_cause_seen_last_is_kept() {
         let t0 = Instant::now();
-        let first = corrected(None, t0, CAP, Some(fighter()));
-        let second = corrected(Some(&first), t0 + secs(1.0), CAP, None);
+        let first = corrected(None, t0, None, CAP, Some(fighter()));
+        let second = corrected(Some(&first), t0 + secs(1.0), None, CAP, None);
         assert_eq!(
             second.cause,
             Some(fighter()),
