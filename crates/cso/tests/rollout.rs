@@ -30,6 +30,7 @@ use serde_json::json;
 
 mod support;
 
+use cso_testenv::proxy::ApiProxy;
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(240);
@@ -130,7 +131,7 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
     let workload_plane = cso_testenv::ControlPlane::start(&tools, "rollout-workload", None)
         .await
         .unwrap();
-    let mut proxy = ApiProxy::start(workload_plane.server_url()).await;
+    let mut proxy = ApiProxy::start(workload_plane.server_url()).await.unwrap();
     let direct = Workload {
         kubeconfig: workload_plane.kubeconfig_yaml().to_owned(),
         server_url: workload_plane.server_url().to_owned(),
@@ -287,7 +288,7 @@ async fn six_clusters_move_in_three_waves_pausing_on_an_unreachable_one_until_it
     assert!(text.contains(&format!("  {ns}/c3 (wave early): ")), "{text}");
 
     // c3 recovers: the rollout goes on and completes.
-    proxy.restore().await;
+    proxy.restore().await.unwrap();
     let completed = wait_for_every(
         "the rollout completed",
         LIMIT,

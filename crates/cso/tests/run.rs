@@ -20,6 +20,7 @@ use serde_json::json;
 
 mod support;
 
+use cso_testenv::proxy::ApiProxy;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,7 +417,7 @@ async fn the_leader_rides_out_a_short_api_outage_and_stops_before_its_lease_expi
     let plane = cso_testenv::shared_management();
     let scene = LeaderScene::new("outage").await;
     let (client, ns) = (&scene.client, scene.ns.as_str());
-    let mut proxy = ApiProxy::start(plane.server_url()).await;
+    let mut proxy = ApiProxy::start(plane.server_url()).await.unwrap();
     let kubeconfig = scene.scratch.path().join("proxied.kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -438,7 +439,7 @@ async fn the_leader_rides_out_a_short_api_outage_and_stops_before_its_lease_expi
     // A 4.5 s outage (longer than a renewal period, so at least one renewal fails) is ridden out.
     proxy.cut();
     tokio::time::sleep(Duration::from_millis(4_500)).await;
-    proxy.restore().await;
+    proxy.restore().await.unwrap();
     wait_for(
         "the lease renewed after the outage",
         Duration::from_secs(10),
@@ -548,7 +549,7 @@ async fn an_edit_after_a_30_s_outage(name: &str, outage: Outage) {
     let plane = cso_testenv::shared_management();
     let scene = LeaderScene::new(name).await;
     let (client, ns) = (&scene.client, scene.ns.as_str());
-    let mut proxy = ApiProxy::start(plane.server_url()).await;
+    let mut proxy = ApiProxy::start(plane.server_url()).await.unwrap();
     let kubeconfig = scene.scratch.path().join("proxied.kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -566,7 +567,7 @@ async fn an_edit_after_a_30_s_outage(name: &str, outage: Outage) {
         Outage::Silence => proxy.silence(),
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
-    proxy.restore().await;
+    proxy.restore().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let edited = Instant::now();
     scene.add_v2().await;

@@ -24,6 +24,7 @@ pub mod go_operator;
 pub mod node;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod registry;
 pub mod stand_in;
 pub mod tools;
