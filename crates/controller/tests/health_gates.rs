@@ -460,3 +460,126 @@ async fn a_single_chart_upgrade_that_does_not_run_holds_before_cluster_upgrade_u
     operator.stop().await;
     own.stop();
 }
+
+/// The truth after a fault: the addons' metrics-server Deployment deleted and put back seven times (its hold
+/// grown to 64 s), then, a moment later, the workload API server cut off for 30 s with the Deployment deleted
+/// behind the cut. Once the server answers again, the deletion is put back at once (it came long after the
+/// last correction: no fighting writer answers that late) and the ClusterAddon is ready again within seconds,
+/// with the resync at its default (5 minutes); the health read that failed during the cut said so, and did
+/// not claim the addons stopped running. (Before: the object waited for the end of its hold, and a health
+/// read that failed in the cut marked the addons degraded until the next resync.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_corrections_and_a_cut_the_addons_are_ready_again_within_seconds() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "health-cut").await.unwrap();
+    let own = running_workload_plane("health-cut", 1).await;
+    let workload = own.control_plane.client().await.unwrap();
+    let mut proxy = cso_testenv::proxy::ApiProxy::start(own.control_plane.server_url())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    std::fs::write(
+        dir.path()
+            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+        r#"values: |
+  metrics-server:
+    apiService:
+      annotations:
+        clusterstack.x-k8s.io/skip-health-check: "true"
+"#,
+    )
+    .unwrap();
+    let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
+        s.addon_health_checks = true;
+    })
+    .await;
+    assert_eq!(
+        cso_controller::Settings::default().resync_interval,
+        Duration::from_secs(300),
+        "the default resync, which the recovery must not wait for"
+    );
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    let proxied = own
+        .control_plane
+        .kubeconfig_yaml()
+        .replace(own.control_plane.server_url(), &proxy.url());
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", &proxied)
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    addon_where(&addons, "c1", "cluster-addon-c1 ready", CONVERGE, ready).await;
+
+    // A history of corrections: deleted as soon as it is back, seven times (holds of 1, 2, 4, ... 64 s).
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    let back = |uid: String| {
+        let deployments = deployments.clone();
+        async move {
+            eventually("metrics-server put back", Duration::from_secs(90), || async {
+                deployments
+                    .get_opt("metrics-server")
+                    .await
+                    .unwrap()
+                    .filter(|d| d.uid().as_deref() != Some(uid.as_str()))
+            })
+            .await
+        }
+    };
+    let mut current = deployments.get("metrics-server").await.unwrap();
+    for _ in 0..7 {
+        deployments
+            .delete("metrics-server", &Default::default())
+            .await
+            .unwrap();
+        current = back(current.uid().unwrap()).await;
+    }
+    let fought = addons.get("cluster-addon-c1").await.unwrap();
+    let settled = fought.get_condition(condition::DRIFT_SETTLED).cloned();
+    assert!(
+        settled.as_ref().is_some_and(|c| c
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("put back 7 times"))),
+        "the corrections made a fight with a long hold: {settled:?}"
+    );
+
+    // A moment later: cut off for 30 s, the Deployment deleted behind the cut.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.cut();
+    deployments
+        .delete("metrics-server", &Default::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let during = addons.get("cluster-addon-c1").await.unwrap();
+    proxy.restore().await.unwrap();
+    let restored = std::time::Instant::now();
+    back(current.uid().unwrap()).await;
+    let put_back = restored.elapsed();
+    addon_where(
+        &addons,
+        "c1",
+        "ready again after the cut",
+        Duration::from_secs(60),
+        |a| ready(a) && a.is_condition_true(condition::ADDONS_HEALTHY),
+    )
+    .await;
+    let ready_again = restored.elapsed();
+    println!("after the cut: put back after {put_back:?}, ready after {ready_again:?}");
+    assert!(
+        put_back < Duration::from_secs(15),
+        "put back within seconds of the restore, not at its hold's end (64 s after the last correction): {put_back:?}"
+    );
+    assert!(
+        ready_again < Duration::from_secs(30),
+        "ready again within seconds of the restore, not at the resync: {ready_again:?}"
+    );
+    // In the cut, a failed read was no finding: not Degraded over an error.
+    if let Some((status, why, message)) = health_of(&during) {
+        assert_ne!(why, reason::DEGRADED, "{status:?} {message}");
+    }
+    operator.stop().await;
+    own.stop();
+}
