@@ -315,11 +315,31 @@ pub(crate) fn conclude_prefix(
             return Some(Conclusion::new(waiting));
         }
         WorkloadState::NotReady(error) => {
+            // A control plane being made does not answer for a while; one that has not answered for longer
+            // than a stage may take (`--stage-timeout`) is failing, and counted so.
+            let since = addon
+                .get_condition(condition::CLUSTER_READY)
+                .filter(|c| {
+                    c.status == cso_api::conditions::ConditionStatus::False
+                        && c.reason.as_deref() == Some(reason::CONTROL_PLANE_NOT_READY)
+                })
+                .map(|c| c.last_transition_time);
+            let silent_for = since.and_then(|since| (progress.now - since).to_std().ok());
+            let (severity, message) = match silent_for {
+                Some(long) if long >= intervals.health_timeout => (
+                    Severity::Warning,
+                    format!(
+                        "control plane not ready for {} minutes: {error}",
+                        long.as_secs() / 60
+                    ),
+                ),
+                _ => (Severity::Info, format!("control plane not ready yet: {error}")),
+            };
             addon.mark_false(
                 condition::CLUSTER_READY,
                 reason::CONTROL_PLANE_NOT_READY,
-                Severity::Info,
-                format!("control plane not ready yet: {error}"),
+                severity,
+                message,
             );
             return Some(Conclusion::new(waiting));
         }
@@ -899,6 +919,49 @@ mod tests {
         assert_eq!(next_step(&progress, &a), Step::Conclude, "nothing is rendered");
         let conclusion = conclude(&progress, &mut a.clone(), INTERVALS);
         assert_eq!(conclusion.spec.inputs.as_deref(), Some(DIGEST));
+    }
+
+    #[test]
+    fn a_control_plane_that_does_not_answer_for_longer_than_a_stage_may_take_is_failing() {
+        let progress = with(ready("docker-ferrol-1-27-v1", "v1", false), |p| {
+            p.workload = WorkloadState::NotReady("connection refused".into());
+        });
+        let mut a = addon("", "", false);
+        conclude(&progress, &mut a, INTERVALS);
+        let severity = |a: &ClusterAddon| a.get_condition(condition::CLUSTER_READY).unwrap().severity;
+        assert_eq!(
+            severity(&a),
+            Some(Severity::Info),
+            "not answering yet: being made"
+        );
+        // (The condition's transition is timed by the clock; the decision by the progress' own time.)
+        if let Some(c) = a.status.as_mut().and_then(|s| {
+            s.conditions
+                .iter_mut()
+                .find(|c| c.type_ == condition::CLUSTER_READY)
+        }) {
+            c.last_transition_time = progress.now;
+        }
+        let later = |seconds| {
+            let mut p = progress.clone();
+            p.now = progress.now + chrono::TimeDelta::seconds(seconds);
+            p
+        };
+        conclude(&later(599), &mut a, INTERVALS);
+        assert_eq!(severity(&a), Some(Severity::Info));
+        conclude(&later(660), &mut a, INTERVALS);
+        assert_eq!(severity(&a), Some(Severity::Warning));
+        let message = a
+            .get_condition(condition::CLUSTER_READY)
+            .unwrap()
+            .message
+            .clone()
+            .unwrap();
+        assert!(message.contains("not ready for 11 minutes"), "{message}");
+        assert_eq!(
+            cso_api::fleet::AddonState::of(&a),
+            cso_api::fleet::AddonState::Failing
+        );
     }
 
     #[rstest]
