@@ -97,9 +97,13 @@ METRICS_SERVER_COMMIT=6242212f633d50d6066d2fe95f221b052ef4e1ae
 METRICS_SERVER_BUILD_DATE=2023-07-25T10:08:06Z
 METRICS_SERVER_IMAGE="$CACHE/addon-images/metrics-server-$METRICS_SERVER_VERSION-$(cat "$ROOT"/hack/testenv/metrics-server/go.* | sha256sum | cut -c1-8).tar"
 KINDNETD_TAG=v20230511-dc714da8
-# The machine's iptables goes into the image: its mode and version are part of the key.
-IPTABLES_IN_IMAGE="$(basename "$(readlink -f "$(command -v iptables 2>/dev/null || echo none)")") $(iptables --version 2>/dev/null || true)"
-KINDNETD_IMAGE="$CACHE/addon-images/kindnetd-$KINDNETD_TAG-$( (cat "$ROOT"/hack/testenv/kindnetd/go.* "$ROOT"/hack/testenv/kindnetd/cmd/kindnetd/*.go; echo "$IPTABLES_IN_IMAGE") | sha256sum | cut -c1-8).tar"
+# The machine's iptables goes into the image: its mode and version are part of the key. Asked each time, not
+# once at the start: a fresh machine's `make tools` installs iptables on the way.
+kindnetd_image() {
+  local iptables
+  iptables="$(basename "$(readlink -f "$(command -v iptables 2>/dev/null || echo none)")") $(iptables --version 2>/dev/null || true)"
+  echo "$CACHE/addon-images/kindnetd-$KINDNETD_TAG-$( (cat "$ROOT"/hack/testenv/kindnetd/go.* "$ROOT"/hack/testenv/kindnetd/cmd/kindnetd/*.go; echo "$iptables") | sha256sum | cut -c1-8).tar"
+}
 WEB_IMAGE="$CACHE/test-images/web-$(cat "$ROOT"/hack/testenv/web/go.mod "$ROOT"/hack/testenv/web/main.go | sha256sum | cut -c1-8).tar"
 # kwok: the version is the one the wrapper module requires.
 KWOK_VERSION="$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$ROOT/hack/testenv/kwok/go.mod")"
@@ -151,7 +155,9 @@ print_env() {
   if [[ -f "$BUSYBOX_IMAGE" ]]; then echo "CSO_BUSYBOX_IMAGE=$BUSYBOX_IMAGE"; fi
   if [[ -f "$COREDNS_IMAGE" ]]; then echo "CSO_COREDNS_IMAGE=$COREDNS_IMAGE"; fi
   if [[ -f "$METRICS_SERVER_IMAGE" ]]; then echo "CSO_METRICS_SERVER_IMAGE=$METRICS_SERVER_IMAGE"; fi
-  if [[ -f "$KINDNETD_IMAGE" ]]; then echo "CSO_KINDNETD_IMAGE=$KINDNETD_IMAGE"; fi
+  local kindnetd_image
+  kindnetd_image="$(kindnetd_image)"
+  if [[ -f "$kindnetd_image" ]]; then echo "CSO_KINDNETD_IMAGE=$kindnetd_image"; fi
   if [[ -f "$WEB_IMAGE" ]]; then echo "CSO_WEB_IMAGE=$WEB_IMAGE"; fi
   if command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && [[ -x /usr/lib/cni/bridge ]]; then
     echo "CSO_CONTAINERD=$(command -v containerd)"
@@ -301,6 +307,8 @@ build_addon_images() {
     rm -rf "$work"
     say "metrics-server: $METRICS_SERVER_IMAGE in $((SECONDS - start))s"
   fi
+  local KINDNETD_IMAGE
+  KINDNETD_IMAGE="$(kindnetd_image)"
   if [[ -f "$KINDNETD_IMAGE" ]]; then say "kindnetd $KINDNETD_TAG image: cached at $KINDNETD_IMAGE"
   elif ! command -v iptables >/dev/null 2>&1; then say "kindnetd: needs the machine's iptables (install_network_tools)"
   else
