@@ -280,6 +280,12 @@ async fn an_upgrade_whose_container_exits_is_never_ready_and_pauses_its_rollout_
             }
             let rollout = rollouts.get("to-v2").await.unwrap();
             let status = rollout.status?;
+            eprintln!(
+                "rollout: {}; addon on {}: {:?}",
+                serde_json::to_string(&status).unwrap(),
+                addon.spec.cluster_stack,
+                health_of(&addon)
+            );
             (status.phase == cso_api::cluster_stack_rollout::phase::PAUSED).then_some(status)
         },
     )

@@ -88,8 +88,8 @@ impl ApiProxy {
                         return;
                     }
                     if let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await {
-                        let (from_client, to_server) = inbound.into_split();
-                        let (from_server, to_client) = outbound.into_split();
+                        let (from_client, to_client) = inbound.into_split();
+                        let (from_server, to_server) = outbound.into_split();
                         tokio::select! {
                             () = forward(from_client, to_server, silent.clone()) => {}
                             () = forward(from_server, to_client, silent) => {}
@@ -118,7 +118,10 @@ async fn forward(
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
-        if silent.wait_for(|silent| !silent).await.is_err() || to.write_all(&buffer[..read]).await.is_err() {
+        if silent.wait_for(|silent| !silent).await.is_err() {
+            return;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
             return;
         }
     }
