@@ -185,7 +185,10 @@ async fn an_upgrade_whose_container_exits_is_named_with_its_restarts_and_never_r
     let dir = tempfile::tempdir().unwrap();
     let (chart_file, chart_text) = chart("agent");
     let runs = agent(&image, "echo running; exec sleep 3600");
-    let exits = agent(&image, "echo the new version fails at start; exit 1");
+    let exits = agent(
+        &image,
+        "echo the new version runs a moment, then fails; sleep 4; exit 1",
+    );
     let acpi = "  AfterControlPlaneInitialized:\n    - {name: agent, action: apply}\n";
     staged_release_of(
         dir.path(),
@@ -230,9 +233,11 @@ async fn an_upgrade_whose_container_exits_is_named_with_its_restarts_and_never_r
     )
     .await;
 
-    // v2's container exits at once: the kubelet restarts it with a growing back-off, and after each start the
-    // pod is Ready for a moment. The ClusterAddon names the pod, the reason and the restarts, and is never
-    // taken for ready on v2: watched for three minutes, through several restarts.
+    // v2's container runs 4 s, then exits 1: the kubelet restarts it with a growing back-off, and after each
+    // start the pod is Ready for those seconds (no readiness probe), long enough for its Deployment to be
+    // available and the old pod to go. The ClusterAddon names the pod, the reason and the restarts, and is
+    // never taken for ready on v2: watched through three restarts. (With `--addon-settle-time=0s` it was
+    // ready on v2 within 31 s.)
     move_cluster(&client, &ns, "c2", "docker-staged-1-27-v2").await;
     let crash_seen = std::sync::atomic::AtomicBool::new(false);
     let watched = std::time::Instant::now();
