@@ -82,7 +82,9 @@ pub struct Failure {
 /// namespace being deleted, RBAC, an admission policy), 422 Invalid (a schema or a webhook's refusal).
 /// Conflicts, timeouts, throttling, unknown kinds and missing namespaces may clear by themselves.
 pub fn refused_for_good(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422))
+    // A quota's 403 clears when other objects go.
+    matches!(error, kube::Error::Api(status)
+        if matches!(status.code, 400 | 403 | 422) && !status.message.contains("exceeded quota"))
 }
 
 /// What applying a render did.

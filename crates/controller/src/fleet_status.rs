@@ -26,8 +26,9 @@
 //! [`FleetStatusWriter`] waits for changes and makes the writes.
 //!
 //! A ClusterAddon is on the release its `spec.clusterStack` names, in the namespace of its Cluster's
-//! ClusterClass (a Cluster may use a class of another namespace), else its own. Clusters whose addons are on
-//! no release yet are counted on none. A ClusterStack lists every ClusterStackRelease of its stack (zero
+//! ClusterClass (a Cluster may use a class of another namespace), else its own. Clusters are counted, not
+//! ClusterAddons ([`cso_api::fleet`]): one whose addons are on no release yet counts on the release its class
+//! names, one whose Cluster is gone counts for nothing; the first round waits for the Clusters' first list. A ClusterStack lists every ClusterStackRelease of its stack (zero
 //! counts when no Cluster is on it) and every other release of the stack a Cluster is on (its
 //! ClusterStackRelease deleted, say); which releases are a ClusterStack's is the ownership rule (provider,
 //! name, Kubernetes minor and a channel it admits: `StackKey::owns`). Paused objects are not written.
@@ -418,6 +419,10 @@ impl FleetStatusWriter {
         let (Some(release_store), Some(addon_store)) = (caches.releases(), caches.addons()) else {
             return true;
         };
+        // Clusters are counted, not ClusterAddons: not before the Clusters are listed, where they all are.
+        if !caches.clusters_listed() {
+            return true;
+        }
         if !self.stacks.listed.now() {
             return true;
         }

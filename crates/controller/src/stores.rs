@@ -108,6 +108,12 @@ impl Stores {
         Some(store.get(&ObjectRef::new_with(name, self.cluster_resource.clone()).within(namespace)))
     }
 
+    /// Whether the Cluster store has had its first list, where it is to hold every Cluster (elsewhere there is
+    /// nothing to wait for).
+    pub(crate) fn clusters_listed(&self) -> bool {
+        !self.all_clusters || self.clusters.listed.now()
+    }
+
     /// What the fleet counts know of the Cluster `name` in `namespace`, and the namespace of its ClusterClass:
     /// gone only when the store holds every Cluster and has none of that name.
     pub(crate) fn cluster_seen(&self, namespace: &str, name: &str) -> (ClusterSeen, Option<String>) {

@@ -78,6 +78,8 @@ impl ApiProxy {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
+                    // Out of descriptors, say: not a busy loop.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
                 let upstream = upstream.clone();

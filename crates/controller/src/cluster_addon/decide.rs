@@ -259,6 +259,10 @@ impl Conclusion {
     }
 }
 
+/// How long a workload control plane may not answer before its Cluster counts as failing (`ControlPlaneNotReady`
+/// turns from Info to Warning): longer than a machine takes to be made, on bare metal too.
+pub(crate) const CONTROL_PLANE_FAILING_AFTER: Duration = Duration::from_secs(30 * 60);
+
 /// How long to wait: for the workload cluster to answer, and between re-applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Intervals {
@@ -315,8 +319,9 @@ pub(crate) fn conclude_prefix(
             return Some(Conclusion::new(waiting));
         }
         WorkloadState::NotReady(error) => {
-            // A control plane being made does not answer for a while; one that has not answered for longer
-            // than a stage may take (`--stage-timeout`) is failing, and counted so.
+            // A control plane being made does not answer for a while (bare metal: half an hour); one that has
+            // not answered for longer than that is failing, and counted so. Timed from when it first did not
+            // answer, whatever the errors said since.
             let since = addon
                 .get_condition(condition::CLUSTER_READY)
                 .filter(|c| {
@@ -326,11 +331,11 @@ pub(crate) fn conclude_prefix(
                 .map(|c| c.last_transition_time);
             let silent_for = since.and_then(|since| (progress.now - since).to_std().ok());
             let (severity, message) = match silent_for {
-                Some(long) if long >= intervals.health_timeout => (
+                Some(long) if long >= CONTROL_PLANE_FAILING_AFTER => (
                     Severity::Warning,
                     format!(
-                        "control plane not ready for {} minutes: {error}",
-                        long.as_secs() / 60
+                        "control plane not ready for more than {} minutes: {error}",
+                        CONTROL_PLANE_FAILING_AFTER.as_secs() / 60
                     ),
                 ),
                 _ => (Severity::Info, format!("control plane not ready yet: {error}")),
@@ -341,6 +346,15 @@ pub(crate) fn conclude_prefix(
                 severity,
                 message,
             );
+            if let Some(since) = since
+                && let Some(ready) = addon.status.as_mut().and_then(|s| {
+                    s.conditions
+                        .iter_mut()
+                        .find(|c| c.type_ == condition::CLUSTER_READY)
+                })
+            {
+                ready.last_transition_time = since;
+            }
             return Some(Conclusion::new(waiting));
         }
         WorkloadState::Ready => addon.mark_true(condition::CLUSTER_READY),
@@ -922,15 +936,15 @@ mod tests {
     }
 
     #[test]
-    fn a_control_plane_that_does_not_answer_for_longer_than_a_stage_may_take_is_failing() {
+    fn a_control_plane_that_does_not_answer_for_half_an_hour_is_failing_and_stays_so() {
         let progress = with(ready("docker-ferrol-1-27-v1", "v1", false), |p| {
             p.workload = WorkloadState::NotReady("connection refused".into());
         });
         let mut a = addon("", "", false);
         conclude(&progress, &mut a, INTERVALS);
-        let severity = |a: &ClusterAddon| a.get_condition(condition::CLUSTER_READY).unwrap().severity;
+        let ready_condition = |a: &ClusterAddon| a.get_condition(condition::CLUSTER_READY).unwrap().clone();
         assert_eq!(
-            severity(&a),
+            ready_condition(&a).severity,
             Some(Severity::Info),
             "not answering yet: being made"
         );
@@ -942,22 +956,29 @@ mod tests {
         }) {
             c.last_transition_time = progress.now;
         }
-        let later = |seconds| {
+        let later = |seconds, error: &str| {
             let mut p = progress.clone();
             p.now = progress.now + chrono::TimeDelta::seconds(seconds);
+            p.workload = WorkloadState::NotReady(error.into());
             p
         };
-        conclude(&later(599), &mut a, INTERVALS);
-        assert_eq!(severity(&a), Some(Severity::Info));
-        conclude(&later(660), &mut a, INTERVALS);
-        assert_eq!(severity(&a), Some(Severity::Warning));
-        let message = a
-            .get_condition(condition::CLUSTER_READY)
-            .unwrap()
-            .message
-            .clone()
-            .unwrap();
-        assert!(message.contains("not ready for 11 minutes"), "{message}");
+        conclude(&later(1799, "connection refused"), &mut a, INTERVALS);
+        assert_eq!(ready_condition(&a).severity, Some(Severity::Info));
+        // Other errors meanwhile do not restart the clock; once failing, it stays failing.
+        conclude(&later(1800, "i/o timeout"), &mut a, INTERVALS);
+        assert_eq!(ready_condition(&a).severity, Some(Severity::Warning));
+        conclude(&later(1815, "connection refused"), &mut a, INTERVALS);
+        let condition = ready_condition(&a);
+        assert_eq!(condition.severity, Some(Severity::Warning));
+        assert_eq!(condition.last_transition_time, progress.now);
+        assert!(
+            condition
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("not ready for more than 30 minutes"),
+            "{condition:?}"
+        );
         assert_eq!(
             cso_api::fleet::AddonState::of(&a),
             cso_api::fleet::AddonState::Failing

@@ -64,8 +64,8 @@ pub(crate) struct Round {
     pub(crate) hold: Duration,
     /// Who changed it last, as its drift watch saw.
     pub(crate) cause: Option<DriftCause>,
-    /// How soon after the previous correction the drift this one put back was first seen; none for a first
-    /// round.
+    /// The writer's slowest answer in this fight: how soon after a correction the drift the next one put back
+    /// was first seen (the longest of the rounds); none for a first round.
     pub(crate) answer: Option<Duration>,
 }
 
@@ -93,16 +93,19 @@ pub(crate) fn corrected(
     cap: Duration,
     cause: Option<DriftCause>,
 ) -> Round {
-    let (rounds, hold) = match previous {
-        Some(p) if now < p.hold_end() + cap => (p.rounds + 1, (p.hold * 2).min(cap)),
-        _ => (1, FIRST_HOLD.min(cap)),
+    let (previous, rounds, hold) = match previous {
+        Some(p) if now < p.hold_end() + cap => (Some(p), p.rounds + 1, (p.hold * 2).min(cap)),
+        _ => (None, 1, FIRST_HOLD.min(cap)),
     };
     Round {
         rounds,
         corrected_at: now,
         hold,
         cause: cause.or_else(|| previous.and_then(|p| p.cause.clone())),
-        answer: previous.map(|p| seen.unwrap_or(now).saturating_duration_since(p.corrected_at)),
+        answer: previous.map(|p| {
+            let this = seen.unwrap_or(now).saturating_duration_since(p.corrected_at);
+            p.answer.map_or(this, |slowest| slowest.max(this))
+        }),
     }
 }
 
@@ -348,6 +351,10 @@ impl Fights {
         }
         involved.retain(|key| {
             let as_applied = drifted.is_some_and(|d| !d.contains(key));
+            if as_applied {
+                // Drift that cleared without a correction is no answer to time.
+                seen.remove(&place(key));
+            }
             let just_corrected = corrected.iter().any(|(k, _)| k == key);
             match rounds.get(&place(key)) {
                 Some(round) if !just_corrected && settled(round, now, cap, as_applied) => {
@@ -554,13 +561,20 @@ mod tests {
     }
 
     #[test]
-    fn a_correction_records_how_soon_the_drift_came() {
+    fn a_correction_records_the_writers_slowest_answer() {
         let t0 = Instant::now();
         let first = corrected(None, t0, None, CAP, None);
         assert_eq!(first.answer, None);
         // Seen 0.3 s after the first correction, put back at its hold's end.
         let second = corrected(Some(&first), t0 + secs(1.0), Some(t0 + secs(0.3)), CAP, None);
         assert_eq!(second.answer, Some(secs(0.3)));
+        // A slower answer (1.5 s), then a quick one: the slowest stays.
+        let third = corrected(Some(&second), t0 + secs(3.0), Some(t0 + secs(2.5)), CAP, None);
+        let fourth = corrected(Some(&third), t0 + secs(7.0), Some(t0 + secs(3.1)), CAP, None);
+        assert_eq!((third.answer, fourth.answer), (Some(secs(1.5)), Some(secs(1.5))));
+        // After the quiet window a new fight starts: no answer known.
+        let fresh = corrected(Some(&fourth), t0 + secs(100.0), None, CAP, None);
+        assert_eq!((fresh.rounds, fresh.answer), (1, None));
     }
 
     #[rstest]

@@ -86,15 +86,34 @@ pub(crate) fn record(
             };
         }
         Found::Unreadable(summary) => {
-            let since = addon
+            let current = addon
                 .get_condition(condition::ADDONS_HEALTHY)
-                .filter(|c| c.reason.as_deref() == Some(reason::HEALTH_NOT_READABLE))
-                .map_or(now, |c| c.last_transition_time);
+                .map(|c| (c.status, c.reason.clone(), c.last_transition_time));
+            let since = match current {
+                // Found not running before: that finding stands (its wait, its timeout, its reason), and it
+                // is looked at again as it would be.
+                Some((ConditionStatus::False, why, since)) => {
+                    let again = if why.as_deref() == Some(reason::WAITING_FOR_HEALTH) {
+                        WAITING_POLL
+                    } else {
+                        given_up_poll(now, since)
+                    };
+                    return Verdict {
+                        running: false,
+                        again: Some(again),
+                    };
+                }
+                Some((ConditionStatus::Unknown, Some(why), since)) if why == reason::HEALTH_NOT_READABLE => {
+                    since
+                }
+                _ => now,
+            };
             addon.mark_unknown(
                 condition::ADDONS_HEALTHY,
                 reason::HEALTH_NOT_READABLE,
                 format!("the addons' objects cannot be read: {summary}"),
             );
+            set_transition(addon, since);
             return Verdict {
                 running: addon.status.as_ref().is_some_and(|s| s.ready),
                 again: Some(given_up_poll(now, since)),
@@ -115,6 +134,8 @@ pub(crate) fn record(
             .filter(|c| c.reason.as_deref() == Some(why))
             .map_or(now, |c| c.last_transition_time);
         addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Warning, message);
+        // Timed from when it was found so, whatever the message says since (restarts, error texts).
+        set_transition(addon, since);
         Verdict {
             running: false,
             again: Some(given_up_poll(now, since)),
@@ -148,6 +169,18 @@ pub(crate) fn record(
     }
 }
 
+/// Sets the transition time of `AddonsHealthy` to `since`: a finding that goes on keeps the time it began,
+/// while its message follows what the objects say (a changed message would otherwise count as a transition).
+fn set_transition(addon: &mut ClusterAddon, since: DateTime<Utc>) {
+    if let Some(found) = addon.status.as_mut().and_then(|s| {
+        s.conditions
+            .iter_mut()
+            .find(|c| c.type_ == condition::ADDONS_HEALTHY)
+    }) {
+        found.last_transition_time = since;
+    }
+}
+
 /// When to look again at addons found given up on, degraded or unreadable since `since`: a quarter of the time
 /// since, within [`GIVEN_UP_POLL`] and [`GIVEN_UP_POLL_MAX`].
 fn given_up_poll(now: DateTime<Utc>, since: DateTime<Utc>) -> Duration {
@@ -162,14 +195,8 @@ fn waiting(addon: &mut ClusterAddon, summary: &str, since: Option<DateTime<Utc>>
         Severity::Info,
         format!("applied, not running yet: {summary}"),
     );
-    if let Some(since) = since
-        && let Some(found) = addon.status.as_mut().and_then(|s| {
-            s.conditions
-                .iter_mut()
-                .find(|c| c.type_ == condition::ADDONS_HEALTHY)
-        })
-    {
-        found.last_transition_time = since;
+    if let Some(since) = since {
+        set_transition(addon, since);
     }
     Verdict {
         running: false,
@@ -182,6 +209,12 @@ fn not_in_time(timeout: Duration, summary: &str) -> String {
         "the addons do not run {}s after they were applied: {summary}",
         timeout.as_secs()
     )
+}
+
+/// Whether a health look waits for running workloads to settle (`--addon-settle-time`): this reconcile installs
+/// or upgrades the addons, or they have not been found running since the last install or upgrade.
+pub(crate) fn settling(addon: &ClusterAddon, installs_or_upgrades: bool) -> bool {
+    installs_or_upgrades || !addon.is_condition_true(condition::ADDONS_HEALTHY)
 }
 
 /// Whether a settled addon (nothing to apply) is to be checked: health gates are on, and the periodic pass is
@@ -301,10 +334,79 @@ mod tests {
         assert_eq!(reason_of(&addon).as_deref(), Some(reason::NOT_HEALTHY_IN_TIME));
     }
 
+    #[test]
+    fn the_back_off_is_timed_from_when_they_were_found_so_whatever_the_messages_say() {
+        let mut addon = with_health(Some((true, "")), 0);
+        let mut events = Events::default();
+        let look = |addon: &mut ClusterAddon, second: i64, restarts: u32| {
+            let found = Found::NotRunning(format!(
+                "pod kube-system/x: CrashLoopBackOff, {restarts} restarts"
+            ));
+            record(addon, &found, false, at(second), TIMEOUT, &mut Events::default())
+        };
+        record(
+            &mut addon,
+            &Found::NotRunning(SUMMARY.into()),
+            false,
+            at(0),
+            TIMEOUT,
+            &mut events,
+        );
+        assert_eq!(reason_of(&addon).as_deref(), Some(reason::DEGRADED));
+        let since = addon
+            .get_condition(condition::ADDONS_HEALTHY)
+            .unwrap()
+            .last_transition_time;
+        look(&mut addon, 100, 4);
+        look(&mut addon, 200, 5);
+        let verdict = look(&mut addon, 480, 7);
+        assert_eq!(
+            addon
+                .get_condition(condition::ADDONS_HEALTHY)
+                .unwrap()
+                .last_transition_time,
+            since,
+            "the transition stays when only the message changes"
+        );
+        assert_eq!(
+            verdict.again,
+            Some(GIVEN_UP_POLL_MAX),
+            "8 minutes degraded: every 2 minutes"
+        );
+    }
+
+    #[rstest]
+    #[case::waiting(reason::WAITING_FOR_HEALTH, WAITING_POLL)]
+    #[case::given_up(reason::NOT_HEALTHY_IN_TIME, GIVEN_UP_POLL_MAX)]
+    #[case::degraded(reason::DEGRADED, GIVEN_UP_POLL_MAX)]
+    fn a_read_that_fails_leaves_a_finding_that_they_do_not_run_as_it_was(
+        #[case] why: &'static str,
+        #[case] again: Duration,
+    ) {
+        let mut addon = with_health(Some((false, why)), 0);
+        let before = addon.get_condition(condition::ADDONS_HEALTHY).cloned();
+        let found = Found::Unreadable("Deployment kube-system/x: cannot be read: timed out".into());
+        let verdict = record(
+            &mut addon,
+            &found,
+            false,
+            at(3000),
+            TIMEOUT,
+            &mut Events::default(),
+        );
+        assert_eq!(
+            verdict,
+            Verdict {
+                running: false,
+                again: Some(again)
+            }
+        );
+        assert_eq!(addon.get_condition(condition::ADDONS_HEALTHY).cloned(), before);
+    }
+
     #[rstest]
     #[case::running_before(Some((true, "")), true)]
     #[case::never_found_running(None, false)]
-    #[case::degraded_before(Some((false, reason::DEGRADED)), false)]
     fn objects_that_cannot_be_read_are_no_finding(
         #[case] before: Option<(bool, &'static str)>,
         #[case] ready: bool,
@@ -359,6 +461,20 @@ mod tests {
         );
         assert!(addon.is_condition_true(condition::ADDONS_HEALTHY));
         assert!(events.reasons().is_empty());
+    }
+
+    #[rstest]
+    #[case::running_and_re_applied(Some((true, "")), false, false)]
+    #[case::running_and_upgraded(Some((true, "")), true, true)]
+    #[case::waiting(Some((false, reason::WAITING_FOR_HEALTH)), false, true)]
+    #[case::degraded(Some((false, reason::DEGRADED)), false, true)]
+    #[case::never_looked(None, false, true)]
+    fn running_workloads_settle_only_while_the_addons_are_waited_for(
+        #[case] health: Option<(bool, &'static str)>,
+        #[case] installs_or_upgrades: bool,
+        #[case] expected: bool,
+    ) {
+        assert_eq!(settling(&with_health(health, 0), installs_or_upgrades), expected);
     }
 
     #[rstest]

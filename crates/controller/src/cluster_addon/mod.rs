@@ -472,14 +472,19 @@ impl Driver<'_> {
                     Some(report) => report.resources.clone(),
                     None => applied_objects(self.addon),
                 };
-                // Settling while they are waited for (just applied, or not found running since): a
-                // running workload whose containers keep restarting is not taken for running. Once running,
-                // a container's restart is its controller's to judge.
-                let waiting = progress.applied.is_some()
-                    || !self
+                // Settling while they are waited for (installed or upgraded now, or not found running
+                // since): a running workload whose containers keep restarting is not taken for running. Once
+                // running, a container's restart is its controller's to judge (a re-apply of the same addons,
+                // a drift correction, starts no wait).
+                let installs_or_upgrades = progress.applied.is_some()
+                    && (!self
                         .addon
-                        .is_condition_true(cso_api::names::condition::ADDONS_HEALTHY);
-                let settle = if waiting {
+                        .is_condition_true(cso_api::names::condition::HELM_CHART_APPLIED)
+                        || self
+                            .release
+                            .as_ref()
+                            .is_some_and(|release| release.id.tag() != self.addon.spec.cluster_stack));
+                let settle = if health::settling(self.addon, installs_or_upgrades) {
                     self.ctx.settings.addon_settle_time
                 } else {
                     Duration::ZERO
