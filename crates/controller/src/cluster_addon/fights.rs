@@ -102,9 +102,14 @@ pub(crate) fn corrected(
         corrected_at: now,
         hold,
         cause: cause.or_else(|| previous.and_then(|p| p.cause.clone())),
-        answer: previous.map(|p| {
-            let this = seen.unwrap_or(now).saturating_duration_since(p.corrected_at);
-            p.answer.map_or(this, |slowest| slowest.max(this))
+        // An answer is known only from a drift notification; a correction without one (a resync found it)
+        // keeps what was known.
+        answer: previous.and_then(|p| match seen {
+            Some(seen) => {
+                let this = seen.saturating_duration_since(p.corrected_at);
+                Some(p.answer.map_or(this, |slowest| slowest.max(this)))
+            }
+            None => p.answer,
         }),
     }
 }
@@ -351,10 +356,6 @@ impl Fights {
         }
         involved.retain(|key| {
             let as_applied = drifted.is_some_and(|d| !d.contains(key));
-            if as_applied {
-                // Drift that cleared without a correction is no answer to time.
-                seen.remove(&place(key));
-            }
             let just_corrected = corrected.iter().any(|(k, _)| k == key);
             match rounds.get(&place(key)) {
                 Some(round) if !just_corrected && settled(round, now, cap, as_applied) => {
@@ -572,8 +573,11 @@ mod tests {
         let third = corrected(Some(&second), t0 + secs(3.0), Some(t0 + secs(2.5)), CAP, None);
         let fourth = corrected(Some(&third), t0 + secs(7.0), Some(t0 + secs(3.1)), CAP, None);
         assert_eq!((third.answer, fourth.answer), (Some(secs(1.5)), Some(secs(1.5))));
+        // A correction no notification told of keeps the slowest answer known.
+        let fifth = corrected(Some(&fourth), t0 + secs(15.0), None, CAP, None);
+        assert_eq!(fifth.answer, Some(secs(1.5)));
         // After the quiet window a new fight starts: no answer known.
-        let fresh = corrected(Some(&fourth), t0 + secs(100.0), None, CAP, None);
+        let fresh = corrected(Some(&fifth), t0 + secs(100.0), None, CAP, None);
         assert_eq!((fresh.rounds, fresh.answer), (1, None));
     }
 
