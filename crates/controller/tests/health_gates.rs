@@ -39,10 +39,8 @@ async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() 
     let own = running_workload_plane("health-ferrol", 2).await;
     let workload = own.control_plane.client().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
-    std::fs::write(
-        dir.path()
-            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+    ferrol_v1_with_values(
+        dir.path(),
         r#"values: |
   metrics-server:
     apiService:
@@ -52,8 +50,7 @@ async fn ferrol_addons_are_ready_once_they_run_and_degraded_when_a_node_stops() 
       domain: "{{ .Cluster.spec.controlPlaneEndpoint.host }}"
       clusterAddonVersion: "v1"
 "#,
-    )
-    .unwrap();
+    );
     let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
         s.addon_health_checks = true;
         s.resync_interval = Duration::from_secs(5);
@@ -477,18 +474,15 @@ async fn after_corrections_and_a_cut_the_addons_are_ready_again_within_seconds()
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
-    std::fs::write(
-        dir.path()
-            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+    ferrol_v1_with_values(
+        dir.path(),
         r#"values: |
   metrics-server:
     apiService:
       annotations:
         clusterstack.x-k8s.io/skip-health-check: "true"
 "#,
-    )
-    .unwrap();
+    );
     let operator = RunningOperator::local_with(&client, &ns, dir.path(), |s| {
         s.addon_health_checks = true;
     })

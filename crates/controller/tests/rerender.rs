@@ -44,11 +44,9 @@ async fn a_changed_endpoint_re_renders_at_once_and_unchanged_inputs_write_nothin
     let own = workload_plane("rerender").await;
     let workload = own.client().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
-    std::fs::write(
-        dir.path()
-            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
-        format!(
+    ferrol_v1_with_values(
+        dir.path(),
+        &format!(
             r#"values: |
   metrics-server:
     commonLabels:
@@ -57,8 +55,7 @@ async fn a_changed_endpoint_re_renders_at_once_and_unchanged_inputs_write_nothin
       {ENDPOINT_ANNOTATION}: '{{{{ .Cluster.spec.controlPlaneEndpoint.host }}}}'
 "#
         ),
-    )
-    .unwrap();
+    );
     // No periodic pass for an hour: whatever is rendered again below, a change of the inputs started.
     let source = std::sync::Arc::new(cso_release::source::local::LocalSource::new(
         dir.path().join("cluster-stacks"),

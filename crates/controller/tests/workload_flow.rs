@@ -983,10 +983,8 @@ async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
     let own = workload_plane("workload-whole-cluster").await;
     let ns = cso_testenv::namespace(&client, "whole-cluster").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
-    std::fs::write(
-        dir.path()
-            .join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+    ferrol_v1_with_values(
+        dir.path(),
         r#"values: |
   metrics-server:
     commonLabels:
@@ -998,8 +996,7 @@ async fn addon_values_see_the_whole_cluster_and_its_control_plane() {
       cso.test/variables: '{{ toJson .Cluster.spec.topology.variables }}'
       cso.test/control-plane-replicas: '{{ .ControlPlane.spec.replicas }}'
 "#,
-    )
-    .unwrap();
+    );
     let operator = RunningOperator::local(&client, &ns, dir.path()).await;
     create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
     ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;

@@ -42,6 +42,17 @@ pub fn local_releases(release_dir: &Path, tags: &[&str]) {
     }
 }
 
+/// The bundled ferrol v1 release in `release_dir` (as [`local_releases`]) with `values` as its
+/// `cluster-addon-values.yaml`.
+pub fn ferrol_v1_with_values(release_dir: &Path, values: &str) {
+    local_releases(release_dir, &["docker-ferrol-1-27-v1"]);
+    std::fs::write(
+        release_dir.join("cluster-stacks/docker-ferrol-1-27-v1/cluster-addon-values.yaml"),
+        values,
+    )
+    .unwrap();
+}
+
 /// The operator's parts for the test's namespace, with local `helm` and the given source; also its chart
 /// renderer, for counting helm runs.
 pub fn operator(
