@@ -82,6 +82,15 @@ impl Health {
         matches!(self, Health::Failed(_))
     }
 
+    /// The same finding with `detail` added to why it is not healthy (`<why>; <detail>`); healthy stays so.
+    fn with_detail(self, detail: &str) -> Self {
+        match self {
+            Health::Healthy => Health::Healthy,
+            Health::Progressing(why) => Health::Progressing(format!("{why}; {detail}")),
+            Health::Failed(why) => Health::Failed(format!("{why}; {detail}")),
+        }
+    }
+
     /// Why it is not healthy; `None` when it is.
     pub fn reason(&self) -> Option<&str> {
         match self {
@@ -480,13 +489,7 @@ pub fn pod_trouble(pods: &[Value]) -> Option<String> {
         .iter()
         .filter_map(|pod| {
             let (rank, why) = why_pod_does_not_run(pod)?;
-            let meta = |field: &str| {
-                pod.pointer(&format!("/metadata/{field}"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            Some((rank, format!("{}/{}", meta("namespace"), meta("name")), why))
+            Some((rank, pod_name(pod), why))
         })
         .collect();
     troubled.sort();
@@ -567,11 +570,7 @@ pub fn unsettled(pods: &[Value], now: DateTime<Utc>, settle: Duration) -> Option
     let settle_secs = i64::try_from(settle.as_secs()).unwrap_or(i64::MAX);
     let mut youngest: Option<(i64, String)> = None;
     for pod in pods.iter().filter(|pod| is_live(pod)) {
-        let pod_name = format!(
-            "{}/{}",
-            text(pod, "metadata.namespace").ok().flatten().unwrap_or_default(),
-            text(pod, "metadata.name").ok().flatten().unwrap_or_default()
-        );
+        let pod_name = pod_name(pod);
         let containers = field(pod, "status.containerStatuses")
             .and_then(Value::as_array)
             .map(Vec::as_slice)
@@ -612,6 +611,17 @@ pub fn unsettled(pods: &[Value], now: DateTime<Utc>, settle: Duration) -> Option
         }
     }
     youngest.map(|(_, why)| why)
+}
+
+/// `namespace/name` of `pod`.
+fn pod_name(pod: &Value) -> String {
+    let meta = |field: &str| {
+        text(pod, &format!("metadata.{field}"))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    format!("{}/{}", meta("namespace"), meta("name"))
 }
 
 /// Whether `pod` counts for its workload: not finished and not being deleted.
@@ -941,11 +951,9 @@ async fn read(discovery: &ClusterDiscovery, resource: &Resource, settle: Duratio
         Health::Healthy => Ok(Health::Healthy),
         not_running => {
             let pods = pods_of(discovery, namespace, &object).await.unwrap_or_default();
-            Ok(match (pod_trouble(&pods), not_running) {
-                (None, health) => health,
-                (Some(trouble), Health::Failed(why)) => Health::Failed(format!("{why}; {trouble}")),
-                (Some(trouble), Health::Progressing(why)) => Health::Progressing(format!("{why}; {trouble}")),
-                (Some(_), Health::Healthy) => Health::Healthy,
+            Ok(match pod_trouble(&pods) {
+                Some(trouble) => not_running.with_detail(&trouble),
+                None => not_running,
             })
         }
     }
