@@ -93,6 +93,22 @@ pub trait ConditionsExt: HasConditions {
         self.get_condition(type_).is_some_and(Condition::is_true)
     }
 
+    /// Since when condition `type_` has given `reason` (its transition time), if it gives that reason.
+    fn reason_since(&self, type_: &str, reason: &str) -> Option<DateTime<Utc>> {
+        self.get_condition(type_)
+            .filter(|c| c.reason.as_deref() == Some(reason))
+            .map(|c| c.last_transition_time)
+    }
+
+    /// Sets the transition time of condition `type_` (if there is one) to `since`: a finding that goes on keeps
+    /// the time it began while its message follows what is seen (setting a condition with another message
+    /// counts as a transition).
+    fn keep_transition(&mut self, type_: &str, since: DateTime<Utc>) {
+        if let Some(condition) = self.conditions_mut().iter_mut().find(|c| c.type_ == type_) {
+            condition.last_transition_time = since;
+        }
+    }
+
     fn is_condition_false(&self, type_: &str) -> bool {
         self.get_condition(type_)
             .is_some_and(|c| c.status == ConditionStatus::False)
@@ -307,6 +323,25 @@ mod tests {
         list.delete_condition("A");
         list.set_summary();
         assert!(list.is_empty());
+    }
+
+    #[test]
+    fn a_finding_that_goes_on_keeps_its_transition_time() {
+        let began = DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(1_800_000_000);
+        let mut list: Vec<Condition> = Vec::new();
+        assert_eq!(list.reason_since("A", "R"), None);
+        list.mark_false("A", "R", Severity::Warning, "3 restarts");
+        list.keep_transition("A", began);
+        assert_eq!(list.reason_since("A", "R"), Some(began));
+        assert_eq!(list.reason_since("A", "Other"), None);
+        // Another message counts as a transition; keeping the time undoes that.
+        list.mark_false("A", "R", Severity::Warning, "4 restarts");
+        assert_ne!(list.reason_since("A", "R"), Some(began));
+        list.keep_transition("A", began);
+        assert_eq!(list.reason_since("A", "R"), Some(began));
+        // No such condition: nothing is set.
+        list.keep_transition("B", began);
+        assert!(list.get_condition("B").is_none());
     }
 
     #[test]

@@ -322,13 +322,7 @@ pub(crate) fn conclude_prefix(
             // A control plane being made does not answer for a while (bare metal: half an hour); one that has
             // not answered for longer than that is failing, and counted so. Timed from when it first did not
             // answer, whatever the errors said since.
-            let since = addon
-                .get_condition(condition::CLUSTER_READY)
-                .filter(|c| {
-                    c.status == cso_api::conditions::ConditionStatus::False
-                        && c.reason.as_deref() == Some(reason::CONTROL_PLANE_NOT_READY)
-                })
-                .map(|c| c.last_transition_time);
+            let since = addon.reason_since(condition::CLUSTER_READY, reason::CONTROL_PLANE_NOT_READY);
             let silent_for = since.and_then(|since| (progress.now - since).to_std().ok());
             let (severity, message) = match silent_for {
                 Some(long) if long >= CONTROL_PLANE_FAILING_AFTER => (
@@ -346,14 +340,8 @@ pub(crate) fn conclude_prefix(
                 severity,
                 message,
             );
-            if let Some(since) = since
-                && let Some(ready) = addon.status.as_mut().and_then(|s| {
-                    s.conditions
-                        .iter_mut()
-                        .find(|c| c.type_ == condition::CLUSTER_READY)
-                })
-            {
-                ready.last_transition_time = since;
+            if let Some(since) = since {
+                addon.keep_transition(condition::CLUSTER_READY, since);
             }
             return Some(Conclusion::new(waiting));
         }
@@ -949,13 +937,7 @@ mod tests {
             "not answering yet: being made"
         );
         // (The condition's transition is timed by the clock; the decision by the progress' own time.)
-        if let Some(c) = a.status.as_mut().and_then(|s| {
-            s.conditions
-                .iter_mut()
-                .find(|c| c.type_ == condition::CLUSTER_READY)
-        }) {
-            c.last_transition_time = progress.now;
-        }
+        a.keep_transition(condition::CLUSTER_READY, progress.now);
         let later = |seconds, error: &str| {
             let mut p = progress.clone();
             p.now = progress.now + chrono::TimeDelta::seconds(seconds);

@@ -86,34 +86,31 @@ pub(crate) fn record(
             };
         }
         Found::Unreadable(summary) => {
-            let current = addon
+            // Found not running before: that finding stands (its wait, its timeout, its reason), and it is
+            // looked at again as it would be.
+            if let Some(found) = addon
                 .get_condition(condition::ADDONS_HEALTHY)
-                .map(|c| (c.status, c.reason.clone(), c.last_transition_time));
-            let since = match current {
-                // Found not running before: that finding stands (its wait, its timeout, its reason), and it
-                // is looked at again as it would be.
-                Some((ConditionStatus::False, why, since)) => {
-                    let again = if why.as_deref() == Some(reason::WAITING_FOR_HEALTH) {
-                        WAITING_POLL
-                    } else {
-                        given_up_poll(now, since)
-                    };
-                    return Verdict {
-                        running: false,
-                        again: Some(again),
-                    };
-                }
-                Some((ConditionStatus::Unknown, Some(why), since)) if why == reason::HEALTH_NOT_READABLE => {
-                    since
-                }
-                _ => now,
-            };
+                .filter(|c| c.status == ConditionStatus::False)
+            {
+                let again = if found.reason.as_deref() == Some(reason::WAITING_FOR_HEALTH) {
+                    WAITING_POLL
+                } else {
+                    given_up_poll(now, found.last_transition_time)
+                };
+                return Verdict {
+                    running: false,
+                    again: Some(again),
+                };
+            }
+            let since = addon
+                .reason_since(condition::ADDONS_HEALTHY, reason::HEALTH_NOT_READABLE)
+                .unwrap_or(now);
             addon.mark_unknown(
                 condition::ADDONS_HEALTHY,
                 reason::HEALTH_NOT_READABLE,
                 format!("the addons' objects cannot be read: {summary}"),
             );
-            set_transition(addon, since);
+            addon.keep_transition(condition::ADDONS_HEALTHY, since);
             return Verdict {
                 running: addon.status.as_ref().is_some_and(|s| s.ready),
                 again: Some(given_up_poll(now, since)),
@@ -129,13 +126,10 @@ pub(crate) fn record(
         .map(|c| (c.status, c.reason.clone(), c.last_transition_time));
     // Given up on, or degraded: looked at again on a back-off from when it was found so (they may recover).
     let given_up = |addon: &mut ClusterAddon, why: &'static str, message: String| {
-        let since = addon
-            .get_condition(condition::ADDONS_HEALTHY)
-            .filter(|c| c.reason.as_deref() == Some(why))
-            .map_or(now, |c| c.last_transition_time);
+        let since = addon.reason_since(condition::ADDONS_HEALTHY, why).unwrap_or(now);
         addon.mark_false(condition::ADDONS_HEALTHY, why, Severity::Warning, message);
         // Timed from when it was found so, whatever the message says since (restarts, error texts).
-        set_transition(addon, since);
+        addon.keep_transition(condition::ADDONS_HEALTHY, since);
         Verdict {
             running: false,
             again: Some(given_up_poll(now, since)),
@@ -169,18 +163,6 @@ pub(crate) fn record(
     }
 }
 
-/// Sets the transition time of `AddonsHealthy` to `since`: a finding that goes on keeps the time it began,
-/// while its message follows what the objects say (a changed message would otherwise count as a transition).
-fn set_transition(addon: &mut ClusterAddon, since: DateTime<Utc>) {
-    if let Some(found) = addon.status.as_mut().and_then(|s| {
-        s.conditions
-            .iter_mut()
-            .find(|c| c.type_ == condition::ADDONS_HEALTHY)
-    }) {
-        found.last_transition_time = since;
-    }
-}
-
 /// When to look again at addons found given up on, degraded or unreadable since `since`: a quarter of the time
 /// since, within [`GIVEN_UP_POLL`] and [`GIVEN_UP_POLL_MAX`].
 fn given_up_poll(now: DateTime<Utc>, since: DateTime<Utc>) -> Duration {
@@ -196,7 +178,7 @@ fn waiting(addon: &mut ClusterAddon, summary: &str, since: Option<DateTime<Utc>>
         format!("applied, not running yet: {summary}"),
     );
     if let Some(since) = since {
-        set_transition(addon, since);
+        addon.keep_transition(condition::ADDONS_HEALTHY, since);
     }
     Verdict {
         running: false,
