@@ -17,7 +17,9 @@
 //! The operator writes the same counts into the status of each ClusterStackRelease and ClusterStack
 //! ([`ClusterCounts`], from [`ReleaseCounts`]; `cso_controller`'s fleet status writer).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use kube::ResourceExt;
 
 use crate::{
     ClusterAddon, ReleaseId,
@@ -240,12 +242,28 @@ pub fn fleet<'a>(members: impl IntoIterator<Item = Member<'a>>) -> Vec<ReleaseCo
         .collect()
 }
 
-/// [`fleet`] of ClusterAddons whose Clusters are not known: each counts alone.
-pub fn fleet_of_addons<'a>(addons: impl IntoIterator<Item = &'a ClusterAddon>) -> Vec<ReleaseCounts> {
-    fleet(addons.into_iter().map(|addon| Member {
-        addon,
-        cluster: &ClusterSeen::Unknown,
-    }))
+/// What `clusters` (every Cluster where the addons are; `None` when they are not known) tell of the Cluster of
+/// each of `addons`, in order.
+pub fn clusters_seen<'a, 'b>(
+    addons: impl IntoIterator<Item = &'a ClusterAddon>,
+    clusters: Option<impl IntoIterator<Item = &'b Cluster>>,
+) -> Vec<ClusterSeen> {
+    let by_name: Option<HashMap<(String, String), &Cluster>> = clusters.map(|clusters| {
+        clusters
+            .into_iter()
+            .map(|c| ((c.namespace().unwrap_or_default(), c.name_any()), c))
+            .collect()
+    });
+    addons
+        .into_iter()
+        .map(|addon| match &by_name {
+            None => ClusterSeen::Unknown,
+            Some(by_name) => {
+                let key = (addon.namespace().unwrap_or_default(), addon.cluster_name());
+                ClusterSeen::of(by_name.get(&key).copied())
+            }
+        })
+        .collect()
 }
 
 /// `namespace/name` of the Cluster of `addon`.
@@ -322,7 +340,14 @@ mod tests {
             Some(Severity::Info),
         ));
         addons.push(addon("new", "", false, None));
-        let fleet = fleet_of_addons(&addons);
+        // Clusters not known: each ClusterAddon counts alone.
+        let seen = clusters_seen(&addons, None::<&[Cluster]>);
+        let fleet = fleet(
+            addons
+                .iter()
+                .zip(&seen)
+                .map(|(addon, cluster)| Member { addon, cluster }),
+        );
         let summary: Vec<(&str, &str, usize, usize, usize, usize)> = fleet
             .iter()
             .map(|c| {
@@ -357,6 +382,31 @@ mod tests {
             ["fleet/v2-0", "fleet/v2-1", "fleet/v2-2"]
         );
         assert_eq!(fleet[3].in_state(AddonState::Failing), 4);
+    }
+
+    #[test]
+    fn what_the_clusters_tell_of_each_cluster_addon() {
+        let on_v2 = addon("c1", "docker-ferrol-1-27-v2", true, None);
+        let orphan = addon("c2", "docker-ferrol-1-27-v1", true, None);
+        let cluster: Cluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "fleet"},
+            "spec": {"topology": {"class": "docker-ferrol-1-27-v2", "version": "v1.27.3"}},
+        }))
+        .unwrap();
+        assert_eq!(
+            clusters_seen([&on_v2, &orphan], Some([&cluster])),
+            [
+                ClusterSeen::Exists {
+                    class_release: Some("docker-ferrol-1-27-v2".into())
+                },
+                ClusterSeen::Gone
+            ]
+        );
+        assert_eq!(
+            clusters_seen([&on_v2], None::<&[Cluster]>),
+            [ClusterSeen::Unknown]
+        );
     }
 
     #[test]

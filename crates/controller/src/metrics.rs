@@ -13,7 +13,6 @@
 //! [`MeteredSource`] and [`MeteredRenderer`] record around the real source and renderer.
 
 use std::{
-    collections::HashMap,
     future::Future,
     path::Path,
     sync::{Arc, Mutex, OnceLock},
@@ -25,10 +24,7 @@ use cso_apply::ApplyReport;
 use cso_release::{ReleaseCache, ReleaseSource, SourceError, source::Provenance};
 use cso_render::{ChartRenderer, RenderError, RenderRequest};
 use futures::{FutureExt, future::BoxFuture};
-use kube::{
-    ResourceExt,
-    runtime::{controller::Action, reflector},
-};
+use kube::runtime::{controller::Action, reflector};
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, text::encode},
     metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -795,30 +791,17 @@ impl Metrics {
 
     /// What the fleet gauges know of the Cluster of each of `addons`, in order.
     fn clusters_seen(&self, addons: &[Arc<ClusterAddon>]) -> Vec<cso_api::fleet::ClusterSeen> {
-        use cso_api::fleet::ClusterSeen;
         let clusters = self
             .fleet_clusters
             .get()
             .filter(|clusters| clusters.listed.now())
-            .map(|clusters| {
-                clusters
-                    .store
-                    .state()
-                    .into_iter()
-                    .map(|c| ((c.namespace().unwrap_or_default(), c.name_any()), c))
-                    .collect::<HashMap<_, _>>()
-            });
-        addons
-            .iter()
-            .map(|addon| match &clusters {
-                None => ClusterSeen::Unknown,
-                Some(clusters) => ClusterSeen::of(
-                    clusters
-                        .get(&(addon.namespace().unwrap_or_default(), addon.cluster_name()))
-                        .map(AsRef::as_ref),
-                ),
-            })
-            .collect()
+            .map(|clusters| clusters.store.state());
+        cso_api::fleet::clusters_seen(
+            addons.iter().map(AsRef::as_ref),
+            clusters
+                .as_ref()
+                .map(|clusters| clusters.iter().map(AsRef::as_ref)),
+        )
     }
 
     /// The Clusters the fleet gauges count (every Cluster: no watch filter, the default shard).

@@ -5,15 +5,15 @@
 //! Clusters of their stack on other releases could move to them and which could not, and why (issue 30);
 //! then the ClusterStackRollouts, one line each (`cso rollout status NAME` shows one in full).
 
-use std::{collections::HashMap, fmt::Write as _};
+use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use cso_api::{
     ClusterAddon, ClusterStackRelease, ClusterStackRollout,
     capi::Cluster,
-    fleet::{ClusterSeen, Member, ReleaseCounts, fleet, fleet_of_addons},
+    fleet::{Member, ReleaseCounts, clusters_seen, fleet},
 };
-use kube::{Api, ResourceExt};
+use kube::Api;
 
 use crate::cli::StatusArgs;
 
@@ -47,31 +47,15 @@ pub async fn print(args: StatusArgs) -> anyhow::Result<()> {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &cluster_resource),
         None => Api::all_with(client.clone(), &cluster_resource),
     };
-    let counts = match clusters.list(&Default::default()).await {
-        Ok(clusters) => {
-            let by_name: HashMap<(String, String), &Cluster> = clusters
-                .items
-                .iter()
-                .map(|c| ((c.namespace().unwrap_or_default(), c.name_any()), c))
-                .collect();
-            let seen: Vec<ClusterSeen> = listed
-                .items
-                .iter()
-                .map(|addon| {
-                    let key = (addon.namespace().unwrap_or_default(), addon.cluster_name());
-                    ClusterSeen::of(by_name.get(&key).copied())
-                })
-                .collect();
-            fleet(
-                listed
-                    .items
-                    .iter()
-                    .zip(&seen)
-                    .map(|(addon, cluster)| Member { addon, cluster }),
-            )
-        }
-        Err(_) => fleet_of_addons(&listed.items),
-    };
+    let clusters = clusters.list(&Default::default()).await.ok();
+    let seen = clusters_seen(&listed.items, clusters.as_ref().map(|c| &c.items));
+    let counts = fleet(
+        listed
+            .items
+            .iter()
+            .zip(&seen)
+            .map(|(addon, cluster)| Member { addon, cluster }),
+    );
     print!("{}", table(&counts));
     // The moves are an addition: without them (an older operator, no ClusterStackReleases) the table is all.
     let releases = releases
