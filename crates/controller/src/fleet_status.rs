@@ -28,10 +28,11 @@
 //! A ClusterAddon is on the release its `spec.clusterStack` names, in the namespace of its Cluster's
 //! ClusterClass (a Cluster may use a class of another namespace), else its own. Clusters are counted, not
 //! ClusterAddons ([`cso_api::fleet`]): one whose addons are on no release yet counts on the release its class
-//! names, one whose Cluster is gone counts for nothing; the first round waits for the Clusters' first list. A ClusterStack lists every ClusterStackRelease of its stack (zero
-//! counts when no Cluster is on it) and every other release of the stack a Cluster is on (its
-//! ClusterStackRelease deleted, say); which releases are a ClusterStack's is the ownership rule (provider,
-//! name, Kubernetes minor and a channel it admits: `StackKey::owns`). Paused objects are not written.
+//! names, one whose Cluster is gone counts for nothing; the first round waits for the Clusters' first list.
+//! A ClusterStack lists every ClusterStackRelease of its stack (zero counts when no Cluster is on it) and
+//! every other release of the stack a Cluster is on (its ClusterStackRelease deleted, say); which releases
+//! are a ClusterStack's is the ownership rule (provider, name, Kubernetes minor and a channel it admits:
+//! `StackKey::owns`). Paused objects are not written.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -142,8 +142,11 @@ pub(crate) enum Step {
     TemplateValues,
     Render,
     Apply,
-    /// Read the applied objects with a health rule (see [`super::health`]).
-    CheckHealth,
+    /// Read the applied objects with a health rule (see [`super::health`]); `settle`: running workloads count
+    /// only once their containers have stayed up (`--addon-settle-time`, [`health::settling`]).
+    CheckHealth {
+        settle: bool,
+    },
     /// A multi-stage release: the stage machine takes over with this decision.
     RunStages(Decision),
     Conclude,
@@ -199,7 +202,9 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
         && !hook_running
         && health::due_when_settled(addon, progress.health_gates, progress.resync_due);
     if check_settled {
-        return Step::CheckHealth;
+        return Step::CheckHealth {
+            settle: health::settling(addon, false),
+        };
     }
     if staged {
         return Step::RunStages(decision);
@@ -208,13 +213,22 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
         (Decision::RecordOnly, _, _) => Step::Conclude,
         (Decision::Apply { .. }, None, _) => Step::Render,
         (Decision::Apply { .. }, Some(Ok(_)), None) => Step::Apply,
-        (Decision::Apply { .. }, Some(Ok(_)), Some(report))
+        (Decision::Apply { upgrade }, Some(Ok(_)), Some(report))
             if report.is_complete() && progress.health_gates && progress.health.is_none() =>
         {
-            Step::CheckHealth
+            Step::CheckHealth {
+                settle: health::settling(addon, applies_anew(addon, upgrade)),
+            }
         }
         _ => Step::Conclude,
     }
+}
+
+/// Whether a complete apply installs or upgrades the addons, so that a wait for them to run starts: the first
+/// complete apply, or other addons than those applied (a re-apply of the same addons, a drift correction, a
+/// class switch with the same addons starts none).
+fn applies_anew(addon: &ClusterAddon, upgrade: bool) -> bool {
+    upgrade || !addon.is_condition_true(condition::HELM_CHART_APPLIED)
 }
 
 /// The spec fields and the stage annotation a reconcile records (the Go operator's fields, written after
@@ -447,10 +461,10 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     }
     let mut conclusion = Conclusion::new(resynced);
     conclusion.applied_all = true;
-    let first = !addon.is_condition_true(condition::HELM_CHART_APPLIED);
+    let anew = applies_anew(addon, upgrade);
     addon.mark_true(condition::HELM_CHART_APPLIED);
-    set_ready(progress, addon, first || upgrade, intervals, &mut conclusion);
-    if first || upgrade {
+    set_ready(progress, addon, anew, intervals, &mut conclusion);
+    if anew {
         conclusion.events.normal(
             event::CLUSTER_ADDON_APPLIED,
             format!(
@@ -561,6 +575,12 @@ mod tests {
         if complete {
             addon.mark_true(condition::HELM_CHART_APPLIED);
         }
+        addon
+    }
+
+    /// `addon` with its addons found running.
+    fn running(mut addon: ClusterAddon) -> ClusterAddon {
+        addon.mark_true(condition::ADDONS_HEALTHY);
         addon
     }
 
@@ -794,7 +814,7 @@ mod tests {
         let mut settled = addon("docker-ferrol-1-27-v2", "v2", true);
         settled.status.get_or_insert_with(Default::default).ready = true;
         let progress = with(gated("docker-ferrol-1-27-v2", "v2", false), failed);
-        assert_eq!(next_step(&progress, &settled), Step::CheckHealth);
+        assert_eq!(next_step(&progress, &settled), Step::CheckHealth { settle: true });
         let progress = with(progress, |p| p.health = Some(Found::Running));
         let conclusion = conclude(&progress, &mut settled, INTERVALS);
         assert_eq!(conclusion.outcome, Outcome::Requeue(Some(INTERVALS.resync)));
@@ -812,7 +832,7 @@ mod tests {
     #[case::after_a_complete_apply(
         with(gated("docker-ferrol-1-27-v1", "v1", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&[])) }),
         addon("", "", false),
-        Step::CheckHealth
+        Step::CheckHealth { settle: true }
     )]
     #[case::not_after_a_failed_apply(
         with(gated("docker-ferrol-1-27-v1", "v1", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&["x"])) }),
@@ -827,17 +847,29 @@ mod tests {
     #[case::settled_never_checked(
         with(gated("docker-ferrol-1-27-v1", "v1", false), |p| p.drift = Drift::None),
         addon("docker-ferrol-1-27-v1", "v1", true),
-        Step::CheckHealth
+        Step::CheckHealth { settle: true }
     )]
     #[case::settled_staged_never_checked(
         with(gated("docker-ferrol-1-27-v1", "v1", true), |p| p.drift = Drift::None),
         addon("docker-ferrol-1-27-v1", "v1", true),
-        Step::CheckHealth
+        Step::CheckHealth { settle: true }
     )]
     #[case::settled_without_gates(
         with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.drift = Drift::None),
         addon("docker-ferrol-1-27-v1", "v1", true),
         Step::Conclude
+    )]
+    // Running addons put back (drift found): no wait starts, so nothing settles.
+    #[case::a_drift_correction_of_running_addons(
+        with(gated("docker-ferrol-1-27-v1", "v1", false), |p| { p.drift = Drift::Found; p.rendered = Some(Ok(2)); p.applied = Some(report(&[])) }),
+        running(addon("docker-ferrol-1-27-v1", "v1", true)),
+        Step::CheckHealth { settle: false }
+    )]
+    // Running addons upgraded: the new ones are waited for and settle.
+    #[case::an_upgrade_of_running_addons(
+        with(gated("docker-ferrol-1-27-v2", "v2", false), |p| { p.rendered = Some(Ok(2)); p.applied = Some(report(&[])) }),
+        running(addon("docker-ferrol-1-27-v1", "v1", true)),
+        Step::CheckHealth { settle: true }
     )]
     fn health_is_checked_after_a_complete_apply_and_when_settled_addons_are_due(
         #[case] progress: Progress,

@@ -461,7 +461,7 @@ impl Driver<'_> {
                 }
                 progress.applied = Some(report);
             }
-            Step::CheckHealth => {
+            Step::CheckHealth { settle } => {
                 let Some(workload) = &self.workload else {
                     return Err(Error::Internal(
                         "a health check before the workload cluster was known".into(),
@@ -472,19 +472,7 @@ impl Driver<'_> {
                     Some(report) => report.resources.clone(),
                     None => applied_objects(self.addon),
                 };
-                // Settling while they are waited for (installed or upgraded now, or not found running
-                // since): a running workload whose containers keep restarting is not taken for running. Once
-                // running, a container's restart is its controller's to judge (a re-apply of the same addons,
-                // a drift correction, starts no wait).
-                let installs_or_upgrades = progress.applied.is_some()
-                    && (!self
-                        .addon
-                        .is_condition_true(cso_api::names::condition::HELM_CHART_APPLIED)
-                        || self
-                            .release
-                            .as_ref()
-                            .is_some_and(|release| release.id.tag() != self.addon.spec.cluster_stack));
-                let settle = if health::settling(self.addon, installs_or_upgrades) {
+                let settle = if settle {
                     self.ctx.settings.addon_settle_time
                 } else {
                     Duration::ZERO
