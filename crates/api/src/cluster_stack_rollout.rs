@@ -48,6 +48,12 @@ use crate::conditions::{Condition, HasConditions};
         description = "Moved Clusters not done within the wave timeout"
     ),
     printcolumn(
+        name = "Skipped",
+        type_ = "integer",
+        json_path = ".status.skipped",
+        description = "Clusters refused by the preflight or moved elsewhere: not on the release"
+    ),
+    printcolumn(
         name = "Message",
         type_ = "string",
         json_path = ".status.conditions[?(@.type=='Ready')].message"
@@ -143,15 +149,20 @@ pub mod phase {
     pub const PROGRESSING: &str = "Progressing";
     /// Held by `spec.paused` or by a failing Cluster.
     pub const PAUSED: &str = "Paused";
-    /// Every wave is done.
+    /// Every wave is done and every Cluster taking part is on the release.
     pub const COMPLETED: &str = "Completed";
+    /// Every wave is through, but Clusters were skipped (refused by the preflight, or moved to another
+    /// release since): they are not on the release, and the rollout goes on with each of them once it changes
+    /// (a refused Cluster is asked again) or leaves the rollout's scope.
+    pub const INCOMPLETE: &str = "Incomplete";
 }
 
 /// What the operator last observed of a rollout.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStackRolloutStatus {
-    /// `Pending`, `Progressing`, `Paused` or `Completed`.
+    /// `Pending`, `Progressing`, `Paused`, `Completed` or `Incomplete` (every wave through, Clusters
+    /// skipped).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub phase: String,
     /// The wave Clusters are moved in now; empty once every wave is done.
@@ -169,6 +180,10 @@ pub struct ClusterStackRolloutStatus {
     /// Of them, failing.
     #[serde(default)]
     pub failing: i32,
+    /// Of them, skipped: refused by the preflight, or moved to another release after the rollout moved
+    /// them. They are not on the release.
+    #[serde(default)]
+    pub skipped: i32,
     /// Clusters of the stack (on older releases, matching `clusterSelector`) that no wave's selector matches.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unassigned: i32,

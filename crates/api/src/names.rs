@@ -191,6 +191,8 @@ pub mod event {
     pub const ROLLOUT_RESUMED: &str = "RolloutResumed";
     /// *New.* Every wave of a rollout is done.
     pub const ROLLOUT_COMPLETED: &str = "RolloutCompleted";
+    /// *New.* Every wave of a rollout is through, with Clusters skipped (Warning): they are named.
+    pub const ROLLOUT_INCOMPLETE: &str = "RolloutIncomplete";
     /// *New.*
     pub const CLUSTER_CLASS_IN_USE: &str = "ClusterClassInUse";
     /// *New.*

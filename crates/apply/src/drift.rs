@@ -6,12 +6,20 @@
 //! [`DriftWatch::verdict`]: whether every object of an inventory is as applied, so that a periodic pass
 //! writes nothing when nothing drifted, and whether that can be told at all (a kind not watched or not
 //! listed yet: the pass re-applies, as before). Who changed a drifted object, and which fields, is kept from
-//! the event's `managedFields` before our next apply takes them back ([`DriftWatch::cause`]).
+//! the event's `managedFields` before our next apply takes them back ([`DriftWatch::cause`]). An event that
+//! comes while the engine is writing its object is judged once the write is recorded
+//! ([`ApplyEngine::written`]): the write's own event often comes before its answer, and is no drift.
 //!
 //! The watches use the workload cluster's own client, over its one HTTP/2 connection (`connection.rs`: its
 //! timeout bounds the start of each response, never a quiet watch; the API server ends each watch after its
 //! own timeout and the watcher resumes from the last resourceVersion). They stop when
 //! the [`DriftWatch`] is dropped, which happens when the workload cluster's client is rebuilt or forgotten.
+//!
+//! A watch that fails is tried again after a delay that grows to a minute; while the watches of a cluster
+//! fail, one probe ([`Reach`]) asks its API server for `/version`, after 1 s and then at most every
+//! [`PROBE_MAX`], and wakes them all when it answers after it had not: after an outage the watches (and
+//! what changed behind it) are back within seconds of the server, not up to a minute later, for one request
+//! per cluster and [`PROBE_MAX`] while it lasts.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -94,6 +102,75 @@ const BRIEF_WATCH: Duration = Duration::from_secs(10);
 /// The longest wait before a failed list or watch is tried again.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 
+/// The longest wait between two probes of an API server the watches cannot reach ([`Reach`]).
+const PROBE_MAX: Duration = Duration::from_secs(10);
+
+/// How long a probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether a workload cluster's API server answers, for the watches of that cluster: while they fail, one
+/// probe asks `/version` with a back-off (1 s doubling to [`PROBE_MAX`]) until it answers; when it answers
+/// after it had not, every watch waiting to try again is woken ([`Reach::returns`]). A probe whose first
+/// question is answered wakes nobody: the server is there and the watches failed for their own reasons
+/// (forbidden, say), so their own back-off stands.
+struct Reach {
+    client: Client,
+    /// Counts the times the probe found the server answering again.
+    returns: tokio::sync::watch::Sender<u64>,
+    probing: AtomicBool,
+}
+
+impl Reach {
+    fn new(client: Client) -> Arc<Self> {
+        Arc::new(Reach {
+            client,
+            returns: tokio::sync::watch::channel(0).0,
+            probing: AtomicBool::new(false),
+        })
+    }
+
+    /// A watch failed: starts the probe unless it runs. It holds the `Reach` only weakly, so that it ends
+    /// (at its next question) once the watches are gone.
+    fn failed(self: &Arc<Self>) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let reach = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut delay = Duration::from_secs(1);
+            let mut unanswered = false;
+            loop {
+                tokio::time::sleep(delay).await;
+                let Some(reach) = reach.upgrade() else { return };
+                let answered = tokio::time::timeout(PROBE_TIMEOUT, reach.client.apiserver_version())
+                    .await
+                    .is_ok_and(|version| version.is_ok());
+                if answered {
+                    if unanswered {
+                        tracing::debug!("the workload API server answers again: its drift watches resume");
+                        reach.returns.send_modify(|returns| *returns += 1);
+                    }
+                    reach.probing.store(false, Ordering::Release);
+                    return;
+                }
+                unanswered = true;
+                delay = (delay * 2).min(PROBE_MAX);
+            }
+        });
+    }
+
+    /// Waits `delay`, or less when the probe finds the server answering again meanwhile (one the watch
+    /// failing now started or found running).
+    async fn pause(self: &Arc<Self>, delay: Duration) {
+        let mut returns = self.returns.subscribe();
+        self.failed();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = returns.changed() => {}
+        }
+    }
+}
+
 /// The objects of one kind, as the watch shows them.
 #[derive(Default)]
 struct KindCache {
@@ -146,6 +223,7 @@ pub struct DriftWatch {
     /// By `(group, kind)`.
     kinds: Mutex<HashMap<(String, String), KindWatch>>,
     causes: Causes,
+    reach: Arc<Reach>,
 }
 
 impl std::fmt::Debug for DriftWatch {
@@ -177,6 +255,7 @@ impl DriftWatch {
     ) -> Self {
         DriftWatch {
             owner,
+            reach: Reach::new(discovery.client().clone()),
             discovery,
             engine,
             notify,
@@ -241,9 +320,12 @@ impl DriftWatch {
                 kind: kind.to_owned(),
                 cache: cache.clone(),
                 engine: self.engine.clone(),
-                owner: self.owner.clone(),
-                notify: self.notify.clone(),
-                causes: self.causes.clone(),
+                teller: Teller {
+                    owner: self.owner.clone(),
+                    notify: self.notify.clone(),
+                    causes: self.causes.clone(),
+                },
+                reach: self.reach.clone(),
             };
             let task = tokio::spawn(follower.follow(from));
             kinds.insert(
@@ -267,32 +349,44 @@ impl DriftWatch {
                 .all(|watch| watch.cache.streaming.load(Ordering::Acquire))
     }
 
-    /// Whether the objects of `inventory` (synced entries only) are as this process's applies left them.
+    /// Whether the objects of `inventory` (synced entries only) are as this process's applies left them
+    /// ([`verdict_of`]).
     pub fn verdict(&self, inventory: &[Resource]) -> Verdict {
         let kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
-        let mut drifted = Vec::new();
-        for resource in inventory {
+        verdict_of(inventory.iter().map(|resource| {
             let key = ObjectKey::of(resource);
-            let Some(watch) = kinds.get(&(key.group.clone(), key.kind.clone())) else {
-                return Verdict::Unknown;
-            };
+            let watch = kinds.get(&(key.group.clone(), key.kind.clone()))?;
             if !watch.cache.known.load(Ordering::Acquire) || !self.engine.has_applied(&key) {
-                return Verdict::Unknown;
+                return None;
             }
             let as_applied = watch
                 .cache
                 .objects()
                 .get(&(key.namespace.clone(), key.name.clone()))
                 .is_some_and(|live| self.engine.left_as_applied(&key, live));
-            if !as_applied {
-                drifted.push(key);
-            }
+            Some((key, as_applied))
+        }))
+    }
+}
+
+/// What the watches tell of each object of an inventory (`None`: cannot tell; else whether it is as applied)
+/// makes the verdict: drifted when any object that can be told is, whatever the others (a kind whose watch
+/// is still listing after an outage must not hide a deletion another kind's watch saw: the re-apply that
+/// follows writes every object anyway); else unknown when any cannot be told.
+fn verdict_of(objects: impl Iterator<Item = Option<(ObjectKey, bool)>>) -> Verdict {
+    let mut drifted = Vec::new();
+    let mut unknown = false;
+    for object in objects {
+        match object {
+            None => unknown = true,
+            Some((key, false)) => drifted.push(key),
+            Some((_, true)) => {}
         }
-        if drifted.is_empty() {
-            Verdict::AsApplied
-        } else {
-            Verdict::Drifted(drifted)
-        }
+    }
+    match (drifted.is_empty(), unknown) {
+        (false, _) => Verdict::Drifted(drifted),
+        (true, true) => Verdict::Unknown,
+        (true, false) => Verdict::AsApplied,
     }
 }
 
@@ -307,6 +401,34 @@ enum WatchEnd {
     Failed(String),
 }
 
+/// Tells the notifier of drift of one workload cluster's objects, keeping each one's cause.
+#[derive(Clone)]
+struct Teller {
+    /// `(namespace, cluster)` of the Cluster.
+    owner: (String, String),
+    notify: DriftNotifier,
+    causes: Causes,
+}
+
+impl Teller {
+    fn tell(&self, why: &str, key: &ObjectKey, cause: Option<DriftCause>) {
+        // Debug: in a drift fight every write of the object comes here, for each Cluster on its API server;
+        // what is put back is logged by the applier, a fight reported on the ClusterAddon.
+        tracing::debug!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key,
+            cause = cause.as_ref().map(tracing::field::display), "{why}: drift");
+        if let Some(cause) = cause {
+            let mut causes = self.causes.lock().unwrap_or_else(|p| p.into_inner());
+            // A write with our field manager (another ClusterAddon's apply, on an API server two Clusters
+            // share) must not hide another manager who changed the object before.
+            let ours = |c: &DriftCause| matches!(c, DriftCause::Written(w) if w.ours);
+            if !ours(&cause) || causes.get(key).is_none_or(ours) {
+                causes.insert(key.clone(), cause);
+            }
+        }
+        (self.notify)(&self.owner.0, &self.owner.1, key);
+    }
+}
+
 /// Follows one kind of one workload cluster until aborted: a metadata-only watch of the objects carrying
 /// the operator's label, kept in the kind's cache, drift told to the notifier. Written here rather than with
 /// kube's watcher so that a watch begins without a list when the engine's applies tell where to begin, asks
@@ -319,9 +441,8 @@ struct KindFollower {
     kind: String,
     cache: Arc<KindCache>,
     engine: ApplyEngine,
-    owner: (String, String),
-    notify: DriftNotifier,
-    causes: Causes,
+    teller: Teller,
+    reach: Arc<Reach>,
 }
 
 impl KindFollower {
@@ -336,8 +457,8 @@ impl KindFollower {
                     Ok(version) => version,
                     Err(error) => {
                         failures = failures.saturating_add(1);
-                        tracing::debug!(cluster = %self.owner.1, kind = %self.kind, %error, "drift list failed");
-                        tokio::time::sleep(retry_delay(failures)).await;
+                        tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, %error, "drift list failed");
+                        self.reach.pause(retry_delay(failures)).await;
                         continue;
                     }
                 },
@@ -354,17 +475,17 @@ impl KindFollower {
                 }
                 WatchEnd::Gone => {
                     self.cache.known.store(false, Ordering::Release);
-                    tracing::debug!(cluster = %self.owner.1, kind = %self.kind, "drift watch expired: listing again");
+                    tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, "drift watch expired: listing again");
                 }
                 WatchEnd::Failed(error) => {
                     self.cache.known.store(false, Ordering::Release);
-                    tracing::debug!(cluster = %self.owner.1, kind = %self.kind, %error, "drift watch interrupted");
+                    tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, %error, "drift watch interrupted");
                     from = Some(last);
                 }
             }
             if brief {
                 failures = failures.saturating_add(1);
-                tokio::time::sleep(retry_delay(failures)).await;
+                self.reach.pause(retry_delay(failures)).await;
             } else {
                 failures = 0;
             }
@@ -382,23 +503,6 @@ impl KindFollower {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
         }
-    }
-
-    fn tell(&self, why: &str, key: &ObjectKey, cause: Option<DriftCause>) {
-        // Debug: in a drift fight every write of the object comes here, for each Cluster on its API server;
-        // what is put back is logged by the applier, a fight reported on the ClusterAddon.
-        tracing::debug!(cluster = %self.owner.1, namespace = %self.owner.0, object = %key,
-            cause = cause.as_ref().map(tracing::field::display), "{why}: drift");
-        if let Some(cause) = cause {
-            let mut causes = self.causes.lock().unwrap_or_else(|p| p.into_inner());
-            // The event of our own apply can come before the engine has recorded it, when the other manager's
-            // entry is gone already (its fields taken back): it must not hide who changed the object.
-            let ours = |c: &DriftCause| matches!(c, DriftCause::Written(w) if w.ours);
-            if !ours(&cause) || causes.get(key).is_none_or(ours) {
-                causes.insert(key.clone(), cause);
-            }
-        }
-        (self.notify)(&self.owner.0, &self.owner.1, key);
     }
 
     /// Who last wrote `meta`'s object, other than us if anyone.
@@ -441,7 +545,7 @@ impl KindFollower {
                 Some(object) => self.writer(&object.metadata),
                 None => Some(DriftCause::Gone),
             };
-            self.tell("listed changed or missing", &key, cause);
+            self.teller.tell("listed changed or missing", &key, cause);
         }
         list.metadata
             .resource_version
@@ -518,12 +622,26 @@ impl KindFollower {
                 };
                 self.cache
                     .objects()
-                    .insert((key.namespace.clone(), key.name.clone()), live);
+                    .insert((key.namespace.clone(), key.name.clone()), live.clone());
                 if let Some(version) = object.metadata.resource_version {
                     *last = version;
                 }
                 if drifted {
-                    self.tell("changed", &key, cause);
+                    match self.engine.written(&key) {
+                        // Written by this engine now: the event may be the write's own, come before its record.
+                        // Judged once it is recorded, an echo is no drift (told, it would look like a writer
+                        // answering each correction at once).
+                        Some(written) => {
+                            let (engine, teller) = (self.engine.clone(), self.teller.clone());
+                            tokio::spawn(async move {
+                                written.await;
+                                if !engine.left_as_applied(&key, &live) {
+                                    teller.tell("changed", &key, cause);
+                                }
+                            });
+                        }
+                        None => self.teller.tell("changed", &key, cause),
+                    }
                 }
             }
             WatchEvent::Deleted(object) => {
@@ -535,7 +653,8 @@ impl KindFollower {
                     *last = version;
                 }
                 if self.engine.has_applied(&key) {
-                    self.tell("deleted or unlabelled", &key, Some(DriftCause::Gone));
+                    self.teller
+                        .tell("deleted or unlabelled", &key, Some(DriftCause::Gone));
                 }
             }
             WatchEvent::Bookmark(bookmark) => *last = bookmark.metadata.resource_version,
@@ -604,6 +723,32 @@ impl LineBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config_map(name: &str) -> ObjectKey {
+        ObjectKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    #[rstest::rstest]
+    #[case::all_as_applied(&[Some(true), Some(true)], Verdict::AsApplied)]
+    #[case::one_cannot_be_told(&[Some(true), None], Verdict::Unknown)]
+    #[case::drifted_beside_one_that_cannot_be_told(&[None, Some(false)], Verdict::Drifted(vec![config_map("1")]))]
+    #[case::drifted(&[Some(false), Some(true)], Verdict::Drifted(vec![config_map("0")]))]
+    #[case::nothing(&[], Verdict::AsApplied)]
+    fn drift_seen_is_drift_even_beside_objects_that_cannot_be_told(
+        #[case] told: &[Option<bool>],
+        #[case] expected: Verdict,
+    ) {
+        let objects = told
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.map(|as_applied| (config_map(&i.to_string()), as_applied)));
+        assert_eq!(verdict_of(objects), expected);
+    }
 
     fn lines_of(chunks: &[&[u8]]) -> (Vec<String>, LineBuffer) {
         let mut buffer = LineBuffer::default();

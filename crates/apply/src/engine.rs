@@ -151,6 +151,43 @@ pub struct ApplyEngine {
     write_only_changes: bool,
     /// uid and generation of each object as our last apply left it, to tell drift from no change.
     observed: Arc<Mutex<HashMap<ObjectKey, Observed>>>,
+    /// The objects this engine is writing now, until their write is recorded in `observed` ([`Writing`]).
+    writing: Arc<Mutex<HashMap<ObjectKey, tokio::sync::watch::Sender<bool>>>>,
+}
+
+/// An object being written, from before its write is sent until after it is recorded (or failed): a watch
+/// event of it meanwhile may be the write's own, come before the record ([`ApplyEngine::written`]). Dropped
+/// when the apply ends, however it ends.
+struct Writing<'a> {
+    engine: &'a ApplyEngine,
+    key: ObjectKey,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl<'a> Writing<'a> {
+    fn begin(engine: &'a ApplyEngine, key: &ObjectKey) -> Self {
+        let done = tokio::sync::watch::channel(false).0;
+        engine
+            .writing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), done.clone());
+        Writing {
+            engine,
+            key: key.clone(),
+            done,
+        }
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut writing = self.engine.writing.lock().unwrap_or_else(|p| p.into_inner());
+        if writing.get(&self.key).is_some_and(|w| w.same_channel(&self.done)) {
+            writing.remove(&self.key);
+        }
+        self.done.send_replace(true);
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -321,6 +358,7 @@ impl ApplyEngine {
             take_over_from: Vec::new(),
             write_only_changes: false,
             observed: Arc::default(),
+            writing: Arc::default(),
         }
     }
 
@@ -845,6 +883,7 @@ impl ApplyEngine {
             .get(&item.key)
             .map(|o| o.left_out.clone())
             .unwrap_or_default();
+        let _writing = Writing::begin(self, &item.key);
         match self.send(&api, &item, known.clone()).await {
             Ok(Sent {
                 applied,
@@ -964,6 +1003,21 @@ impl ApplyEngine {
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .is_some_and(|o| left_as(o, live))
+    }
+
+    /// Waits until this engine's write of `key` in flight, if any, is recorded (or failed): a watch event that
+    /// shows the object not as the last apply left it, while it is being written, may be that write's own,
+    /// come before its record; judged after it, it is not drift.
+    pub fn written(&self, key: &ObjectKey) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let mut done = self
+            .writing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)?
+            .subscribe();
+        Some(async move {
+            let _ = done.wait_for(|done| *done).await;
+        })
     }
 
     /// Whether this engine applied `key` (and has not pruned it since).

@@ -1,7 +1,9 @@
 //! Drift found by watching, against a real kube-apiserver: a kind whose objects this engine applied is
 //! watched from the earliest of those applies, without a list (counted at the client); a delete or another
 //! manager's edit afterwards is told; a kind watched before anything of it was applied (a restarted operator)
-//! is listed first, and its verdict follows the applies from then on.
+//! is listed first, and its verdict follows the applies from then on; a deletion behind a long outage is
+//! told within seconds of the server's return, not when the watches' back-off next tries; the events of the
+//! engine's own writes are never told, even when they come before the write's answer.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -205,4 +207,99 @@ async fn a_kind_watched_before_any_apply_is_listed_first() {
         (told.load(Ordering::SeqCst) >= 1).then_some(())
     })
     .await;
+}
+
+/// A deletion made while the API server could not be reached for 40 s is told within seconds of its return.
+/// The watches' own back-off has grown to 32 s by then (tries 1, 3, 7, 15 and 31 s into the cut, the next
+/// 63 s in: 23 s after the return); the probe (after 1, 3, 7, 15, 25, 35 and 45 s) brings them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_behind_a_long_outage_is_told_within_seconds_of_the_return() {
+    let plane = cso_testenv::shared_management();
+    let direct = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&direct, "drift-outage").await.unwrap();
+    let mut proxy = cso_testenv::proxy::ApiProxy::start(plane.server_url())
+        .await
+        .unwrap();
+    let yaml = plane.kubeconfig_yaml().replace(plane.server_url(), &proxy.url());
+    let config = cso_testenv::config_from_yaml(&yaml).await.unwrap();
+    let client = observed_client(config, ClientLimits::UNLIMITED, None).unwrap();
+    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
+    let report = engine
+        .apply_first(&config_maps(&ns, &["a"]), &ns, &BTreeMap::new())
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let (watch, told) = drift_watch(&engine, discovery);
+    watch.watch(&report.resources).await;
+    eventually("the watch request is open", || async {
+        watch.streaming().then_some(())
+    })
+    .await;
+
+    proxy.cut();
+    Api::<ConfigMap>::namespaced(direct, &ns)
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(told.load(Ordering::SeqCst), 0, "nothing told behind the cut");
+    proxy.restore().await.unwrap();
+    let restored = tokio::time::Instant::now();
+    while told.load(Ordering::SeqCst) == 0 {
+        assert!(
+            restored.elapsed() < Duration::from_secs(15),
+            "the deletion was not told within 15 s of the return"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("told {:?} after the return", restored.elapsed());
+}
+
+/// Each deletion of an object that is put back at once is told once: the event of the apply that puts it
+/// back (which often comes before the apply's answer, so before the engine records it) is not told too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_of_its_own_corrections_are_not_told() {
+    let (client, _) = counted_client().await;
+    let ns = cso_testenv::namespace(&client, "drift-echo").await.unwrap();
+    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
+    let report = engine
+        .apply_first(&config_maps(&ns, &["a"]), &ns, &BTreeMap::new())
+        .await;
+    assert!(report.is_complete(), "{}", report.failure_summary());
+    let (watch, told) = drift_watch(&engine, discovery);
+    watch.watch(&report.resources).await;
+    eventually("the watch request is open", || async {
+        watch.streaming().then_some(())
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    const ROUNDS: usize = 15;
+    for round in 1..=ROUNDS {
+        api.delete("a", &DeleteParams::default()).await.unwrap();
+        eventually("the delete is told", || async {
+            (told.load(Ordering::SeqCst) >= round).then_some(())
+        })
+        .await;
+        let again = engine
+            .apply(
+                &config_maps(&ns, &["a"]),
+                &ns,
+                &BTreeMap::new(),
+                &report.resources,
+            )
+            .await;
+        assert!(again.is_complete(), "{}", again.failure_summary());
+        eventually("as applied again", || async {
+            (watch.verdict(&report.resources) == Verdict::AsApplied).then_some(())
+        })
+        .await;
+        // The put back's own event has come (the verdict says so); a told echo would have come with it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            told.load(Ordering::SeqCst),
+            round,
+            "round {round}: one deletion, one told (the put back's own event was told as drift)"
+        );
+    }
 }

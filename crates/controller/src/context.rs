@@ -118,6 +118,17 @@ impl Default for Settings {
     }
 }
 
+/// A workload object that drifted, as its Cluster's drift watch told, and when it told: a notification
+/// handled after a correction may be of drift seen before it (the echo of the correction's own apply, come
+/// before the apply was recorded), which that correction put back.
+#[derive(Clone, Debug)]
+pub(crate) struct DriftTold {
+    pub(crate) namespace: String,
+    pub(crate) cluster: String,
+    pub(crate) object: cso_apply::ObjectKey,
+    pub(crate) at: std::time::Instant,
+}
+
 /// The parts every reconciler shares (nothing of one controller alone).
 pub struct Context {
     pub(crate) client: Client,
@@ -128,10 +139,9 @@ pub struct Context {
     pub(crate) discovery: Arc<ClusterDiscovery>,
     /// Clients (and apply engines and drift watches) of workload clusters.
     pub(crate) workloads: WorkloadClients,
-    /// `(namespace, cluster, object)` of each workload object that drifted, as its Cluster's drift watches
-    /// tell; taken by the ClusterAddon controller's throttle ([`crate::run`]).
-    pub(crate) drifted:
-        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, String, cso_apply::ObjectKey)>>>,
+    /// Each workload object that drifted, as its Cluster's drift watches tell; taken by the ClusterAddon
+    /// controller's throttle ([`crate::run`]).
+    pub(crate) drifted: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<DriftTold>>>,
     /// Renders values templates over the Cluster.
     pub(crate) values: Arc<ValuesTemplater>,
     pub(crate) metrics: Arc<crate::Metrics>,
@@ -179,7 +189,12 @@ impl Context {
                 .with_limits(settings.client_limits)
                 .watching_drift(Arc::new(
                     move |namespace: &str, cluster: &str, object: &cso_apply::ObjectKey| {
-                        let _ = drift_sender.send((namespace.to_owned(), cluster.to_owned(), object.clone()));
+                        let _ = drift_sender.send(DriftTold {
+                            namespace: namespace.to_owned(),
+                            cluster: cluster.to_owned(),
+                            object: object.clone(),
+                            at: std::time::Instant::now(),
+                        });
                     },
                 ));
         metrics.watch_cache(releases.clone());

@@ -681,6 +681,7 @@ pub(crate) fn conclude(
     status.clusters = i32::try_from(after.states.len()).unwrap_or(i32::MAX);
     status.done = count(|s| matches!(s, rollout::State::Done));
     status.failing = count(|s| matches!(s, rollout::State::Failing(_)));
+    status.skipped = count(rollout::State::skipped);
     status.unassigned = i32::try_from(after.unassigned).unwrap_or(i32::MAX);
     status.waves = after.waves.clone();
     status.moves = after.moves.clone();
@@ -767,6 +768,29 @@ pub(crate) fn conclude(
         events.normal(
             event::ROLLOUT_COMPLETED,
             format!("every wave is done: {} Clusters on {target}", status.done),
+        );
+    }
+    if status.phase == phase::INCOMPLETE && before.phase != phase::INCOMPLETE {
+        let skipped: Vec<&str> = after
+            .states
+            .iter()
+            .filter(|(_, _, s)| s.skipped())
+            .map(|(name, _, _)| name.as_str())
+            .collect();
+        let more = skipped.len().saturating_sub(rollout::FAILING_NAMED);
+        events.warning(
+            event::ROLLOUT_INCOMPLETE,
+            format!(
+                "every wave is through, {} Clusters on {target}; {} skipped, not on it: {}{}",
+                status.done,
+                skipped.len(),
+                skipped[..skipped.len().min(rollout::FAILING_NAMED)].join(", "),
+                if more > 0 {
+                    format!(" (and {more} more)")
+                } else {
+                    String::new()
+                }
+            ),
         );
     }
     status.set_summary();

@@ -578,11 +578,8 @@ fn not_ready(releases: &[Arc<ClusterStackRelease>]) -> Vec<ObjectRef<ClusterStac
         .collect()
 }
 
-/// The workload objects that drifted, `(namespace, cluster, object)`, as the drift watches tell (once: the
-/// receiver is taken).
-fn drift_told(
-    ctx: &Context,
-) -> impl futures::Stream<Item = (String, String, cso_apply::ObjectKey)> + Send + 'static {
+/// The workload objects that drifted, as the drift watches tell (once: the receiver is taken).
+fn drift_told(ctx: &Context) -> impl futures::Stream<Item = crate::context::DriftTold> + Send + 'static {
     let receiver = ctx.drifted.lock().unwrap_or_else(|p| p.into_inner()).take();
     futures::stream::unfold(receiver, |receiver| async move {
         let mut receiver = receiver?;

@@ -422,7 +422,7 @@ fn local_scs_releases(release_dir: &Path, scratch: &Path) {
 async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_moves_the_others() {
     use cso_api::{
         ClusterStackRollout,
-        cluster_stack_rollout::outcome,
+        cluster_stack_rollout::{outcome, phase},
         conditions::{ConditionStatus, ConditionsExt},
         names::{condition, reason},
     };
@@ -518,6 +518,12 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         "the Cluster and the variable are named: {message}"
     );
     assert_eq!(status.waves[0].skipped, 1);
+    assert_eq!(status.skipped, 1, "the refused Cluster is counted as skipped");
+    assert_ne!(
+        status.phase,
+        phase::COMPLETED,
+        "never Completed while a Cluster is left on the old class"
+    );
     let refused_at = status
         .moves
         .iter()

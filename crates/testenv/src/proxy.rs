@@ -1,7 +1,13 @@
 //! A TCP proxy on loopback in front of an API server, for tests of outages as the operator sees them: cut off
 //! (connections dropped, new ones refused) or silenced (a partition), then restored on the same port.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 /// A TCP proxy on loopback in front of an API server that a test can cut off (open connections dropped, new
 /// ones refused) or silence (a network partition: open connections stay open and carry nothing, new ones are
@@ -13,6 +19,10 @@ pub struct ApiProxy {
     serving: Option<tokio::task::JoinHandle<()>>,
     /// True while silenced: nothing is forwarded either way.
     silent: tokio::sync::watch::Sender<bool>,
+    /// Counts the cuts. A connection forwards nothing once a cut came after it was opened: aborting its task
+    /// takes effect only at its next pause, and bytes it read after the cut (an event of a change made behind
+    /// the cut, say) must not reach the other side.
+    cuts: Arc<AtomicU64>,
 }
 
 impl ApiProxy {
@@ -21,11 +31,18 @@ impl ApiProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let upstream = server_url.trim_start_matches("https://").to_owned();
         let (silent, _) = tokio::sync::watch::channel(false);
+        let cuts = Arc::new(AtomicU64::new(0));
         Ok(ApiProxy {
             port: listener.local_addr()?.port(),
-            serving: Some(Self::serve(listener, upstream.clone(), silent.clone())),
+            serving: Some(Self::serve(
+                listener,
+                upstream.clone(),
+                silent.clone(),
+                cuts.clone(),
+            )),
             upstream,
             silent,
+            cuts,
         })
     }
 
@@ -34,7 +51,9 @@ impl ApiProxy {
     }
 
     /// Drops every open connection and stops listening: connections are refused until [`Self::restore`].
+    /// Nothing read after it returns is forwarded.
     pub fn cut(&mut self) {
+        self.cuts.fetch_add(1, Ordering::SeqCst);
         if let Some(serving) = self.serving.take() {
             serving.abort();
         }
@@ -64,7 +83,12 @@ impl ApiProxy {
                 }
             }
         };
-        self.serving = Some(Self::serve(listener, self.upstream.clone(), self.silent.clone()));
+        self.serving = Some(Self::serve(
+            listener,
+            self.upstream.clone(),
+            self.silent.clone(),
+            self.cuts.clone(),
+        ));
         Ok(())
     }
 
@@ -72,6 +96,7 @@ impl ApiProxy {
         listener: tokio::net::TcpListener,
         upstream: String,
         silent: tokio::sync::watch::Sender<bool>,
+        cuts: Arc<AtomicU64>,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             // Dropped with the task when it is aborted: that closes every connection.
@@ -84,6 +109,10 @@ impl ApiProxy {
                 };
                 let upstream = upstream.clone();
                 let silent = silent.subscribe();
+                let open = Open {
+                    cuts: cuts.clone(),
+                    at: cuts.load(Ordering::SeqCst),
+                };
                 connections.spawn(async move {
                     let mut quiet = silent.clone();
                     if quiet.wait_for(|silent| !silent).await.is_err() {
@@ -93,8 +122,8 @@ impl ApiProxy {
                         let (from_client, to_client) = inbound.into_split();
                         let (from_server, to_server) = outbound.into_split();
                         tokio::select! {
-                            () = forward(from_client, to_server, silent.clone()) => {}
-                            () = forward(from_server, to_client, silent) => {}
+                            () = forward(from_client, to_server, silent.clone(), &open) => {}
+                            () = forward(from_server, to_client, silent, &open) => {}
                         }
                     }
                 });
@@ -104,11 +133,25 @@ impl ApiProxy {
     }
 }
 
-/// Copies `from` to `to` until either ends, holding whatever it reads while `silent` says so.
+/// Whether a connection is still open: no cut since it was.
+struct Open {
+    cuts: Arc<AtomicU64>,
+    at: u64,
+}
+
+impl Open {
+    fn still(&self) -> bool {
+        self.cuts.load(Ordering::SeqCst) == self.at
+    }
+}
+
+/// Copies `from` to `to` until either ends or the connection is cut, holding whatever it reads while `silent`
+/// says so.
 async fn forward(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut silent: tokio::sync::watch::Receiver<bool>,
+    open: &Open,
 ) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut buffer = vec![0u8; 64 * 1024];
@@ -120,7 +163,7 @@ async fn forward(
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
-        if silent.wait_for(|silent| !silent).await.is_err() {
+        if silent.wait_for(|silent| !silent).await.is_err() || !open.still() {
             return;
         }
         if to.write_all(&buffer[..read]).await.is_err() {

@@ -45,3 +45,43 @@ async fn requests_pass_are_refused_in_a_cut_and_held_in_a_silence() {
     proxy.restore().await.unwrap();
     held.await.unwrap().unwrap();
 }
+
+/// A watch open through the proxy hears nothing of a change made the moment a cut returns: the cut is over
+/// before it returns, not when its connections' tasks next pause (in CI a deletion made behind a cut once
+/// reached the operator's watch that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_hears_nothing_made_behind_a_cut() {
+    use futures::StreamExt as _;
+    use kube::runtime::watcher;
+
+    let plane = cso_testenv::shared_management();
+    let direct = plane.client().await.unwrap();
+    for round in 0..20 {
+        let mut proxy = cso_testenv::proxy::ApiProxy::start(plane.server_url())
+            .await
+            .unwrap();
+        let name = format!("behind-the-cut-{round}");
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let through: Api<Namespace> = Api::all(client_through(&proxy).await);
+        let mut events = watcher(through, config).boxed();
+        // Listed (nothing there) and watching.
+        while !matches!(events.next().await, Some(Ok(watcher::Event::InitDone))) {}
+        proxy.cut();
+        let namespaces: Api<Namespace> = Api::all(direct.clone());
+        let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        namespaces.create(&Default::default(), &namespace).await.unwrap();
+        let heard = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match events.next().await {
+                    Some(Ok(watcher::Event::Apply(_) | watcher::Event::InitApply(_))) => return true,
+                    Some(_) => {}
+                    None => return false,
+                }
+            }
+        })
+        .await
+        .unwrap_or(false);
+        assert!(!heard, "round {round}: the creation behind the cut was heard");
+        namespaces.delete(&name, &Default::default()).await.unwrap();
+    }
+}

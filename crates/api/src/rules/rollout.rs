@@ -250,6 +250,11 @@ impl State {
     fn finished(&self) -> bool {
         matches!(self, State::Done | State::Refused | State::MovedAway)
     }
+
+    /// Whether the rollout left it behind: finished, and not on the release.
+    pub fn skipped(&self) -> bool {
+        matches!(self, State::Refused | State::MovedAway)
+    }
 }
 
 /// Why a rollout holds.
@@ -264,7 +269,7 @@ pub enum Hold {
 /// What [`assess`] finds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Assessment {
-    /// `Progressing`, `Paused` or `Completed`.
+    /// `Progressing`, `Paused`, `Completed` or `Incomplete`.
     pub phase: &'static str,
     pub hold: Option<Hold>,
     /// The wave Clusters are moved in now (index into the plan's waves); `None` when every wave is done.
@@ -426,7 +431,7 @@ pub fn assess(
             moved,
             done: count(&|s| matches!(s, State::Done)),
             failing: count(&|s| matches!(s, State::Failing(_))),
-            skipped: count(&|s| matches!(s, State::Refused | State::MovedAway)),
+            skipped: count(&State::skipped),
             failing_clusters,
             finished_at,
         });
@@ -443,8 +448,10 @@ pub fn assess(
     } else {
         None
     };
+    let skipped = states.iter().any(|(_, _, s)| s.skipped());
     let phase = match (&hold, current_wave) {
         (Some(_), _) => phase::PAUSED,
+        (None, None) if skipped => phase::INCOMPLETE,
         (None, None) => phase::COMPLETED,
         (None, Some(_)) => phase::PROGRESSING,
     };

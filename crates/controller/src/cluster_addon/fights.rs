@@ -17,7 +17,10 @@
 //! same time (its *answer*: from a correction to the first drift seen after it). Drift first seen at least
 //! [`LATE_AFTER`] and four answers after the last correction, while that correction's hold lasts, is no
 //! answer of the writer (it stopped, and a person or another writer changed the object): the object's record
-//! is dropped and the drift put back at once, as a first correction. Seen in a chaos run: after a fight
+//! is dropped and the drift put back at once, as a first correction. A notification told before the last
+//! correction is no sight of drift after it (the echo of the correction's own apply, told before the apply
+//! was recorded and handled after it: taken for the writer's answer, it once kept a later deletion waiting for
+//! the hold's end). Seen in a chaos run: after a fight
 //! that had grown the hold to the cap (300 s), a deletion 25 s after the last correction was put back
 //! 275 s later.
 //!
@@ -40,6 +43,8 @@ use cso_api::{ClusterAddon, cluster_addon::cluster_addon_name};
 use cso_apply::{DriftCause, ObjectKey};
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::ObjectRef;
+
+use crate::context::DriftTold;
 
 /// Rounds in a row that make a fight.
 pub(crate) const FIGHT_ROUNDS: u32 = 3;
@@ -312,13 +317,21 @@ impl Fights {
 
     /// What a reconcile saw and did on `server` (its Cluster's API server; `None`: not reached):
     /// `drifted` the objects the watches found drifted (`None`: could not tell), `corrected` the objects its
-    /// apply put back (with their causes), at `now`, the cap `cap`.
+    /// apply put back (with their causes), writing from `written` on, at `now`, the cap `cap`.
+    ///
+    /// A correction counts from `written`: drift seen before it is the last round's (the writer's answer to
+    /// the last correction), drift seen since is this one's (a writer that answers before the reconcile ends).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "what one reconcile saw and did, each told apart"
+    )]
     pub(crate) fn reconciled(
         &self,
         owner: &Owner,
         server: Option<&str>,
         drifted: Option<&[ObjectKey]>,
         corrected: &[(ObjectKey, Option<DriftCause>)],
+        written: Instant,
         now: Instant,
         cap: Duration,
     ) -> FightReport {
@@ -345,8 +358,14 @@ impl Fights {
         let place = |key: &ObjectKey| (server.clone(), key.clone());
         let mut entered = Vec::new();
         for (key, cause) in corrected {
-            let first_seen = seen.remove(&place(key));
-            let round = self::corrected(rounds.get(&place(key)), now, first_seen, cap, cause.clone());
+            let (first_seen, since) = match seen.remove(&place(key)) {
+                Some(at) if at < written => (Some(at), None),
+                since => (None, since),
+            };
+            let round = self::corrected(rounds.get(&place(key)), written, first_seen, cap, cause.clone());
+            if let Some(at) = since {
+                seen.insert(place(key), at);
+            }
             if round.rounds == FIGHT_ROUNDS {
                 entered.push(key.to_string());
             }
@@ -403,10 +422,12 @@ impl Fights {
         round.max(claim)
     }
 
-    /// The throttle's decision for a drift notification of `key` of `owner` ([`wake`]); a wake-up decided
-    /// for later is recorded as pending until [`Fights::woken`]. Drift that comes [`late`] ends the record of
-    /// the object: it is put back now.
-    pub(crate) fn notified(&self, owner: &Owner, key: &ObjectKey, now: Instant) -> Wake {
+    /// The throttle's decision at `now` for a drift notification of `key` of `owner`, told at `told` ([`wake`]);
+    /// a wake-up decided for later is recorded as pending until [`Fights::woken`]. Drift that comes [`late`]
+    /// ends the record of the object: it is put back now. Drift told before the object's last correction is
+    /// no sight of new drift: that correction put it back (it may be the echo of the correction's own apply,
+    /// told before the apply was recorded and handled after it).
+    pub(crate) fn notified(&self, owner: &Owner, key: &ObjectKey, told: Instant, now: Instant) -> Wake {
         {
             let mut memory = self.memory();
             let Memory {
@@ -414,8 +435,8 @@ impl Fights {
             } = &mut *memory;
             if let Some((server, _)) = addons.get(owner) {
                 let place = (server.clone(), key.clone());
-                if let Some(round) = rounds.get(&place) {
-                    let first_seen = *seen.entry(place.clone()).or_insert(now);
+                if let Some(round) = rounds.get(&place).filter(|round| told >= round.corrected_at) {
+                    let first_seen = *seen.entry(place.clone()).or_insert(told);
                     if late(round, first_seen) {
                         tracing::info!(object = %key, after = ?first_seen.saturating_duration_since(round.corrected_at),
                             "drift long after the last correction: not the fighting writer's answer, put back now");
@@ -462,17 +483,16 @@ impl Fights {
 }
 
 /// The drift notification throttle: the ClusterAddons to reconcile for the drift `told` by the workload
-/// clusters' watches (`(namespace, cluster, object)`), each held one woken once, when its hold ends
-/// ([`Fights::notified`]). Only drift goes through it: first reconciles, spec and Cluster changes reach the
-/// controller directly.
+/// clusters' watches, each held one woken once, when its hold ends ([`Fights::notified`]). Only drift goes
+/// through it: first reconciles, spec and Cluster changes reach the controller directly.
 pub(crate) fn drift_wakes(
     fights: Arc<Fights>,
-    told: impl Stream<Item = (String, String, ObjectKey)> + Send + 'static,
+    told: impl Stream<Item = DriftTold> + Send + 'static,
 ) -> impl Stream<Item = ObjectRef<ClusterAddon>> + Send + 'static {
     let (later, woken) = tokio::sync::mpsc::unbounded_channel::<Owner>();
-    let now = told.filter_map(move |(namespace, cluster, key)| {
-        let owner = (namespace, cluster);
-        let wake_now = match fights.notified(&owner, &key, Instant::now()) {
+    let now = told.filter_map(move |told| {
+        let owner = (told.namespace, told.cluster);
+        let wake_now = match fights.notified(&owner, &told.object, told.at, Instant::now()) {
             Wake::Now => Some(owner),
             Wake::At(at) => {
                 let (later, fights) = (later.clone(), fights.clone());
@@ -708,6 +728,7 @@ mod tests {
                 Some(std::slice::from_ref(&web)),
                 &put_back,
                 at,
+                at,
                 CAP,
             ));
             assert!(
@@ -748,15 +769,16 @@ mod tests {
             Some(std::slice::from_ref(&web)),
             &[],
             last + secs(1.0),
+            last + secs(1.0),
             CAP,
         );
         assert_eq!(seen.next_look, Some(secs(3.0)));
         assert_eq!((seen.announce, &seen.message), (None, &fight.message));
         // The writer stopped: as applied, but not yet for a quiet window; then over.
-        let quiet = fights.reconciled(&owner, Some(SERVER), Some(&[]), &[], at, CAP);
+        let quiet = fights.reconciled(&owner, Some(SERVER), Some(&[]), &[], at, at, CAP);
         assert!(quiet.message.is_some(), "still reported");
         assert_eq!(quiet.next_look, Some(CAP), "looked at again to end it");
-        let over = fights.reconciled(&owner, None, Some(&[]), &[], at + CAP, CAP);
+        let over = fights.reconciled(&owner, None, Some(&[]), &[], at + CAP, at + CAP, CAP);
         assert_eq!(over, FightReport::default());
         assert_eq!(fights.in_fight(), 0);
         assert!(fights.memory().rounds.is_empty(), "nothing kept");
@@ -774,7 +796,7 @@ mod tests {
             "b, woken with a, waits for a's apply"
         );
         assert_eq!(
-            fights.notified(&b, &object[0], t0),
+            fights.notified(&b, &object[0], t0, t0),
             Wake::At(t0 + FIRST_HOLD),
             "b's notifications of a's apply wait for the hold it brings"
         );
@@ -788,6 +810,7 @@ mod tests {
             Some(SERVER),
             Some(&object),
             &[(object[0].clone(), None)],
+            t0,
             t0,
             CAP,
         );
@@ -804,6 +827,7 @@ mod tests {
             Some(&object),
             &[(object[0].clone(), None)],
             after,
+            after,
             CAP,
         );
         assert_eq!(
@@ -818,10 +842,11 @@ mod tests {
             Some(&object),
             &[(object[0].clone(), None)],
             third,
+            third,
             CAP,
         );
         assert!(report.message.is_some_and(|m| m.contains("put back 3 times")));
-        let b_sees = fights.reconciled(&b, Some(SERVER), Some(&object), &[], third, CAP);
+        let b_sees = fights.reconciled(&b, Some(SERVER), Some(&object), &[], third, third, CAP);
         assert!(
             b_sees.message.is_some(),
             "reported on every ClusterAddon that took part"
@@ -841,10 +866,10 @@ mod tests {
         let t0 = Instant::now();
         let mut at = t0;
         for _ in 0..FIGHT_ROUNDS {
-            fights.reconciled(&owner, Some(SERVER), None, &[(key("a"), None)], at, CAP);
+            fights.reconciled(&owner, Some(SERVER), None, &[(key("a"), None)], at, at, CAP);
             at = fights.hold_end(&owner, &key("a")).unwrap();
         }
-        let unknown = fights.reconciled(&owner, None, None, &[], at + secs(10.0), CAP);
+        let unknown = fights.reconciled(&owner, None, None, &[], at + secs(10.0), at + secs(10.0), CAP);
         assert!(
             unknown
                 .message
@@ -861,7 +886,7 @@ mod tests {
         let mut at = Instant::now();
         let mut report = FightReport::default();
         for _ in 0..FIGHT_ROUNDS {
-            report = fights.reconciled(&owner, Some(SERVER), Some(&keys), &put_back, at, CAP);
+            report = fights.reconciled(&owner, Some(SERVER), Some(&keys), &put_back, at, at, CAP);
             at += secs(10.0);
         }
         let message = report.message.unwrap();
@@ -880,17 +905,118 @@ mod tests {
             Some(&[key("a")]),
             &[(key("a"), None)],
             t0,
+            t0,
             CAP,
         );
         let end = fights.hold_end(&owner, &key("a")).unwrap();
-        assert_eq!(fights.notified(&owner, &key("a"), t0), Wake::At(end));
-        assert_eq!(fights.notified(&owner, &key("a"), t0), Wake::Pending);
+        assert_eq!(fights.notified(&owner, &key("a"), t0, t0), Wake::At(end));
+        assert_eq!(fights.notified(&owner, &key("a"), t0, t0), Wake::Pending);
         assert_eq!(
-            fights.notified(&owner, &key("b"), t0),
+            fights.notified(&owner, &key("b"), t0, t0),
             Wake::Now,
             "another object is not held"
         );
         fights.woken(&owner);
-        assert_eq!(fights.notified(&owner, &key("a"), end), Wake::Now);
+        assert_eq!(fights.notified(&owner, &key("a"), end, end), Wake::Now);
+    }
+
+    /// Corrections of `a` at `t0`, +1 s, +3 s, ... (each hold's end), each answered `answer` after it (as
+    /// notified then); returns when the last one was made.
+    fn fought(fights: &Fights, owner: &Owner, t0: Instant, answer: Duration, rounds: u32) -> Instant {
+        let mut at = t0;
+        for _ in 0..rounds {
+            fights.reconciled(
+                owner,
+                Some(SERVER),
+                Some(&[key("a")]),
+                &[(key("a"), None)],
+                at,
+                at,
+                CAP,
+            );
+            let end = fights.hold_end(owner, &key("a")).unwrap();
+            fights.notified(owner, &key("a"), at + answer, at + answer);
+            fights.woken(owner);
+            at = end;
+        }
+        at
+    }
+
+    #[rstest]
+    // Told before the last correction (its own apply's echo, handled after it): no sight of new drift, so the
+    // deletion 12 s later is late and put back now.
+    #[case::an_echo_of_the_correction(-0.001, true)]
+    // Told after it: the writer answered at once; drift 12 s later is still the first sight of that answer.
+    #[case::the_writers_answer(0.2, false)]
+    fn drift_told_before_the_last_correction_is_not_its_first_sight(
+        #[case] echo_after: f64,
+        #[case] put_back_now: bool,
+    ) {
+        let fights = Fights::default();
+        let owner = owner("c1");
+        let t0 = Instant::now();
+        // Four rounds answered in 0.2 s; the fifth correction holds for 16 s.
+        let last = fought(&fights, &owner, t0, secs(0.2), 4);
+        fights.reconciled(
+            &owner,
+            Some(SERVER),
+            Some(&[key("a")]),
+            &[(key("a"), None)],
+            last,
+            last,
+            CAP,
+        );
+        let hold_end = fights.hold_end(&owner, &key("a")).unwrap();
+        assert_eq!(hold_end, last + secs(16.0));
+        let echo = if echo_after < 0.0 {
+            last - secs(-echo_after)
+        } else {
+            last + secs(echo_after)
+        };
+        fights.notified(&owner, &key("a"), echo, last + secs(0.3));
+        fights.woken(&owner);
+        let deleted = last + secs(12.0);
+        let expected = if put_back_now {
+            Wake::Now
+        } else {
+            Wake::At(hold_end)
+        };
+        assert_eq!(fights.notified(&owner, &key("a"), deleted, deleted), expected);
+    }
+
+    /// A writer that answers a correction before its reconcile ends (the reconcile goes on to check health,
+    /// say): the answer is the new round's, seen 0.1 s after the write. (Before: it went to the last round,
+    /// whose answer then looked 8 s long, and a deletion 12 s after the next correction was not late.)
+    #[test]
+    fn an_answer_before_the_reconcile_ends_is_the_new_rounds() {
+        let fights = Fights::default();
+        let owner = owner("c1");
+        let correct = |written: Instant, now: Instant| {
+            fights.reconciled(
+                &owner,
+                Some(SERVER),
+                Some(&[key("a")]),
+                &[(key("a"), None)],
+                written,
+                now,
+                CAP,
+            );
+            fights.hold_end(&owner, &key("a")).unwrap()
+        };
+        let t0 = Instant::now();
+        // Three rounds answered in 0.2 s, a fourth put back at once (from its hold's end on) and answered
+        // 0.1 s after the write, while its reconcile still runs (2 s).
+        let fourth = fought(&fights, &owner, t0, secs(0.2), 3);
+        let fifth = correct(fourth, fourth);
+        let answered = fifth + secs(0.1);
+        fights.notified(&owner, &key("a"), answered, answered);
+        fights.woken(&owner);
+        let hold_end = correct(fifth, fifth + secs(2.0));
+        assert_eq!(hold_end, fifth + secs(16.0), "held from the write");
+        let sixth = correct(hold_end, hold_end);
+        let answer = fights.memory().rounds[&(SERVER.to_owned(), key("a"))].answer;
+        assert_eq!(answer, Some(secs(0.2)), "the slowest answer: 0.2 s, then 0.1 s");
+        let deleted = sixth + secs(12.0);
+        assert_eq!(fights.notified(&owner, &key("a"), deleted, deleted), Wake::Now);
     }
 }

@@ -74,11 +74,11 @@ pub struct AddonMemory {
 
 impl AddonMemory {
     /// The drift notification throttle of the ClusterAddon controller (see `fights`): the ClusterAddons to
-    /// reconcile for drift the workload clusters' watches told (`(namespace, cluster, object)` from
-    /// `told`), each held addon woken once, when its hold ends.
+    /// reconcile for drift the workload clusters' watches told (`told`), each held addon woken once, when its
+    /// hold ends.
     pub(crate) fn drift_wakes(
         &self,
-        told: impl futures::Stream<Item = (String, String, cso_apply::ObjectKey)> + Send + 'static,
+        told: impl futures::Stream<Item = crate::context::DriftTold> + Send + 'static,
     ) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<ClusterAddon>> + Send + 'static {
         fights::drift_wakes(self.fights.clone(), told)
     }
@@ -170,6 +170,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         vouch: ctx.own.clock.ever_applied(&key) && addon.spec.hook.is_empty(),
         fights: &ctx.own.fights,
         drifted: None,
+        applying_since: None,
     };
     let intervals = Intervals {
         workload_retry: ctx.settings.workload_retry_interval,
@@ -287,6 +288,8 @@ struct Driver<'a> {
     fights: &'a fights::Fights,
     /// The objects the drift watches found drifted, when they could tell.
     drifted: Option<Vec<cso_apply::ObjectKey>>,
+    /// When this reconcile's apply began: what it put back was written no earlier.
+    applying_since: Option<Instant>,
 }
 
 impl Driver<'_> {
@@ -442,6 +445,7 @@ impl Driver<'_> {
                 }));
             }
             Step::Apply => {
+                self.applying_since = Some(Instant::now());
                 let (_, workload, release) = self.parts()?;
                 let previous = self
                     .addon
@@ -503,12 +507,14 @@ impl Driver<'_> {
             .flat_map(|report| report.drift_corrected.iter())
             .map(|key| (key.clone(), watch.and_then(|w| w.cause(key))))
             .collect();
+        let now = Instant::now();
         let report = self.fights.reconciled(
             &owner,
             self.workload.as_ref().map(|w| w.server.as_str()),
             self.drifted.as_deref(),
             &corrected,
-            Instant::now(),
+            self.applying_since.unwrap_or(now),
+            now,
             self.ctx.settings.resync_interval,
         );
         self.ctx.metrics.drift_fights(self.fights.in_fight());

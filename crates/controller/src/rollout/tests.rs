@@ -258,3 +258,43 @@ fn a_move_that_cannot_be_made_waits_doubling_and_is_announced_once_per_reason() 
     assert!(retries.may_try("ns/a", later));
     assert_eq!(retries.next_try(later), None);
 }
+
+#[test]
+fn every_wave_through_with_a_refused_cluster_is_incomplete_and_says_how_many() {
+    let plan = plan();
+    let refused = ClusterMove {
+        cluster: "ns/b".into(),
+        wave: "first".into(),
+        outcome: outcome::REFUSED.into(),
+        from: "docker-ferrol-1-27-v1".into(),
+        at: t(0),
+        generation: Some(1),
+        reasons: vec!["variable identityRef: \"type\" is not in the new schema".into()],
+    };
+    let records = vec![refused];
+    let clusters = vec![
+        cluster("a", "v2", "1", true),
+        cluster("b", "v1", "1", false),
+        cluster("c", "v2", "2", true),
+    ];
+    let after = assess(&plan, &clusters, &records, &[], t(200));
+    let going = ClusterStackRolloutStatus {
+        phase: phase::PROGRESSING.into(),
+        ..Default::default()
+    };
+    let (status, events) = conclude(&rollout_with(Some(going)), &plan, &after, &[]);
+    assert_eq!(
+        (status.phase.as_str(), status.done, status.skipped),
+        (phase::INCOMPLETE, 2, 1)
+    );
+    assert_eq!(reasons(&events), [event::ROLLOUT_INCOMPLETE]);
+    let note = &events.0[0].note;
+    assert!(note.contains("1 skipped, not on it: ns/b"), "{note}");
+    assert!(
+        !status.is_condition_true(cso_api::conditions::READY),
+        "not ready while a Cluster is left behind"
+    );
+    // Announced once.
+    let (_, events) = conclude(&rollout_with(Some(status)), &plan, &after, &[]);
+    assert!(events.0.is_empty(), "{events:?}");
+}

@@ -65,10 +65,15 @@ fn describe(rollout: &ClusterStackRollout) -> String {
     );
     let _ = writeln!(
         out,
-        "clusters {}, done {}, failing {}{}",
+        "clusters {}, done {}, failing {}{}{}",
         status.clusters,
         status.done,
         status.failing,
+        if status.skipped > 0 {
+            format!(", skipped {} (not on the release)", status.skipped)
+        } else {
+            String::new()
+        },
         if status.unassigned > 0 {
             format!(", in no wave {}", status.unassigned)
         } else {

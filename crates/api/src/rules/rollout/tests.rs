@@ -413,6 +413,39 @@ fn a_refused_cluster_is_skipped_until_it_changes() {
     );
 }
 
+#[test]
+fn every_wave_through_with_a_cluster_skipped_is_incomplete_until_it_moves() {
+    let plan = three_waves();
+    let every_wave_baked = [finished("canary", 0), finished("early", 0), finished("late", 0)];
+    // a and e moved and done; b (early) refused and still on v1.
+    let mut clusters = vec![
+        done(cluster("a", "v2", "canary")),
+        cluster("b", "v1", "early"),
+        done(cluster("e", "v2", "")),
+    ];
+    let moves = [moved("a", "canary", 0), refused("b", 1), moved("e", "late", 0)];
+    let a = assess(&plan, &clusters, &moves, &every_wave_baked, t(2000));
+    assert_eq!((a.phase, a.current_wave), (phase::INCOMPLETE, None));
+    assert_eq!(a.count(State::skipped), 1);
+
+    // Its owner fixed it and moved it by hand: on the release and done, the rollout is complete.
+    clusters[1] = done(cluster("b", "v2", "early"));
+    clusters[1].generation = Some(2);
+    let a = assess(&plan, &clusters, &moves, &every_wave_baked, t(2000));
+    assert_eq!((a.phase, a.count(State::skipped)), (phase::COMPLETED, 0));
+
+    // Moved back to v1 after the rollout moved it: skipped again.
+    let moves = [
+        moved("a", "canary", 0),
+        moved("b", "early", 0),
+        moved("e", "late", 0),
+    ];
+    clusters[1] = cluster("b", "v1", "early");
+    let a = assess(&plan, &clusters, &moves, &every_wave_baked, t(2000));
+    assert_eq!(state_of(&a, "b"), Some(&State::MovedAway));
+    assert_eq!(a.phase, phase::INCOMPLETE);
+}
+
 fn addon(class: &str, ready: bool, conditions: Vec<Condition>) -> ClusterAddon {
     let mut addon = ClusterAddon::new(
         "cluster-addon-a",
