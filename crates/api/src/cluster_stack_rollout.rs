@@ -51,7 +51,7 @@ use crate::conditions::{Condition, HasConditions};
         name = "Skipped",
         type_ = "integer",
         json_path = ".status.skipped",
-        description = "Clusters refused by the preflight or moved elsewhere: not on the release"
+        description = "Clusters refused by the preflight or moved back: not on the release"
     ),
     printcolumn(
         name = "Message",
@@ -85,6 +85,23 @@ pub struct ClusterStackRolloutSpec {
     /// Holds the rollout: no Cluster is moved while set; what was moved goes on by itself.
     #[serde(default)]
     pub paused: bool,
+    /// What the moves may do to the Clusters' variables, for a Cluster the plain move would refuse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variables: Option<RolloutVariables>,
+}
+
+/// What a rollout's moves may do to the Clusters' variables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutVariables {
+    /// A Cluster that Cluster API would refuse to move as it is moves with every value (or field of one) that
+    /// equals what its old class's schema defaults left out, in the same patch as the class: the new class
+    /// defaults it, or nothing does when it no longer defines it. Values its owner changed from the default
+    /// are never touched (a Cluster refused over one stays). Judged by value: a default written by hand follows
+    /// the class too. Each Cluster's changes are in `status.moves[].variablesDropped` and its `ClusterMoved`
+    /// event. Default off.
+    #[serde(default)]
+    pub follow_class_defaults: bool,
 }
 
 impl ClusterStackRolloutSpec {
@@ -99,6 +116,7 @@ impl ClusterStackRolloutSpec {
             bake_time: None,
             wave_timeout: None,
             paused: false,
+            variables: None,
         }
     }
 }
@@ -151,9 +169,10 @@ pub mod phase {
     pub const PAUSED: &str = "Paused";
     /// Every wave is done and every Cluster taking part is on the release.
     pub const COMPLETED: &str = "Completed";
-    /// Every wave is through, but Clusters were skipped (refused by the preflight, or moved to another
-    /// release since): they are not on the release, and the rollout goes on with each of them once it changes
-    /// (a refused Cluster is asked again) or leaves the rollout's scope.
+    /// Every wave is through, but Clusters were skipped (refused by the preflight, or moved back to an older
+    /// release after the rollout moved them): they are not on the release. It turns `Completed` once each is
+    /// on the release (a refused Cluster that changes is asked again), on a newer one, or out of the rollout's
+    /// scope.
     pub const INCOMPLETE: &str = "Incomplete";
 }
 
@@ -180,7 +199,7 @@ pub struct ClusterStackRolloutStatus {
     /// Of them, failing.
     #[serde(default)]
     pub failing: i32,
-    /// Of them, skipped: refused by the preflight, or moved to another release after the rollout moved
+    /// Of them, skipped: refused by the preflight, or moved back to an older release after the rollout moved
     /// them. They are not on the release.
     #[serde(default)]
     pub skipped: i32,
@@ -221,7 +240,7 @@ pub struct WaveStatus {
     /// Moved and not done within the wave timeout.
     #[serde(default)]
     pub failing: i32,
-    /// Refused by the preflight, or moved elsewhere by hand: left alone.
+    /// Refused by the preflight, or moved back to an older release by hand: left alone.
     #[serde(default)]
     pub skipped: i32,
     /// The failing Clusters (`namespace/name`, at most five) and why.
@@ -266,6 +285,10 @@ pub struct ClusterMove {
     /// Why it was refused, in terms of the two classes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// The values the move left out of its variables because they equalled the old class's defaults
+    /// (`spec.variables.followClassDefaults`): `oidcConfig.groupsPrefix`; the new class defaults them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variables_dropped: Vec<String>,
 }
 
 /// [`ClusterMove::outcome`] values.

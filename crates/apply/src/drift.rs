@@ -86,6 +86,9 @@ pub enum Verdict {
     /// Cannot be told: a kind is not watched or not listed yet, or an object was not applied by this
     /// process (after a restart).
     Unknown,
+    /// These objects are gone or were changed by someone else, and others cannot be told (their kind's watch
+    /// is listing again after an outage, say): the drift seen must not wait for them.
+    DriftedInPart(Vec<ObjectKey>),
 }
 
 /// The longest watch event accepted: a broken or hostile server cannot grow a watch's buffer without bound
@@ -142,15 +145,17 @@ impl Reach {
             loop {
                 tokio::time::sleep(delay).await;
                 let Some(reach) = reach.upgrade() else { return };
+                // Any HTTP answer is an answer (a hardened server may refuse `/version` with a 403).
                 let answered = tokio::time::timeout(PROBE_TIMEOUT, reach.client.apiserver_version())
                     .await
-                    .is_ok_and(|version| version.is_ok());
+                    .is_ok_and(|version| matches!(version, Ok(_) | Err(kube::Error::Api(_))));
                 if answered {
+                    // Done before the wake-up: a watch failing after it starts a new probe.
+                    reach.probing.store(false, Ordering::Release);
                     if unanswered {
                         tracing::debug!("the workload API server answers again: its drift watches resume");
                         reach.returns.send_modify(|returns| *returns += 1);
                     }
-                    reach.probing.store(false, Ordering::Release);
                     return;
                 }
                 unanswered = true;
@@ -160,13 +165,14 @@ impl Reach {
     }
 
     /// Waits `delay`, or less when the probe finds the server answering again meanwhile (one the watch
-    /// failing now started or found running).
-    async fn pause(self: &Arc<Self>, delay: Duration) {
+    /// failing now started or found running): whether it did (the watch's back-off then starts over: a
+    /// server that answers `/version` may refuse lists for a moment after a restart).
+    async fn pause(self: &Arc<Self>, delay: Duration) -> bool {
         let mut returns = self.returns.subscribe();
         self.failed();
         tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            _ = returns.changed() => {}
+            () = tokio::time::sleep(delay) => false,
+            _ = returns.changed() => true,
         }
     }
 }
@@ -370,9 +376,9 @@ impl DriftWatch {
 }
 
 /// What the watches tell of each object of an inventory (`None`: cannot tell; else whether it is as applied)
-/// makes the verdict: drifted when any object that can be told is, whatever the others (a kind whose watch
-/// is still listing after an outage must not hide a deletion another kind's watch saw: the re-apply that
-/// follows writes every object anyway); else unknown when any cannot be told.
+/// makes the verdict: drifted when any object that can be told is, in part when others cannot be told (a
+/// kind whose watch is still listing after an outage must not hide a deletion another kind's watch saw);
+/// else unknown when any cannot be told.
 fn verdict_of(objects: impl Iterator<Item = Option<(ObjectKey, bool)>>) -> Verdict {
     let mut drifted = Vec::new();
     let mut unknown = false;
@@ -384,7 +390,8 @@ fn verdict_of(objects: impl Iterator<Item = Option<(ObjectKey, bool)>>) -> Verdi
         }
     }
     match (drifted.is_empty(), unknown) {
-        (false, _) => Verdict::Drifted(drifted),
+        (false, false) => Verdict::Drifted(drifted),
+        (false, true) => Verdict::DriftedInPart(drifted),
         (true, true) => Verdict::Unknown,
         (true, false) => Verdict::AsApplied,
     }
@@ -458,7 +465,9 @@ impl KindFollower {
                     Err(error) => {
                         failures = failures.saturating_add(1);
                         tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, %error, "drift list failed");
-                        self.reach.pause(retry_delay(failures)).await;
+                        if self.reach.pause(retry_delay(failures)).await {
+                            failures = 0;
+                        }
                         continue;
                     }
                 },
@@ -485,7 +494,9 @@ impl KindFollower {
             }
             if brief {
                 failures = failures.saturating_add(1);
-                self.reach.pause(retry_delay(failures)).await;
+                if self.reach.pause(retry_delay(failures)).await {
+                    failures = 0;
+                }
             } else {
                 failures = 0;
             }
@@ -614,6 +625,9 @@ impl KindFollower {
             WatchEvent::Added(object) | WatchEvent::Modified(object) => {
                 let key = self.key_of(&object.metadata);
                 let live = LiveMeta::of(&object.metadata);
+                let version = object.metadata.resource_version.clone();
+                // Asked before the judgement: `None` then means any write of the object is recorded already.
+                let written = self.engine.written(&key);
                 let drifted = self.engine.has_applied(&key) && !self.engine.left_as_applied(&key, &live);
                 let cause = if drifted {
                     self.writer(&object.metadata)
@@ -623,19 +637,22 @@ impl KindFollower {
                 self.cache
                     .objects()
                     .insert((key.namespace.clone(), key.name.clone()), live.clone());
-                if let Some(version) = object.metadata.resource_version {
-                    *last = version;
+                if let Some(version) = &version {
+                    last.clone_from(version);
                 }
                 if drifted {
-                    match self.engine.written(&key) {
-                        // Written by this engine now: the event may be the write's own, come before its record.
-                        // Judged once it is recorded, an echo is no drift (told, it would look like a writer
-                        // answering each correction at once).
+                    match written {
+                        // Written by this engine now: the event may be the write's own, come before its record,
+                        // or of a change the write put back. Judged once it is recorded, neither is drift (told,
+                        // they would look like a writer answering each correction at once).
                         Some(written) => {
                             let (engine, teller) = (self.engine.clone(), self.teller.clone());
                             tokio::spawn(async move {
                                 written.await;
-                                if !engine.left_as_applied(&key, &live) {
+                                let before_the_write = version
+                                    .as_deref()
+                                    .is_some_and(|version| engine.recorded_since(&key, version));
+                                if !before_the_write && !engine.left_as_applied(&key, &live) {
                                     teller.tell("changed", &key, cause);
                                 }
                             });
@@ -736,7 +753,7 @@ mod tests {
     #[rstest::rstest]
     #[case::all_as_applied(&[Some(true), Some(true)], Verdict::AsApplied)]
     #[case::one_cannot_be_told(&[Some(true), None], Verdict::Unknown)]
-    #[case::drifted_beside_one_that_cannot_be_told(&[None, Some(false)], Verdict::Drifted(vec![config_map("1")]))]
+    #[case::drifted_beside_one_that_cannot_be_told(&[None, Some(false)], Verdict::DriftedInPart(vec![config_map("1")]))]
     #[case::drifted(&[Some(false), Some(true)], Verdict::Drifted(vec![config_map("0")]))]
     #[case::nothing(&[], Verdict::AsApplied)]
     fn drift_seen_is_drift_even_beside_objects_that_cannot_be_told(

@@ -118,9 +118,9 @@ impl Default for Settings {
     }
 }
 
-/// A workload object that drifted, as its Cluster's drift watch told, and when it told: a notification
-/// handled after a correction may be of drift seen before it (the echo of the correction's own apply, come
-/// before the apply was recorded), which that correction put back.
+/// A workload object that drifted, as its Cluster's drift watch told, and when it told: the throttle reads
+/// notifications later, and one read after a correction may be of drift told before it, which that
+/// correction put back.
 #[derive(Clone, Debug)]
 pub(crate) struct DriftTold {
     pub(crate) namespace: String,

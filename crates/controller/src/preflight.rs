@@ -56,8 +56,14 @@ pub fn release_stages(release: &Release) -> ReleaseStages {
     }
 }
 
-/// The change the move makes to the Cluster: its class, and its version when `version` differs.
-pub fn move_patch(cluster_resource: &ApiResource, class: &str, version: Option<&str>) -> Value {
+/// The change the move makes to the Cluster: its class, its version when `version` differs, and its
+/// variables when the move sets them (a merge patch replaces the list whole).
+pub fn move_patch(
+    cluster_resource: &ApiResource,
+    class: &str,
+    version: Option<&str>,
+    variables: Option<&Value>,
+) -> Value {
     let mut topology = if cluster_resource.version == "v1beta1" {
         json!({ "class": class })
     } else {
@@ -66,16 +72,31 @@ pub fn move_patch(cluster_resource: &ApiResource, class: &str, version: Option<&
     if let Some(version) = version {
         topology["version"] = json!(version);
     }
+    if let Some(variables) = variables {
+        topology["variables"] = variables.clone();
+    }
     json!({ "spec": { "topology": topology } })
 }
 
-/// Cluster API's answer to the move of `cluster` to `class` (at `version`), by a server-side dry run.
+/// `spec.topology.variables` as Cluster API spells them: `[{name, value}]`.
+pub fn variables_json(variables: &[(String, Value)]) -> Value {
+    Value::Array(
+        variables
+            .iter()
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect(),
+    )
+}
+
+/// Cluster API's answer to the move of `cluster` to `class` (at `version`, with `variables` when the move
+/// sets them), by a server-side dry run.
 pub async fn dry_run(
     client: &Client,
     cluster_resource: &ApiResource,
     cluster: &Cluster,
     class: &str,
     version: Option<&str>,
+    variables: Option<&Value>,
 ) -> DryRun {
     let namespace = cluster.metadata.namespace.as_deref().unwrap_or("default");
     let name = cluster.metadata.name.as_deref().unwrap_or_default();
@@ -85,7 +106,7 @@ pub async fn dry_run(
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     };
-    let patch = move_patch(cluster_resource, class, version);
+    let patch = move_patch(cluster_resource, class, version, variables);
     match api.patch(name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => DryRun::Accepted,
         // Admission (a webhook or the schema) said no: 422 Invalid, 400 BadRequest, 403 from a webhook.
@@ -162,11 +183,23 @@ pub async fn preflight(
     release: &Release,
     rendered_class: Option<&Value>,
 ) -> Preflight {
-    preflight_with(client, cluster_resource, cluster, release, rendered_class, None).await
+    preflight_with(
+        client,
+        cluster_resource,
+        cluster,
+        release,
+        rendered_class,
+        None,
+        false,
+    )
+    .await
 }
 
 /// [`preflight`] reading the two classes from `cached` where it has them (a rollout moving many Clusters reads
 /// them from the release controller's ClusterClass watch, not once per Cluster); the dry run is always made.
+/// With `follow_class_defaults`, a move the dry run refuses is asked again with the Cluster's variables
+/// following the old class's defaults ([`class_move::follow_class_defaults`]); when that passes, the
+/// preflight is of that move ([`Preflight::followed`]).
 pub async fn preflight_with(
     client: &Client,
     cluster_resource: &ApiResource,
@@ -174,6 +207,7 @@ pub async fn preflight_with(
     release: &Release,
     rendered_class: Option<&Value>,
     cached: Option<CachedClasses<'_>>,
+    follow_class_defaults: bool,
 ) -> Preflight {
     let whole = cluster
         .object
@@ -237,19 +271,53 @@ pub async fn preflight_with(
             }
         ))
     } else {
-        dry_run(client, cluster_resource, cluster, &to_name, version).await
+        dry_run(client, cluster_resource, cluster, &to_name, version, None).await
     };
     let stages = release_stages(release);
-    class_move::explain(
-        &Move::of_cluster(&whole, &from_class, &to_class, to_version, &stages),
-        &answer,
+    let plain = Move::of_cluster(&whole, &from_class, &to_class, to_version, &stages);
+    let refused = matches!(answer, DryRun::Refused { .. });
+    let preflight = class_move::explain(&plain, &answer);
+    if !(follow_class_defaults && refused) {
+        return preflight;
+    }
+    let followed = class_move::follow_class_defaults(&plain.variables, &from_class);
+    if followed.dropped.is_empty() {
+        return preflight;
+    }
+    let variables = variables_json(&followed.variables);
+    let mut changed = whole.clone();
+    if let Some(topology) = changed.pointer_mut("/spec/topology") {
+        topology["variables"] = variables.clone();
+    }
+    let answer = dry_run(
+        client,
+        cluster_resource,
+        cluster,
+        &to_name,
+        version,
+        Some(&variables),
     )
+    .await;
+    if answer != DryRun::Accepted {
+        // Following the defaults is not enough: the refusal is the plain move's.
+        return preflight;
+    }
+    let mut with_defaults = class_move::explain(
+        &Move::of_cluster(&changed, &from_class, &to_class, to_version, &stages),
+        &answer,
+    );
+    with_defaults.followed = Some(followed);
+    with_defaults.refused_as_is = preflight.reasons;
+    with_defaults
 }
 
 /// The preflight as `cso render --diff` prints it.
 pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
     let mut out = String::new();
     let verdict = match preflight.verdict {
+        Verdict::Accepted if preflight.followed.is_some() => {
+            "REFUSED as it is; accepted with the old class's defaults followed (server-side dry run)"
+        }
         Verdict::Accepted => "accepted (server-side dry run: Cluster API's webhooks and the schema)",
         Verdict::Refused if preflight.dry_run_failed.is_none() => "REFUSED (server-side dry run)",
         Verdict::Refused => "would be REFUSED (from the two classes; no dry run)",
@@ -273,8 +341,21 @@ pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
     if let Some(why) = &preflight.dry_run_failed {
         let _ = writeln!(out, "   dry run not made: {why}");
     }
-    for reason in &preflight.reasons {
+    for reason in preflight.refused_as_is.iter().chain(&preflight.reasons) {
         let _ = writeln!(out, "   refused    {reason}");
+    }
+    if let Some(followed) = &preflight.followed {
+        for dropped in &followed.dropped {
+            let _ = writeln!(
+                out,
+                "   follows    {dropped}: the old class's default, left out for the new class to default"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "   variables  {} (with the move: a rollout with spec.variables.followClassDefaults sets them)",
+            variables_json(&followed.variables)
+        );
     }
     if preflight.single_chart {
         let _ = writeln!(
@@ -302,14 +383,15 @@ mod tests {
     fn the_move_changes_the_class_as_each_version_spells_it_and_the_version_when_it_differs() {
         let v1beta2 = Cluster::resource("v1beta2");
         assert_eq!(
-            move_patch(&v1beta2, "docker-scs-1-35-v2", None),
+            move_patch(&v1beta2, "docker-scs-1-35-v2", None, None),
             json!({"spec": {"topology": {"classRef": {"name": "docker-scs-1-35-v2"}}}})
         );
         assert_eq!(
             move_patch(
                 &Cluster::v1beta1_resource(),
                 "docker-ferrol-1-27-v2",
-                Some("v1.27.4")
+                Some("v1.27.4"),
+                None
             ),
             json!({"spec": {"topology": {"class": "docker-ferrol-1-27-v2", "version": "v1.27.4"}}})
         );

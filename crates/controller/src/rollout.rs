@@ -177,8 +177,13 @@ pub fn error_policy(rollout: Arc<ClusterStackRollout>, error: &Error, ctx: Arc<R
 /// What the act step did to one Cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum MoveResult {
-    /// Moved; the Cluster's generation after the move.
-    Moved { from: String, generation: Option<i64> },
+    /// Moved; the Cluster's generation after the move, and the values left out of its variables to follow
+    /// the new class's defaults.
+    Moved {
+        from: String,
+        generation: Option<i64>,
+        dropped: Vec<String>,
+    },
     /// The preflight refused it, with why, at the Cluster's generation.
     Refused {
         from: String,
@@ -257,13 +262,7 @@ async fn reconcile_object(
                 continue;
             }
             if let Some(cluster) = clusters.iter().find(|c| cluster_name(c) == *name) {
-                moves.push(try_move(
-                    &ctx,
-                    cluster,
-                    release.as_deref(),
-                    &plan.target,
-                    tried_at,
-                ));
+                moves.push(try_move(&ctx, cluster, release.as_deref(), &plan, tried_at));
             }
         }
         results = futures::stream::iter(moves)
@@ -469,13 +468,13 @@ async fn try_move(
     ctx: &RolloutContext,
     cluster: &Cluster,
     release: Option<&cso_release::Release>,
-    target: &cso_api::ReleaseId,
+    plan: &Plan,
     tried_at: std::time::Instant,
 ) -> (String, MoveResult, bool) {
     let name = cluster_name(cluster);
     let result = match release {
-        None => MoveResult::NotNow(format!("release {} is not at hand", target.tag())),
-        Some(release) => move_cluster(ctx, cluster, release).await,
+        None => MoveResult::NotNow(format!("release {} is not at hand", plan.target.tag())),
+        Some(release) => move_cluster(ctx, cluster, release, plan.follow_class_defaults).await,
     };
     ctx.metrics.rollout_move(match &result {
         MoveResult::Moved { .. } => "moved",
@@ -486,8 +485,16 @@ async fn try_move(
     (name, result, news)
 }
 
-/// The preflight of moving `cluster` to `release`'s class, then the move if it passes.
-async fn move_cluster(ctx: &RolloutContext, cluster: &Cluster, release: &cso_release::Release) -> MoveResult {
+/// The preflight of moving `cluster` to `release`'s class (with its variables following the old class's
+/// defaults where the plain move is refused and `follow_class_defaults`), then the move if it passes: one
+/// JSON patch of the class, the version and the variables, guarded by a test of the class and the variables
+/// it was seen with.
+async fn move_cluster(
+    ctx: &RolloutContext,
+    cluster: &Cluster,
+    release: &cso_release::Release,
+    follow_class_defaults: bool,
+) -> MoveResult {
     let from = cluster.class().map(|c| c.name).unwrap_or_default();
     // The two classes from the release controller's ClusterClass cache where it has them (not two reads per
     // Cluster); the dry run is made for each.
@@ -497,9 +504,16 @@ async fn move_cluster(ctx: &RolloutContext, cluster: &Cluster, release: &cso_rel
         .as_ref()
         .map(|classes| move |namespace: &str, name: &str| classes.object(namespace, name));
     let lookup = cached.as_ref().map(|f| f as crate::preflight::CachedClasses<'_>);
-    let preflight =
-        crate::preflight::preflight_with(&ctx.client, &ctx.cluster_resource, cluster, release, None, lookup)
-            .await;
+    let preflight = crate::preflight::preflight_with(
+        &ctx.client,
+        &ctx.cluster_resource,
+        cluster,
+        release,
+        None,
+        lookup,
+        follow_class_defaults,
+    )
+    .await;
     match preflight.verdict {
         Verdict::Refused => {
             return MoveResult::Refused {
@@ -530,6 +544,24 @@ async fn move_cluster(ctx: &RolloutContext, cluster: &Cluster, release: &cso_rel
     if cluster.topology_version() != Some(version) {
         ops.push(json!({"op": "replace", "path": "/spec/topology/version", "value": version}));
     }
+    let dropped = match &preflight.followed {
+        Some(followed) => {
+            let seen = cluster
+                .object
+                .as_deref()
+                .and_then(|o| o.pointer("/spec/topology/variables"))
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            ops.push(json!({"op": "test", "path": "/spec/topology/variables", "value": seen}));
+            ops.push(json!({
+                "op": "replace",
+                "path": "/spec/topology/variables",
+                "value": crate::preflight::variables_json(&followed.variables),
+            }));
+            followed.dropped.clone()
+        }
+        None => Vec::new(),
+    };
     let patch: json_patch::Patch = match serde_json::from_value(serde_json::Value::Array(ops)) {
         Ok(patch) => patch,
         Err(e) => return MoveResult::NotNow(format!("internal error: a JSON patch: {e}")),
@@ -547,6 +579,7 @@ async fn move_cluster(ctx: &RolloutContext, cluster: &Cluster, release: &cso_rel
         Ok(moved) => MoveResult::Moved {
             from,
             generation: moved.metadata.generation,
+            dropped,
         },
         Err(kube::Error::Api(status)) => MoveResult::NotNow(format!(
             "Cluster API refused the move ({} {}): {}",
@@ -579,7 +612,11 @@ pub(crate) fn records_after(
         .collect();
     for (name, result) in results {
         let record = match result {
-            MoveResult::Moved { from, generation } => ClusterMove {
+            MoveResult::Moved {
+                from,
+                generation,
+                dropped,
+            } => ClusterMove {
                 cluster: name.clone(),
                 wave: wave_of(name),
                 outcome: outcome::MOVED.to_owned(),
@@ -587,6 +624,7 @@ pub(crate) fn records_after(
                 at: now,
                 generation: *generation,
                 reasons: Vec::new(),
+                variables_dropped: dropped.clone(),
             },
             MoveResult::Refused {
                 from,
@@ -600,6 +638,7 @@ pub(crate) fn records_after(
                 at: now,
                 generation: *generation,
                 reasons: reasons.clone(),
+                variables_dropped: Vec::new(),
             },
             MoveResult::NotNow(_) => continue,
         };
@@ -654,10 +693,19 @@ pub(crate) fn conclude(
     let target = plan.target.cluster_class_name();
     for (name, result) in results {
         match result {
-            MoveResult::Moved { from, .. } => {
+            MoveResult::Moved { from, dropped, .. } => {
+                let followed = if dropped.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", its variables following the new class's defaults (left out, as the old class's \
+                         defaults: {})",
+                        dropped.join(", ")
+                    )
+                };
                 events.normal(
                     event::CLUSTER_MOVED,
-                    format!("moved Cluster {name} from {from} to {target}"),
+                    format!("moved Cluster {name} from {from} to {target}{followed}"),
                 );
             }
             MoveResult::Refused { reasons, .. } => events.warning(

@@ -289,7 +289,7 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
         }],
         "the variable is named, and the classes explain all Cluster API said: {report}"
     );
-    let dry_run = preflight::dry_run(&client, &resource, &c1, V2, None).await;
+    let dry_run = preflight::dry_run(&client, &resource, &c1, V2, None, None).await;
     eprintln!("Cluster API's answer: {dry_run:?}");
     let DryRun::Refused { causes, .. } = &dry_run else {
         panic!("Cluster API did not refuse the move: {dry_run:?}");
@@ -353,6 +353,21 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
             .any(|r| matches!(r, Reason::ClusterApi { .. })),
         "the classes explain everything Cluster API said: {report}"
     );
+    // As `cso render --diff` asks it: the move with the old class's defaults followed is proposed, with the
+    // dry run that passes with it.
+    let proposal = preflight::preflight_with(&client, &resource, &c3, &v2, None, None, true).await;
+    let report = preflight::describe(&proposal, &format!("{ns}/c3"));
+    eprintln!("{report}");
+    assert_eq!(proposal.verdict, Verdict::Accepted, "{report}");
+    assert!(
+        report.contains(
+            "REFUSED as it is; accepted with the old class's defaults followed (server-side dry run)"
+        ) && report.contains("follows    oidcConfig.groupsPrefix: the old class's default")
+            && report.contains("refused    variable oidcConfig"),
+        "{report}"
+    );
+    let followed = proposal.followed.unwrap();
+    assert!(followed.dropped.contains(&"oidcConfig.groupsPrefix".to_owned()));
 
     // A Cluster without those values may move.
     let c2 = cluster_of_v1(&client, &ns, "c2", json!([]), true).await;
@@ -476,9 +491,38 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         .await;
     }
 
-    // c1 sets a value v2's narrowed enum refuses; c2 sets nothing v2 refuses.
+    // c1 sets a value v2's narrowed enum refuses; c2 sets nothing v2 refuses. c3 sets oidcConfig, whose
+    // groupsPrefix v1 defaults and v2 no longer defines; c4 sets that field to a value of its own.
     let c1 = refused_by_v2(&client, &ns).await;
     cluster_of_v1(&client, &ns, "c2", json!([]), true).await;
+    let oidc = |prefix: Option<&str>| {
+        let mut config = json!({"clientID": "kubectl", "issuerURL": "https://dex.example"});
+        if let Some(prefix) = prefix {
+            config["groupsPrefix"] = json!(prefix);
+        }
+        json!([{"name": "oidcConfig", "value": config}])
+    };
+    let c3 = cluster_of_v1(&client, &ns, "c3", oidc(None), true).await;
+    let c4 = cluster_of_v1(&client, &ns, "c4", oidc(Some("corp:")), true).await;
+    let variables_of = |cluster: &Cluster| {
+        cluster
+            .object
+            .as_deref()
+            .and_then(|o| o.pointer("/spec/topology/variables"))
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        variables_of(&c3)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "oidcConfig")
+            .unwrap()
+            .pointer("/value/groupsPrefix"),
+        Some(&json!("oidc:")),
+        "Cluster API defaulted it from v1's schema"
+    );
 
     let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
     rollouts
@@ -504,7 +548,9 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
                 .map(|m| m.outcome.clone())
         };
         (outcome_of("c1").as_deref() == Some(outcome::REFUSED)
-            && outcome_of("c2").as_deref() == Some(outcome::MOVED))
+            && outcome_of("c2").as_deref() == Some(outcome::MOVED)
+            && outcome_of("c3").as_deref() == Some(outcome::REFUSED)
+            && outcome_of("c4").as_deref() == Some(outcome::REFUSED))
         .then_some(status)
     })
     .await;
@@ -517,8 +563,13 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         message.contains(&format!("{ns}/c1")) && message.contains("imageRepository"),
         "the Cluster and the variable are named: {message}"
     );
-    assert_eq!(status.waves[0].skipped, 1);
-    assert_eq!(status.skipped, 1, "the refused Cluster is counted as skipped");
+    assert_eq!(status.waves[0].skipped, 3);
+    assert_eq!(status.skipped, 3, "the refused Clusters are counted as skipped");
+    let c3_refusal = status.moves.iter().find(|m| m.cluster.ends_with("/c3")).unwrap();
+    assert!(
+        c3_refusal.reasons.join(" ").contains("groupsPrefix"),
+        "{c3_refusal:?}"
+    );
     assert_ne!(
         status.phase,
         phase::COMPLETED,
@@ -560,5 +611,69 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         clusters.get("c1").await.unwrap().class().unwrap().name,
         V1,
         "the refused Cluster is never moved"
+    );
+
+    // The same move with spec.variables.followClassDefaults, in a new rollout (a refusal is asked again only
+    // when the Cluster changes): c3 moves, its groupsPrefix left to v2 (which has none), every other value as
+    // it was; c4's prefix is its owner's: refused and never rewritten; c1 likewise.
+    rollouts.delete("scs-v2", &Default::default()).await.unwrap();
+    rollouts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
+                "metadata": {"name": "scs-v2-defaults", "namespace": ns},
+                "spec": {"clusterStack": "scs", "version": "v2", "variables": {"followClassDefaults": true}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = support::eventually("c3 moved, c1 and c4 refused", TIMEOUT, || async {
+        let status = rollouts.get("scs-v2-defaults").await.ok()?.status?;
+        let outcome_of = |name: &str| {
+            status
+                .moves
+                .iter()
+                .find(|m| m.cluster == format!("{ns}/{name}"))
+                .map(|m| m.outcome.clone())
+        };
+        (outcome_of("c1").as_deref() == Some(outcome::REFUSED)
+            && outcome_of("c3").as_deref() == Some(outcome::MOVED)
+            && outcome_of("c4").as_deref() == Some(outcome::REFUSED))
+        .then_some(status)
+    })
+    .await;
+    eprintln!("{}", serde_json::to_string_pretty(&status).unwrap());
+    let moved = status.moves.iter().find(|m| m.cluster.ends_with("/c3")).unwrap();
+    assert!(
+        moved
+            .variables_dropped
+            .contains(&"oidcConfig.groupsPrefix".to_owned()),
+        "{moved:?}"
+    );
+    assert_eq!(status.skipped, 2);
+    assert_ne!(status.phase, phase::COMPLETED);
+
+    let after = clusters.get("c3").await.unwrap();
+    assert_eq!(after.class().unwrap().name, V2);
+    let mut expected = variables_of(&c3);
+    for variable in expected.as_array_mut().unwrap() {
+        if variable["name"] == "oidcConfig" {
+            variable["value"].as_object_mut().unwrap().remove("groupsPrefix");
+        }
+    }
+    assert_eq!(
+        variables_of(&after),
+        expected,
+        "groupsPrefix gone, every other value as it was (v2 defaults the same values again)"
+    );
+    let c4_after = clusters.get("c4").await.unwrap();
+    assert_eq!(c4_after.class().unwrap().name, V1);
+    assert_eq!(c4_after.metadata.generation, c4.metadata.generation);
+    assert_eq!(
+        variables_of(&c4_after),
+        variables_of(&c4),
+        "the owner's value is never rewritten"
     );
 }

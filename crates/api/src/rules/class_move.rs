@@ -256,6 +256,11 @@ pub struct Preflight {
     pub hooks: Vec<HookRun>,
     /// A release with a single addon chart: it is applied when the class changes (no stages).
     pub single_chart: bool,
+    /// The move refused as the Cluster is passes with these variables ([`follow_class_defaults`]): the
+    /// verdict, reasons and hooks are then those of the move with them, and `refused_as_is` says why the move
+    /// as it is was refused.
+    pub followed: Option<Followed>,
+    pub refused_as_is: Vec<Reason>,
 }
 
 /// Explains Cluster API's answer `dry_run` to `change` from the two classes.
@@ -307,6 +312,8 @@ pub fn explain(change: &Move<'_>, dry_run: &DryRun) -> Preflight {
         hooks: hook_runs(change, version_change.as_ref()),
         version_change,
         single_chart: change.stages.is_none(),
+        followed: None,
+        refused_as_is: Vec::new(),
     }
 }
 
@@ -605,6 +612,65 @@ fn upgrade_steps(from: &str, to: &str, listed: &[String]) -> Vec<String> {
     }
     steps.push(to.to_owned());
     steps
+}
+
+/// A Cluster's variables with what followed the old class's defaults left out ([`follow_class_defaults`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// The variables to set with the move, in the Cluster's order.
+    pub variables: Vec<(String, Value)>,
+    /// What was left out: `oidcConfig.groupsPrefix`, or `registryMirrors` for a whole variable.
+    pub dropped: Vec<String>,
+}
+
+/// The Cluster's `variables` with every value, or field of one, that equals what the old class's schema
+/// (`from`) defaults there left out: taken for "not chosen by the owner", so that in a move the new class
+/// defaults it (or, when it no longer defines it, nothing does). A whole variable equal to its top-level
+/// default goes; inside an object, each property equal to its own default goes (objects are followed into
+/// their properties; arrays are compared whole). A value the owner changed from the default, a variable the old
+/// class does not define, and a default no schema states are kept as they are.
+///
+/// Judged by value: an owner who wrote the default by hand cannot be told from Cluster API's defaulting, and
+/// follows the class too.
+pub fn follow_class_defaults(variables: &[(String, Value)], from: &ClassView) -> Followed {
+    let mut followed = Followed::default();
+    for (name, value) in variables {
+        let Some(schema) = from.variable(name).map(|d| &d.schema) else {
+            followed.variables.push((name.clone(), value.clone()));
+            continue;
+        };
+        if schema.get("default") == Some(value) {
+            followed.dropped.push(name.clone());
+            continue;
+        }
+        let mut value = value.clone();
+        drop_defaults(schema, &mut value, name, &mut followed.dropped);
+        followed.variables.push((name.clone(), value));
+    }
+    followed
+}
+
+/// Leaves out of the object `value` each property that equals its default in `schema`, recursing into the
+/// others; `at` is the path of `value`, for [`Followed::dropped`].
+fn drop_defaults(schema: &Value, value: &mut Value, at: &str, dropped: &mut Vec<String>) {
+    let (Some(properties), Some(object)) = (
+        schema.get("properties").and_then(Value::as_object),
+        value.as_object_mut(),
+    ) else {
+        return;
+    };
+    object.retain(|name, inner| {
+        let Some(property) = properties.get(name) else {
+            return true;
+        };
+        let path = format!("{at}.{name}");
+        if property.get("default") == Some(inner) {
+            dropped.push(path);
+            return false;
+        }
+        drop_defaults(property, inner, &path, dropped);
+        true
+    });
 }
 
 /// Fills in the schema's defaults for properties `value` leaves out, as Cluster API defaults a variable's
@@ -1206,5 +1272,68 @@ mod tests {
         default_into(&schema, &mut value);
         assert_eq!(value, json!({"clientID": "kubectl", "usernameClaim": "sub"}));
         assert!(validate(&schema, &value).is_empty());
+    }
+
+    /// A class with `oidcConfig` (properties defaulted, one not), `mirrors` (a defaulted array) and `nodes`
+    /// (a defaulted number).
+    fn defaulting_class() -> ClassView {
+        class(
+            "docker-scs-1-35-v1",
+            json!([
+                {"name": "oidcConfig", "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "issuerURL": {"type": "string"},
+                    "groupsPrefix": {"type": "string", "default": "oidc:"},
+                    "claims": {"type": "object", "properties": {"user": {"type": "string", "default": "sub"}}}}}}},
+                {"name": "mirrors", "schema": {"openAPIV3Schema": {"type": "array", "default": [], "items": {"type": "string"}}}},
+                {"name": "nodes", "schema": {"openAPIV3Schema": {"type": "integer", "default": 3}}},
+            ]),
+            &[],
+        )
+    }
+
+    #[rstest]
+    // Defaulted by Cluster API: left out so that the new class defaults it.
+    #[case::a_defaulted_field(
+        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex", "groupsPrefix": "oidc:"}}]),
+        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex"}}]),
+        &["oidcConfig.groupsPrefix"])]
+    // Changed by the owner: kept, byte for byte.
+    #[case::a_chosen_field(
+        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex", "groupsPrefix": "corp:"}}]),
+        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex", "groupsPrefix": "corp:"}}]),
+        &[])]
+    #[case::a_nested_default(
+        json!([{"name": "oidcConfig", "value": {"claims": {"user": "sub"}, "groupsPrefix": "x"}}]),
+        json!([{"name": "oidcConfig", "value": {"claims": {}, "groupsPrefix": "x"}}]),
+        &["oidcConfig.claims.user"])]
+    // Whole variables equal to their top-level default go; arrays are compared whole.
+    #[case::whole_variables(
+        json!([{"name": "mirrors", "value": []}, {"name": "nodes", "value": 3}]),
+        json!([]),
+        &["mirrors", "nodes"])]
+    #[case::an_array_the_owner_filled(
+        json!([{"name": "mirrors", "value": ["m1"]}, {"name": "nodes", "value": 5}]),
+        json!([{"name": "mirrors", "value": ["m1"]}, {"name": "nodes", "value": 5}]),
+        &[])]
+    // A variable the old class does not define: no default to tell by.
+    #[case::unknown_to_the_old_class(
+        json!([{"name": "extra", "value": {"groupsPrefix": "oidc:"}}]),
+        json!([{"name": "extra", "value": {"groupsPrefix": "oidc:"}}]),
+        &[])]
+    fn values_equal_to_the_old_classs_defaults_follow_the_class(
+        #[case] variables: Value,
+        #[case] expected: Value,
+        #[case] dropped: &[&str],
+    ) {
+        let pairs = |list: &Value| -> Vec<(String, Value)> {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| (v["name"].as_str().unwrap().to_owned(), v["value"].clone()))
+                .collect()
+        };
+        let followed = follow_class_defaults(&pairs(&variables), &defaulting_class());
+        assert_eq!(followed.variables, pairs(&expected));
+        assert_eq!(followed.dropped, dropped);
     }
 }

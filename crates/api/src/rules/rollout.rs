@@ -54,6 +54,8 @@ pub struct Plan {
     pub bake_time: Duration,
     pub wave_timeout: Duration,
     pub paused: bool,
+    /// `spec.variables.followClassDefaults`.
+    pub follow_class_defaults: bool,
 }
 
 /// One wave of a [`Plan`].
@@ -194,6 +196,7 @@ impl Plan {
             bake_time: duration(&spec.bake_time, Duration::ZERO),
             wave_timeout: duration(&spec.wave_timeout, DEFAULT_WAVE_TIMEOUT),
             paused: spec.paused,
+            follow_class_defaults: spec.variables.as_ref().is_some_and(|v| v.follow_class_defaults),
         })
     }
 }
@@ -241,14 +244,20 @@ pub enum State {
     /// On the target, not done `waveTimeout` after the move: why.
     Failing(String),
     Done,
-    /// The rollout moved it (or found it on the target) and it is on another release now.
+    /// The rollout moved it (or found it on the target) and it is on an older release now (moved back).
     MovedAway,
+    /// The rollout moved it (or found it on the target) and it is on a newer release now (a later rollout, or
+    /// by hand): nothing left behind.
+    MovedOn,
 }
 
 impl State {
     /// Whether the wave need not wait for it.
     fn finished(&self) -> bool {
-        matches!(self, State::Done | State::Refused | State::MovedAway)
+        matches!(
+            self,
+            State::Done | State::Refused | State::MovedAway | State::MovedOn
+        )
     }
 
     /// Whether the rollout left it behind: finished, and not on the release.
@@ -371,7 +380,7 @@ pub fn assess(
             state
         } else if moved_by_us {
             kept.extend(record.cloned());
-            State::MovedAway
+            if older { State::MovedAway } else { State::MovedOn }
         } else {
             match record {
                 Some(r) if r.outcome == outcome::REFUSED && r.generation == cluster.generation => {

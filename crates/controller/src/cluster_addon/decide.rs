@@ -59,6 +59,8 @@ pub(crate) enum Drift {
     None,
     /// An object is gone or was changed by someone else.
     Found,
+    /// An object is gone or was changed by someone else, and others cannot be told.
+    FoundInPart,
 }
 
 impl Progress {
@@ -72,6 +74,8 @@ impl Progress {
         }
         match self.drift {
             Drift::Found => !self.drift_held,
+            // What cannot be told is re-applied at the periodic pass, held drift or not.
+            Drift::FoundInPart => !self.drift_held || self.resync_due,
             Drift::None => false,
             Drift::Unknown => self.resync_due,
         }
@@ -650,6 +654,7 @@ mod tests {
     #[case::due_but_all_as_applied(true, Drift::None, false)]
     #[case::drift_before_the_pass(false, Drift::Found, true)]
     #[case::drift_and_due(true, Drift::Found, true)]
+    #[case::drift_in_part(false, Drift::FoundInPart, true)]
     fn the_periodic_pass_reapplies_only_what_the_watches_cannot_vouch_for(
         #[case] resync_due: bool,
         #[case] drift: Drift,

@@ -17,10 +17,12 @@
 //! same time (its *answer*: from a correction to the first drift seen after it). Drift first seen at least
 //! [`LATE_AFTER`] and four answers after the last correction, while that correction's hold lasts, is no
 //! answer of the writer (it stopped, and a person or another writer changed the object): the object's record
-//! is dropped and the drift put back at once, as a first correction. A notification told before the last
-//! correction is no sight of drift after it (the echo of the correction's own apply, told before the apply
-//! was recorded and handled after it: taken for the writer's answer, it once kept a later deletion waiting for
-//! the hold's end). Seen in a chaos run: after a fight
+//! is dropped and the drift put back at once, as a first correction. A correction counts from its apply's
+//! start: drift told before it is the last round's (a notification the throttle reads only after the
+//! correction is of drift that correction put back), drift told since is the new round's, even when the
+//! reconcile has not ended yet. (The events of the apply's own writes are not told at all: `cso_apply::drift`.
+//! Taken for the writer's answer, they once kept a later deletion waiting for the hold's end.) Seen in a
+//! chaos run: after a fight
 //! that had grown the hold to the cap (300 s), a deletion 25 s after the last correction was put back
 //! 275 s later.
 //!
@@ -424,9 +426,8 @@ impl Fights {
 
     /// The throttle's decision at `now` for a drift notification of `key` of `owner`, told at `told` ([`wake`]);
     /// a wake-up decided for later is recorded as pending until [`Fights::woken`]. Drift that comes [`late`]
-    /// ends the record of the object: it is put back now. Drift told before the object's last correction is
-    /// no sight of new drift: that correction put it back (it may be the echo of the correction's own apply,
-    /// told before the apply was recorded and handled after it).
+    /// ends the record of the object: it is put back now. Drift told before the object's last correction
+    /// began (read by the throttle only after it) is no sight of new drift: that correction put it back.
     pub(crate) fn notified(&self, owner: &Owner, key: &ObjectKey, told: Instant, now: Instant) -> Wake {
         {
             let mut memory = self.memory();

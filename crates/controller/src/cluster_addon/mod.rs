@@ -355,12 +355,13 @@ impl Driver<'_> {
                             if let Some(watch) = workload.drift.as_ref().filter(|_| self.vouch) {
                                 let applied = applied_objects(self.addon);
                                 watch.watch(&applied).await;
-                                progress.drift = match watch.verdict(&applied) {
+                                let verdict = watch.verdict(&applied);
+                                progress.drift = match verdict.clone() {
                                     Verdict::AsApplied => {
                                         self.drifted = Some(Vec::new());
                                         Drift::None
                                     }
-                                    Verdict::Drifted(drifted) => {
+                                    Verdict::Drifted(drifted) | Verdict::DriftedInPart(drifted) => {
                                         let owner = (namespace.clone(), cluster_name.clone());
                                         progress.drift_held = self.fights.claim(
                                             &owner,
@@ -369,8 +370,14 @@ impl Driver<'_> {
                                             Instant::now(),
                                             self.ctx.settings.resync_interval,
                                         );
-                                        self.drifted = Some(drifted);
-                                        Drift::Found
+                                        if matches!(verdict, Verdict::DriftedInPart(_)) {
+                                            // The others cannot be told: no fight is judged over on them.
+                                            self.drifted = None;
+                                            Drift::FoundInPart
+                                        } else {
+                                            self.drifted = Some(drifted);
+                                            Drift::Found
+                                        }
                                     }
                                     Verdict::Unknown => Drift::Unknown,
                                 };

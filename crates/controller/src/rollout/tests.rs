@@ -85,6 +85,7 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
             MoveResult::Moved {
                 from: "docker-ferrol-1-27-v1".into(),
                 generation: Some(2),
+                dropped: vec!["oidcConfig.groupsPrefix".into()],
             },
         ),
         (
@@ -115,6 +116,14 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
         reasons(&events),
         [event::CLUSTER_MOVED, event::MOVE_REFUSED, event::WAVE_STARTED]
     );
+    assert!(
+        events.0[0]
+            .note
+            .ends_with("(left out, as the old class's defaults: oidcConfig.groupsPrefix)"),
+        "{}",
+        events.0[0].note
+    );
+    assert_eq!(records[0].variables_dropped, ["oidcConfig.groupsPrefix"]);
     assert_eq!(
         (status.phase.as_str(), status.current_wave.as_str()),
         (phase::PROGRESSING, "first")
@@ -151,6 +160,7 @@ fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes
         at: t(0),
         generation: Some(2),
         reasons: Vec::new(),
+        variables_dropped: Vec::new(),
     }];
     let failing = vec![cluster("a", "v2", "1", false), cluster("c", "v1", "2", false)];
     let after = assess(&plan, &failing, &records, &[], t(120));
@@ -253,6 +263,7 @@ fn a_move_that_cannot_be_made_waits_doubling_and_is_announced_once_per_reason() 
     let moved = MoveResult::Moved {
         from: "docker-ferrol-1-27-v1".into(),
         generation: Some(2),
+        dropped: Vec::new(),
     };
     assert!(!retries.record("ns/a", &moved, later));
     assert!(retries.may_try("ns/a", later));
@@ -270,6 +281,7 @@ fn every_wave_through_with_a_refused_cluster_is_incomplete_and_says_how_many() {
         at: t(0),
         generation: Some(1),
         reasons: vec!["variable identityRef: \"type\" is not in the new schema".into()],
+        variables_dropped: Vec::new(),
     };
     let records = vec![refused];
     let clusters = vec![

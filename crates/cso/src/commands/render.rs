@@ -110,9 +110,18 @@ async fn move_preflight(
         .find(|m| m.kind() == "ClusterClass")
         .map(|m| &m.object);
     let resource = cso_apply::cluster_resource(client).await;
-    let preflight =
-        cso_controller::preflight::preflight(client, &resource, &cluster.cluster, release, rendered_class)
-            .await;
+    // Asked with the old class's defaults followed where the move as it is is refused: the change a rollout
+    // with `spec.variables.followClassDefaults` would make is proposed with its dry run.
+    let preflight = cso_controller::preflight::preflight_with(
+        client,
+        &resource,
+        &cluster.cluster,
+        release,
+        rendered_class,
+        None,
+        true,
+    )
+    .await;
     cso_controller::preflight::describe(&preflight, cluster_name)
 }
 

@@ -111,6 +111,7 @@ fn moved(name: &str, wave: &str, at: i64) -> ClusterMove {
         at: t(at),
         generation: None,
         reasons: Vec::new(),
+        variables_dropped: Vec::new(),
     }
 }
 
@@ -123,6 +124,7 @@ fn refused(name: &str, generation: i64) -> ClusterMove {
         at: t(0),
         generation: Some(generation),
         reasons: vec!["variable imageRepository: the new schema refuses its value".into()],
+        variables_dropped: Vec::new(),
     }
 }
 
@@ -378,13 +380,16 @@ fn clusters_moved_by_hand_are_counted_and_never_fought() {
     assert_eq!(a.waves[2].moved, 1);
 
     // a, moved by the rollout, was moved back to v1 (or on to v3) by someone: left alone, and its wave
-    // finishes without it.
-    for elsewhere in ["v1", "v3"] {
+    // finishes without it; moved back, it is skipped (not on the release), moved on it is not.
+    for (elsewhere, state, skipped) in [("v1", State::MovedAway, 1), ("v3", State::MovedOn, 0)] {
         clusters[0] = cluster("a", elsewhere, "canary");
         let a = assess(&plan, &clusters, &[moved("a", "canary", 0)], &[], t(60));
-        assert_eq!(state_of(&a, "a"), Some(&State::MovedAway), "{elsewhere}");
+        assert_eq!(state_of(&a, "a"), Some(&state), "{elsewhere}");
         assert!(!a.to_move.contains(&"ns/a".to_owned()));
-        assert_eq!((a.waves[0].skipped, a.waves[0].finished_at), (1, Some(t(60))));
+        assert_eq!(
+            (a.waves[0].skipped, a.waves[0].finished_at),
+            (skipped, Some(t(60)))
+        );
         assert_eq!(a.current_wave, Some(1));
     }
 }
@@ -444,6 +449,12 @@ fn every_wave_through_with_a_cluster_skipped_is_incomplete_until_it_moves() {
     let a = assess(&plan, &clusters, &moves, &every_wave_baked, t(2000));
     assert_eq!(state_of(&a, "b"), Some(&State::MovedAway));
     assert_eq!(a.phase, phase::INCOMPLETE);
+
+    // Moved on to a newer release (the next rollout): nothing left behind.
+    clusters[1] = done(cluster("b", "v3", "early"));
+    let a = assess(&plan, &clusters, &moves, &every_wave_baked, t(2000));
+    assert_eq!(state_of(&a, "b"), Some(&State::MovedOn));
+    assert_eq!((a.phase, a.count(State::skipped)), (phase::COMPLETED, 0));
 }
 
 fn addon(class: &str, ready: bool, conditions: Vec<Condition>) -> ClusterAddon {
