@@ -127,14 +127,16 @@ fn config_map_lists(tally: &RequestTally) -> u64 {
         .sum()
 }
 
-#[tokio::test]
-async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits() {
-    let (client, tally) = counted_client().await;
-    let ns = cso_testenv::namespace(&client, "drift-seeded").await.unwrap();
+/// `names` applied first by a new engine over `client`, and a drift watch of them, streaming.
+async fn applied_and_watched(
+    client: &kube::Client,
+    ns: &str,
+    names: &[&str],
+) -> (ApplyEngine, DriftWatch, Arc<AtomicUsize>, cso_apply::ApplyReport) {
     let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
     let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
     let report = engine
-        .apply_first(&config_maps(&ns, &["a", "b"]), &ns, &BTreeMap::new())
+        .apply_first(&config_maps(ns, names), ns, &BTreeMap::new())
         .await;
     assert!(report.is_complete(), "{}", report.failure_summary());
     let (watch, told) = drift_watch(&engine, discovery);
@@ -143,6 +145,14 @@ async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits()
         watch.streaming().then_some(())
     })
     .await;
+    (engine, watch, told, report)
+}
+
+#[tokio::test]
+async fn a_watch_begins_where_the_applies_left_off_and_tells_deletes_and_edits() {
+    let (client, tally) = counted_client().await;
+    let ns = cso_testenv::namespace(&client, "drift-seeded").await.unwrap();
+    let (engine, watch, told, report) = applied_and_watched(&client, &ns, &["a", "b"]).await;
     assert_eq!(watch.verdict(&report.resources), Verdict::AsApplied);
     assert_eq!(
         config_map_lists(&tally),
@@ -223,18 +233,7 @@ async fn a_deletion_behind_a_long_outage_is_told_within_seconds_of_the_return() 
     let yaml = plane.kubeconfig_yaml().replace(plane.server_url(), &proxy.url());
     let config = cso_testenv::config_from_yaml(&yaml).await.unwrap();
     let client = observed_client(config, ClientLimits::UNLIMITED, None).unwrap();
-    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
-    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
-    let report = engine
-        .apply_first(&config_maps(&ns, &["a"]), &ns, &BTreeMap::new())
-        .await;
-    assert!(report.is_complete(), "{}", report.failure_summary());
-    let (watch, told) = drift_watch(&engine, discovery);
-    watch.watch(&report.resources).await;
-    eventually("the watch request is open", || async {
-        watch.streaming().then_some(())
-    })
-    .await;
+    let (_engine, _watch, told, _report) = applied_and_watched(&client, &ns, &["a"]).await;
 
     proxy.cut();
     Api::<ConfigMap>::namespaced(direct, &ns)
@@ -261,18 +260,7 @@ async fn a_deletion_behind_a_long_outage_is_told_within_seconds_of_the_return() 
 async fn the_events_of_its_own_corrections_are_not_told() {
     let (client, _) = counted_client().await;
     let ns = cso_testenv::namespace(&client, "drift-echo").await.unwrap();
-    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
-    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
-    let report = engine
-        .apply_first(&config_maps(&ns, &["a"]), &ns, &BTreeMap::new())
-        .await;
-    assert!(report.is_complete(), "{}", report.failure_summary());
-    let (watch, told) = drift_watch(&engine, discovery);
-    watch.watch(&report.resources).await;
-    eventually("the watch request is open", || async {
-        watch.streaming().then_some(())
-    })
-    .await;
+    let (engine, watch, told, report) = applied_and_watched(&client, &ns, &["a"]).await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     const ROUNDS: usize = 15;
     for round in 1..=ROUNDS {

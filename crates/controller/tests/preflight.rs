@@ -433,6 +433,46 @@ fn local_scs_releases(release_dir: &Path, scratch: &Path) {
     }
 }
 
+/// Creates the rollout `name` of ClusterStack scs to v2, `spec` adding to that.
+async fn create_rollout(rollouts: &Api<cso_api::ClusterStackRollout>, ns: &str, name: &str, spec: Value) {
+    let mut object = json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterStack": "scs", "version": "v2"}
+    });
+    for (key, value) in spec.as_object().unwrap() {
+        object["spec"][key] = value.clone();
+    }
+    rollouts
+        .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+        .await
+        .unwrap();
+}
+
+/// The status of rollout `name` once it records each Cluster of `expected` with its outcome.
+async fn rollout_outcomes(
+    rollouts: &Api<cso_api::ClusterStackRollout>,
+    ns: &str,
+    name: &str,
+    expected: &[(&str, &str)],
+) -> cso_api::ClusterStackRolloutStatus {
+    let status = support::eventually(&format!("rollout {name}: {expected:?}"), TIMEOUT, || async {
+        let status = rollouts.get(name).await.ok()?.status?;
+        expected
+            .iter()
+            .all(|(cluster, outcome)| {
+                status
+                    .moves
+                    .iter()
+                    .any(|m| m.cluster == format!("{ns}/{cluster}") && m.outcome == *outcome)
+            })
+            .then_some(status)
+    })
+    .await;
+    eprintln!("{}", serde_json::to_string_pretty(&status).unwrap());
+    status
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_moves_the_others() {
     use cso_api::{
@@ -525,36 +565,19 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     );
 
     let rollouts: Api<ClusterStackRollout> = Api::namespaced(client.clone(), &ns);
-    rollouts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
-                "metadata": {"name": "scs-v2", "namespace": ns},
-                "spec": {"clusterStack": "scs", "version": "v2"}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-
-    let status = support::eventually("c1 refused and c2 moved", TIMEOUT, || async {
-        let status = rollouts.get("scs-v2").await.ok()?.status?;
-        let outcome_of = |name: &str| {
-            status
-                .moves
-                .iter()
-                .find(|m| m.cluster == format!("{ns}/{name}"))
-                .map(|m| m.outcome.clone())
-        };
-        (outcome_of("c1").as_deref() == Some(outcome::REFUSED)
-            && outcome_of("c2").as_deref() == Some(outcome::MOVED)
-            && outcome_of("c3").as_deref() == Some(outcome::REFUSED)
-            && outcome_of("c4").as_deref() == Some(outcome::REFUSED))
-        .then_some(status)
-    })
+    create_rollout(&rollouts, &ns, "scs-v2", json!({})).await;
+    let status = rollout_outcomes(
+        &rollouts,
+        &ns,
+        "scs-v2",
+        &[
+            ("c1", outcome::REFUSED),
+            ("c2", outcome::MOVED),
+            ("c3", outcome::REFUSED),
+            ("c4", outcome::REFUSED),
+        ],
+    )
     .await;
-    eprintln!("{}", serde_json::to_string_pretty(&status).unwrap());
     let preflight = status.get_condition(condition::PREFLIGHT_PASSED).unwrap();
     assert_eq!(preflight.status, ConditionStatus::False);
     assert_eq!(preflight.reason.as_deref(), Some(reason::MOVE_REFUSED));
@@ -617,34 +640,19 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     // when the Cluster changes): c3 moves, its groupsPrefix left to v2 (which has none), every other value as
     // it was; c4's prefix is its owner's: refused and never rewritten; c1 likewise.
     rollouts.delete("scs-v2", &Default::default()).await.unwrap();
-    rollouts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
-                "metadata": {"name": "scs-v2-defaults", "namespace": ns},
-                "spec": {"clusterStack": "scs", "version": "v2", "variables": {"followClassDefaults": true}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = support::eventually("c3 moved, c1 and c4 refused", TIMEOUT, || async {
-        let status = rollouts.get("scs-v2-defaults").await.ok()?.status?;
-        let outcome_of = |name: &str| {
-            status
-                .moves
-                .iter()
-                .find(|m| m.cluster == format!("{ns}/{name}"))
-                .map(|m| m.outcome.clone())
-        };
-        (outcome_of("c1").as_deref() == Some(outcome::REFUSED)
-            && outcome_of("c3").as_deref() == Some(outcome::MOVED)
-            && outcome_of("c4").as_deref() == Some(outcome::REFUSED))
-        .then_some(status)
-    })
+    let follow = json!({"variables": {"followClassDefaults": true}});
+    create_rollout(&rollouts, &ns, "scs-v2-defaults", follow).await;
+    let status = rollout_outcomes(
+        &rollouts,
+        &ns,
+        "scs-v2-defaults",
+        &[
+            ("c1", outcome::REFUSED),
+            ("c3", outcome::MOVED),
+            ("c4", outcome::REFUSED),
+        ],
+    )
     .await;
-    eprintln!("{}", serde_json::to_string_pretty(&status).unwrap());
     let moved = status.moves.iter().find(|m| m.cluster.ends_with("/c3")).unwrap();
     assert!(
         moved
