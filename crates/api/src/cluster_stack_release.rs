@@ -195,6 +195,10 @@ pub struct ReleaseMoves {
     /// How many of them could move to this release.
     #[serde(default)]
     pub movable: i32,
+    /// How many could not as they are, but could with the values their old class defaulted left to this
+    /// release's class (what a `ClusterStackRollout` with `spec.variables.followClassDefaults` does).
+    #[serde(default)]
+    pub movable_with_defaults: i32,
     /// How many could not.
     #[serde(default)]
     pub refused: i32,

@@ -202,7 +202,7 @@ pub(crate) fn desired_moves(
         let Some(class) = class_of(&key.0, &id.cluster_class_name()) else {
             continue;
         };
-        let counted = class_move::release_moves(&id, &key.0, &class, to_version, clusters);
+        let counted = class_move::release_moves(&id, &key.0, &class, to_version, clusters, &class_of);
         moves.insert(key, counted);
     }
     moves

@@ -115,6 +115,7 @@ async fn each_release_reports_which_clusters_of_its_stack_could_move_to_it_and_w
         &ReleaseMoves {
             clusters: 3,
             movable: 1,
+            movable_with_defaults: 0,
             refused: 2,
             refused_clusters: vec![refused_m2, refused_m3.clone()],
         },
@@ -139,6 +140,7 @@ async fn each_release_reports_which_clusters_of_its_stack_could_move_to_it_and_w
         &ReleaseMoves {
             clusters: 3,
             movable: 2,
+            movable_with_defaults: 0,
             refused: 1,
             refused_clusters: vec![refused_m3],
         },

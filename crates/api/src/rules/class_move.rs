@@ -323,39 +323,64 @@ pub fn explain(change: &Move<'_>, dry_run: &DryRun) -> Preflight {
 pub struct FleetMoves {
     /// Clusters nothing in the classes holds back.
     pub movable: usize,
+    /// Clusters held back as they are that nothing holds back with their old class's defaults followed
+    /// ([`follow_class_defaults`]: a rollout with `spec.variables.followClassDefaults` moves them).
+    pub movable_with_defaults: usize,
     /// `namespace/name` of each Cluster that could not move, with why, in the order given.
     pub refused: Vec<(String, Vec<Reason>)>,
 }
 
-/// Which of `clusters` (whole Cluster objects, e.g. from the watch cache) could move to `to` at `to_version`,
-/// by [`explain`] without a dry run.
+/// Which of `clusters` (whole Cluster objects, e.g. from the watch cache, each with its class when known)
+/// could move to `to` at `to_version`, as they are or with their old class's defaults followed, by
+/// [`explain`] without a dry run.
 pub fn fleet_moves<'a>(
-    clusters: impl IntoIterator<Item = &'a Value>,
+    clusters: impl IntoIterator<Item = (&'a Value, Option<&'a ClassView>)>,
     to: &ClassView,
     to_version: &str,
 ) -> FleetMoves {
-    let from = ClassView::default();
+    let unknown = ClassView::default();
     let mut moves = FleetMoves::default();
-    for cluster in clusters {
-        let preflight = explain(
-            &Move::of_cluster(cluster, &from, to, to_version, &None),
-            &DryRun::NotAsked,
-        );
-        if preflight.verdict == Verdict::Refused {
-            let name = |field: &str| {
-                cluster
-                    .pointer(&format!("/metadata/{field}"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            moves.refused.push((
-                format!("{}/{}", name("namespace"), name("name")),
-                preflight.reasons,
-            ));
-        } else {
+    for (cluster, from) in clusters {
+        let from = from.unwrap_or(&unknown);
+        let change = Move::of_cluster(cluster, from, to, to_version, &None);
+        let preflight = explain(&change, &DryRun::NotAsked);
+        if preflight.verdict != Verdict::Refused {
             moves.movable += 1;
+            continue;
         }
+        let followed = follow_class_defaults(&change.variables, from);
+        let with_defaults = !followed.dropped.is_empty() && {
+            let mut changed = cluster.clone();
+            if let Some(topology) = changed.pointer_mut("/spec/topology") {
+                topology["variables"] = Value::Array(
+                    followed
+                        .variables
+                        .iter()
+                        .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+                        .collect(),
+                );
+            }
+            let again = explain(
+                &Move::of_cluster(&changed, from, to, to_version, &None),
+                &DryRun::NotAsked,
+            );
+            again.verdict != Verdict::Refused
+        };
+        if with_defaults {
+            moves.movable_with_defaults += 1;
+            continue;
+        }
+        let name = |field: &str| {
+            cluster
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        moves.refused.push((
+            format!("{}/{}", name("namespace"), name("name")),
+            preflight.reasons,
+        ));
     }
     moves
 }
@@ -366,15 +391,17 @@ pub const REFUSED_NAMED: usize = 3;
 /// The moves to the release `target` (its ClusterClass `class`, in `namespace`, at Kubernetes `to_version`)
 /// of the Clusters of its stack: those whose class is another release of the same provider and stack name
 /// (any Kubernetes minor) in `namespace` ([`crate::capi::Cluster::stack_release`]). `clusters` are whole
-/// Cluster objects, e.g. from the watch cache.
+/// Cluster objects, e.g. from the watch cache; `class_of` finds a ClusterClass by namespace and name (each
+/// Cluster's own, for its defaults).
 pub fn release_moves<'a>(
     target: &ReleaseId,
     namespace: &str,
     class: &ClassView,
     to_version: &str,
     clusters: impl IntoIterator<Item = &'a Cluster>,
+    class_of: &dyn Fn(&str, &str) -> Option<ClassView>,
 ) -> ReleaseMoves {
-    let mut of_stack: Vec<&Value> = clusters
+    let mut of_stack: Vec<(&Value, Option<ClassView>)> = clusters
         .into_iter()
         .filter(|cluster| {
             cluster.stack_release().is_some_and(|(id, class_namespace)| {
@@ -384,9 +411,12 @@ pub fn release_moves<'a>(
                     && id != *target
             })
         })
-        .filter_map(|cluster| cluster.object.as_deref())
+        .filter_map(|cluster| {
+            let from = cluster.class().and_then(|c| class_of(&c.namespace, &c.name));
+            Some((cluster.object.as_deref()?, from))
+        })
         .collect();
-    of_stack.sort_by_key(|c| {
+    of_stack.sort_by_key(|(c, _)| {
         (
             c.pointer("/metadata/namespace")
                 .and_then(Value::as_str)
@@ -396,11 +426,16 @@ pub fn release_moves<'a>(
                 .unwrap_or_default(),
         )
     });
-    let moves = fleet_moves(of_stack.iter().copied(), class, to_version);
+    let moves = fleet_moves(
+        of_stack.iter().map(|(cluster, from)| (*cluster, from.as_ref())),
+        class,
+        to_version,
+    );
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     ReleaseMoves {
         clusters: count(of_stack.len()),
         movable: count(moves.movable),
+        movable_with_defaults: count(moves.movable_with_defaults),
         refused: count(moves.refused.len()),
         refused_clusters: moves
             .refused
@@ -1119,7 +1154,7 @@ mod tests {
                 json!([{"name": "region", "value": "fra"}, {"name": "flavor", "value": "large"}]),
             ),
         ];
-        let moves = fleet_moves(&clusters, &new_class(&[]), "v1.34.2");
+        let moves = fleet_moves(clusters.iter().map(|c| (c, None)), &new_class(&[]), "v1.34.2");
         assert_eq!(moves.movable, 2);
         let refused: Vec<(&str, Vec<String>)> = moves
             .refused
@@ -1193,12 +1228,15 @@ mod tests {
             ),
         ];
         let target = ReleaseId::parse_tag("openstack-scs-1-34-v1").unwrap();
-        let moves = release_moves(&target, "team", &new_class(&[]), "v1.34.2", &clusters);
+        let moves = release_moves(&target, "team", &new_class(&[]), "v1.34.2", &clusters, &|_, _| {
+            None
+        });
         assert_eq!(
             moves,
             ReleaseMoves {
                 clusters: 3,
                 movable: 1,
+                movable_with_defaults: 0,
                 refused: 2,
                 refused_clusters: vec![
                     RefusedMove {
@@ -1218,6 +1256,18 @@ mod tests {
                 ],
             }
         );
+
+        // With b's class at hand: its identityRef.type is what that class defaulted, so b could move with the
+        // class's defaults followed; c's class is not at hand, it stays refused.
+        let class_of = |namespace: &str, name: &str| {
+            (namespace == "team" && name == "openstack-scs-1-33-v1").then(old_class)
+        };
+        let moves = release_moves(&target, "team", &new_class(&[]), "v1.34.2", &clusters, &class_of);
+        assert_eq!(
+            (moves.movable, moves.movable_with_defaults, moves.refused),
+            (1, 1, 1)
+        );
+        assert_eq!(moves.refused_clusters[0].cluster, "team/c");
     }
 
     #[rstest]

@@ -81,12 +81,14 @@ pub async fn print(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 /// Per release whose `status.moves` is written: the Clusters of its stack on other releases, how many could
-/// move to it, and the first that could not with why. Empty when no release has moves.
+/// move to it (as they are, or with their old class's defaults followed), and the first that could not with
+/// why. Empty when no release has moves.
 fn moves_table(releases: &[ClusterStackRelease]) -> String {
-    const HEADINGS: [&str; 5] = [
+    const HEADINGS: [&str; 6] = [
         "MOVES TO",
         "OTHER CLUSTERS",
         "COULD MOVE",
+        "WITH DEFAULTS",
         "REFUSED",
         "REFUSED CLUSTERS",
     ];
@@ -112,6 +114,7 @@ fn moves_table(releases: &[ClusterStackRelease]) -> String {
             ),
             moves.clusters.to_string(),
             moves.movable.to_string(),
+            moves.movable_with_defaults.to_string(),
             moves.refused.to_string(),
             refused.join(", "),
         ]);
@@ -193,8 +196,9 @@ mod tests {
         let mut with = ClusterStackRelease::new("docker-scs-1-35-v2", Default::default());
         with.metadata.namespace = Some("ns".into());
         with.status.get_or_insert_default().moves = Some(ReleaseMoves {
-            clusters: 5,
+            clusters: 6,
             movable: 1,
+            movable_with_defaults: 1,
             refused: 4,
             refused_clusters: vec![RefusedMove {
                 cluster: "ns/c1".into(),
@@ -205,9 +209,9 @@ mod tests {
         assert_eq!(moves_table(std::slice::from_ref(&without)), "");
         assert_eq!(
             moves_table(&[without, with]),
-            "MOVES TO               OTHER CLUSTERS  COULD MOVE  REFUSED  REFUSED CLUSTERS\n\
-             ns/docker-scs-1-35-v2  5               1           4        ns/c1 (variable imageRepository: \"x\" is not \
-             one of [\"\"]), … (3 more)\n"
+            "MOVES TO               OTHER CLUSTERS  COULD MOVE  WITH DEFAULTS  REFUSED  REFUSED CLUSTERS\n\
+             ns/docker-scs-1-35-v2  6               1           1              4        ns/c1 (variable \
+             imageRepository: \"x\" is not one of [\"\"]), … (3 more)\n"
         );
     }
 
