@@ -282,6 +282,10 @@ pub struct ClusterMove {
     /// The Cluster's generation the preflight refused; a change of the Cluster asks again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
+    /// The rollout's generation a refusal was made under; a change of the rollout's spec (turning on
+    /// `spec.variables.followClassDefaults`, say) asks again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_generation: Option<i64>,
     /// Why it was refused, in terms of the two classes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,

@@ -286,8 +286,11 @@ pub async fn preflight_with(
     }
     let variables = variables_json(&followed.variables);
     let mut changed = whole.clone();
-    if let Some(topology) = changed.pointer_mut("/spec/topology") {
-        topology["variables"] = variables.clone();
+    if let Some(topology) = changed
+        .pointer_mut("/spec/topology")
+        .and_then(Value::as_object_mut)
+    {
+        topology.insert("variables".to_owned(), variables.clone());
     }
     let answer = dry_run(
         client,
@@ -341,8 +344,19 @@ pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
     if let Some(why) = &preflight.dry_run_failed {
         let _ = writeln!(out, "   dry run not made: {why}");
     }
-    for reason in preflight.refused_as_is.iter().chain(&preflight.reasons) {
+    let (refused, noted) = if preflight.followed.is_some() {
+        (&preflight.refused_as_is, &preflight.reasons)
+    } else {
+        (&preflight.reasons, &Vec::new())
+    };
+    for reason in refused {
         let _ = writeln!(out, "   refused    {reason}");
+    }
+    for reason in noted {
+        let _ = writeln!(
+            out,
+            "   noted      {reason} (with the defaults followed; Cluster API accepted it)"
+        );
     }
     if let Some(followed) = &preflight.followed {
         for dropped in &followed.dropped {

@@ -283,7 +283,7 @@ async fn reconcile_object(
         .filter(|(_, r)| matches!(r, MoveResult::Moved { .. }))
         .map(|(name, _)| name)
         .collect();
-    let records = records_after(&assessment, &results, now);
+    let records = records_after(&plan, &assessment, &results, now);
     let after = if results.is_empty() {
         assessment.clone()
     } else {
@@ -344,7 +344,10 @@ async fn plan_of(
         }
     };
     Ok(match Plan::of(&rollout.spec, &stack) {
-        Ok(plan) => Ok((plan, stack)),
+        Ok(mut plan) => {
+            plan.spec_generation = rollout.metadata.generation;
+            Ok((plan, stack))
+        }
         Err(errors) => Err(Blocked {
             reason: reason::INVALID_SPEC,
             severity: Severity::Error,
@@ -591,6 +594,7 @@ async fn move_cluster(
 
 /// The records after the moves: the assessment's, with one per Cluster moved or refused now.
 pub(crate) fn records_after(
+    plan: &Plan,
     assessment: &Assessment,
     results: &[(String, MoveResult)],
     now: chrono::DateTime<chrono::Utc>,
@@ -625,6 +629,7 @@ pub(crate) fn records_after(
                 generation: *generation,
                 reasons: Vec::new(),
                 variables_dropped: dropped.clone(),
+                rollout_generation: None,
             },
             MoveResult::Refused {
                 from,
@@ -639,6 +644,7 @@ pub(crate) fn records_after(
                 generation: *generation,
                 reasons: reasons.clone(),
                 variables_dropped: Vec::new(),
+                rollout_generation: plan.spec_generation,
             },
             MoveResult::NotNow(_) => continue,
         };

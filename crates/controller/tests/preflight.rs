@@ -636,16 +636,21 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         "the refused Cluster is never moved"
     );
 
-    // The same move with spec.variables.followClassDefaults, in a new rollout (a refusal is asked again only
-    // when the Cluster changes): c3 moves, its groupsPrefix left to v2 (which has none), every other value as
-    // it was; c4's prefix is its owner's: refused and never rewritten; c1 likewise.
-    rollouts.delete("scs-v2", &Default::default()).await.unwrap();
-    let follow = json!({"variables": {"followClassDefaults": true}});
-    create_rollout(&rollouts, &ns, "scs-v2-defaults", follow).await;
+    // The site turns on spec.variables.followClassDefaults: the refusals are asked again (the rollout's spec
+    // changed). c3 moves, its groupsPrefix left to v2 (which has none), every other value as it was; c4's
+    // prefix is its owner's: refused and never rewritten; c1 likewise.
+    rollouts
+        .patch(
+            "scs-v2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"variables": {"followClassDefaults": true}}})),
+        )
+        .await
+        .unwrap();
     let status = rollout_outcomes(
         &rollouts,
         &ns,
-        "scs-v2-defaults",
+        "scs-v2",
         &[
             ("c1", outcome::REFUSED),
             ("c3", outcome::MOVED),

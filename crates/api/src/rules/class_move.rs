@@ -351,13 +351,19 @@ pub fn fleet_moves<'a>(
         let followed = follow_class_defaults(&change.variables, from);
         let with_defaults = !followed.dropped.is_empty() && {
             let mut changed = cluster.clone();
-            if let Some(topology) = changed.pointer_mut("/spec/topology") {
-                topology["variables"] = Value::Array(
-                    followed
-                        .variables
-                        .iter()
-                        .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
-                        .collect(),
+            if let Some(topology) = changed
+                .pointer_mut("/spec/topology")
+                .and_then(Value::as_object_mut)
+            {
+                topology.insert(
+                    "variables".to_owned(),
+                    Value::Array(
+                        followed
+                            .variables
+                            .iter()
+                            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+                            .collect(),
+                    ),
                 );
             }
             let again = explain(
@@ -674,38 +680,54 @@ pub fn follow_class_defaults(variables: &[(String, Value)], from: &ClassView) ->
             followed.variables.push((name.clone(), value.clone()));
             continue;
         };
-        if schema.get("default") == Some(value) {
+        let mut value = value.clone();
+        if follows_default(schema, &mut value, name, &mut followed.dropped) {
             followed.dropped.push(name.clone());
             continue;
         }
-        let mut value = value.clone();
-        drop_defaults(schema, &mut value, name, &mut followed.dropped);
         followed.variables.push((name.clone(), value));
     }
     followed
 }
 
-/// Leaves out of the object `value` each property that equals its default in `schema`, recursing into the
-/// others; `at` is the path of `value`, for [`Followed::dropped`].
-fn drop_defaults(schema: &Value, value: &mut Value, at: &str, dropped: &mut Vec<String>) {
+/// Whether `value` is all default by `schema` (as Cluster API defaults it: the default, with the defaults
+/// inside it filled in), so that it goes whole; else leaves out of it each property that is, recursing
+/// (what was left out is added to `dropped`, `at` being the path of `value`).
+fn follows_default(schema: &Value, value: &mut Value, at: &str, dropped: &mut Vec<String>) -> bool {
+    let is_default = |value: &Value| {
+        schema.get("default").is_some_and(|default| {
+            let mut filled = default.clone();
+            default_into(schema, &mut filled);
+            value == default || *value == filled
+        })
+    };
+    if is_default(value) {
+        return true;
+    }
     let (Some(properties), Some(object)) = (
         schema.get("properties").and_then(Value::as_object),
         value.as_object_mut(),
     ) else {
-        return;
+        return false;
     };
+    let mut inside = Vec::new();
     object.retain(|name, inner| {
         let Some(property) = properties.get(name) else {
             return true;
         };
         let path = format!("{at}.{name}");
-        if property.get("default") == Some(inner) {
-            dropped.push(path);
+        if follows_default(property, inner, &path, &mut inside) {
+            inside.push(path);
             return false;
         }
-        drop_defaults(property, inner, &path, dropped);
         true
     });
+    // What is left may be the default itself (`{}`, whose fields were defaulted inside it).
+    if is_default(value) {
+        return true;
+    }
+    dropped.append(&mut inside);
+    false
 }
 
 /// Fills in the schema's defaults for properties `value` leaves out, as Cluster API defaults a variable's
@@ -1336,6 +1358,8 @@ mod tests {
                     "claims": {"type": "object", "properties": {"user": {"type": "string", "default": "sub"}}}}}}},
                 {"name": "mirrors", "schema": {"openAPIV3Schema": {"type": "array", "default": [], "items": {"type": "string"}}}},
                 {"name": "nodes", "schema": {"openAPIV3Schema": {"type": "integer", "default": 3}}},
+                {"name": "auth", "schema": {"openAPIV3Schema": {"type": "object", "default": {}, "properties": {
+                    "prefix": {"type": "string", "default": "oidc:"}}}}},
             ]),
             &[],
         )
@@ -1365,6 +1389,11 @@ mod tests {
         json!([{"name": "mirrors", "value": ["m1"]}, {"name": "nodes", "value": 5}]),
         json!([{"name": "mirrors", "value": ["m1"]}, {"name": "nodes", "value": 5}]),
         &[])]
+    // Created by Cluster API from a top-level default `{}`, with the defaults inside it filled in: all default.
+    #[case::a_default_with_defaults_inside(
+        json!([{"name": "auth", "value": {"prefix": "oidc:"}}]),
+        json!([]),
+        &["auth"])]
     // A variable the old class does not define: no default to tell by.
     #[case::unknown_to_the_old_class(
         json!([{"name": "extra", "value": {"groupsPrefix": "oidc:"}}]),

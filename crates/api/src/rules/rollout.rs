@@ -56,6 +56,9 @@ pub struct Plan {
     pub paused: bool,
     /// `spec.variables.followClassDefaults`.
     pub follow_class_defaults: bool,
+    /// The rollout's `metadata.generation` (set by its controller): refusals made under another are asked
+    /// again.
+    pub spec_generation: Option<i64>,
 }
 
 /// One wave of a [`Plan`].
@@ -197,6 +200,7 @@ impl Plan {
             wave_timeout: duration(&spec.wave_timeout, DEFAULT_WAVE_TIMEOUT),
             paused: spec.paused,
             follow_class_defaults: spec.variables.as_ref().is_some_and(|v| v.follow_class_defaults),
+            spec_generation: None,
         })
     }
 }
@@ -383,7 +387,11 @@ pub fn assess(
             if older { State::MovedAway } else { State::MovedOn }
         } else {
             match record {
-                Some(r) if r.outcome == outcome::REFUSED && r.generation == cluster.generation => {
+                Some(r)
+                    if r.outcome == outcome::REFUSED
+                        && r.generation == cluster.generation
+                        && r.rollout_generation == plan.spec_generation =>
+                {
                     kept.push(r.clone());
                     State::Refused
                 }

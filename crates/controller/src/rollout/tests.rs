@@ -97,7 +97,7 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
             },
         ),
     ];
-    let records = records_after(&before, &results, t(0));
+    let records = records_after(&plan, &before, &results, t(0));
     assert_eq!(
         records
             .iter()
@@ -144,7 +144,7 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
     assert!(status.is_condition_true(condition::CLUSTERS_HEALTHY));
     // A move that could not be made now is announced and not recorded.
     let failed = vec![("ns/a".to_owned(), MoveResult::NotNow("the patch failed".into()))];
-    assert!(records_after(&before, &failed, t(0)).is_empty());
+    assert!(records_after(&plan, &before, &failed, t(0)).is_empty());
     let (_, events) = conclude(&rollout_with(None), &plan, &before, &failed);
     assert_eq!(reasons(&events)[0], event::MOVE_FAILED);
 }
@@ -161,6 +161,7 @@ fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes
         generation: Some(2),
         reasons: Vec::new(),
         variables_dropped: Vec::new(),
+        rollout_generation: None,
     }];
     let failing = vec![cluster("a", "v2", "1", false), cluster("c", "v1", "2", false)];
     let after = assess(&plan, &failing, &records, &[], t(120));
@@ -282,6 +283,7 @@ fn every_wave_through_with_a_refused_cluster_is_incomplete_and_says_how_many() {
         generation: Some(1),
         reasons: vec!["variable identityRef: \"type\" is not in the new schema".into()],
         variables_dropped: Vec::new(),
+        rollout_generation: None,
     };
     let records = vec![refused];
     let clusters = vec![

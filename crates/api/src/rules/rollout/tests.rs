@@ -112,6 +112,7 @@ fn moved(name: &str, wave: &str, at: i64) -> ClusterMove {
         generation: None,
         reasons: Vec::new(),
         variables_dropped: Vec::new(),
+        rollout_generation: None,
     }
 }
 
@@ -125,6 +126,7 @@ fn refused(name: &str, generation: i64) -> ClusterMove {
         generation: Some(generation),
         reasons: vec!["variable imageRepository: the new schema refuses its value".into()],
         variables_dropped: Vec::new(),
+        rollout_generation: None,
     }
 }
 
@@ -406,6 +408,12 @@ fn a_refused_cluster_is_skipped_until_it_changes() {
     assert_eq!(a.to_move, ["ns/c", "ns/d"]);
     assert_eq!(a.waves[1].skipped, 1);
     assert!(a.moves.iter().any(|m| m.cluster == "ns/b"), "the refusal is kept");
+
+    // The rollout's spec changed (spec.variables.followClassDefaults turned on, say): asked again.
+    let mut changed = plan.clone();
+    changed.spec_generation = Some(2);
+    let a = assess(&changed, &clusters, &moves, &previous, t(700));
+    assert_eq!(state_of(&a, "b"), Some(&State::Waiting));
 
     // The Cluster changed (a new generation: its variables edited): asked again.
     clusters[1].generation = Some(2);
