@@ -85,7 +85,8 @@ pub struct ClusterStackRolloutSpec {
     /// Holds the rollout: no Cluster is moved while set; what was moved goes on by itself.
     #[serde(default)]
     pub paused: bool,
-    /// What the moves may do to the Clusters' variables, for a Cluster the plain move would refuse.
+    /// What the moves do to the Clusters' variables: changes declared for every move, and following the old
+    /// class's defaults for a Cluster the plain move would refuse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variables: Option<RolloutVariables>,
 }
@@ -98,10 +99,49 @@ pub struct RolloutVariables {
     /// equals what its old class's schema defaults left out, in the same patch as the class: the new class
     /// defaults it, or nothing does when it no longer defines it. Values its owner changed from the default
     /// are never touched (a Cluster refused over one stays). Judged by value: a default written by hand follows
-    /// the class too. Each Cluster's changes are in `status.moves[].variablesDropped` and its `ClusterMoved`
-    /// event. Default off.
+    /// the class too. Inside an override (`workers.*[].variables.overrides`, `controlPlane.variables.overrides`)
+    /// only fields follow: an override equal to the default stays, as it overrides the Cluster's value. Each
+    /// Cluster's changes are in `status.moves[].variablesDropped` and its `ClusterMoved` event. Default off.
     #[serde(default)]
     pub follow_class_defaults: bool,
+    /// Values every move sets, in the same patch as the class, wherever the Cluster sets the variable (its own
+    /// list and each override); a variable the Cluster does not set is added to its own list, never to an
+    /// override. Made after `followClassDefaults`. Each Cluster's changes, with the values they replaced, are
+    /// in `status.moves[].variablesChanged` and its `ClusterMoved` event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<VariableValue>,
+    /// Variables (or fields inside them) every move removes, in the same patch as the class, wherever the
+    /// Cluster sets them; what a Cluster does not set is no change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<VariableField>,
+}
+
+/// A variable, or a field inside its value, and the value a move sets there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VariableValue {
+    /// The variable's name, as the ClusterClass defines it.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// A field inside the variable's value, its keys joined by dots (`groupsPrefix`, `claims.user`); the
+    /// whole value when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The value (any JSON).
+    #[schemars(schema_with = "crate::crd::any_value")]
+    pub value: serde_json::Value,
+}
+
+/// A variable, or a field inside its value, that a move removes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VariableField {
+    /// The variable's name, as the ClusterClass defines it.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// A field inside the variable's value, its keys joined by dots; the whole variable when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
 }
 
 impl ClusterStackRolloutSpec {
@@ -290,9 +330,14 @@ pub struct ClusterMove {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
     /// The values the move left out of its variables because they equalled the old class's defaults
-    /// (`spec.variables.followClassDefaults`): `oidcConfig.groupsPrefix`; the new class defaults them.
+    /// (`spec.variables.followClassDefaults`): `oidcConfig.groupsPrefix`, or `oidcConfig.groupsPrefix in
+    /// machineDeployment md-0` inside an override; the new class defaults them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub variables_dropped: Vec<String>,
+    /// The changes the move made that the rollout declares (`spec.variables.set` and `remove`), each with
+    /// the value it replaced, to undo it by: `removed oidcConfig.groupsPrefix (was "corp:")`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variables_changed: Vec<String>,
 }
 
 /// [`ClusterMove::outcome`] values.

@@ -54,6 +54,11 @@ fn shape_root_like_the_go_operator(root: &mut JSONSchemaProps) {
     root.required = None;
 }
 
+/// The schema of a field that holds any JSON value (a ClusterClass variable's value): kept as it is.
+pub fn any_value(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
+}
+
 /// The CRDs as one multi-document YAML stream (what `cso crds` prints and `config/crd/` holds).
 pub fn to_yaml() -> Result<String, serde_saphyr::ser::Error> {
     let mut out = String::new();

@@ -15,7 +15,10 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use cso_api::{
     capi::{CAPI_GROUP, Cluster},
-    rules::class_move::{self, Cause, ClassView, DryRun, Move, Preflight, ReleaseStages, Verdict},
+    rules::{
+        class_move::{self, Cause, ClassView, DryRun, Move, Preflight, ReleaseStages, Verdict},
+        move_variables::{MoveVariables, VariableRules, move_variables},
+    },
 };
 use cso_release::{AddonStyle, Release, addon_config::Hook};
 use kube::{
@@ -23,7 +26,7 @@ use kube::{
     api::{DynamicObject, Patch, PatchParams},
     core::ApiResource,
 };
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 /// The field manager of the dry run (nothing is written with it).
 pub const FIELD_MANAGER: &str = "cso-preflight";
@@ -56,13 +59,14 @@ pub fn release_stages(release: &Release) -> ReleaseStages {
     }
 }
 
-/// The change the move makes to the Cluster: its class, its version when `version` differs, and its
-/// variables when the move sets them (a merge patch replaces the list whole).
+/// The change the move makes to the Cluster, as a merge patch: its class, its version when `version`
+/// differs, and the fields of `spec.topology` that carry its changed variables (`variables`, from
+/// [`MoveVariables::merge_patch`]).
 pub fn move_patch(
     cluster_resource: &ApiResource,
     class: &str,
     version: Option<&str>,
-    variables: Option<&Value>,
+    variables: Option<&Map<String, Value>>,
 ) -> Value {
     let mut topology = if cluster_resource.version == "v1beta1" {
         json!({ "class": class })
@@ -72,31 +76,21 @@ pub fn move_patch(
     if let Some(version) = version {
         topology["version"] = json!(version);
     }
-    if let Some(variables) = variables {
-        topology["variables"] = variables.clone();
+    for (key, value) in variables.into_iter().flatten() {
+        topology[key] = value.clone();
     }
     json!({ "spec": { "topology": topology } })
 }
 
-/// `spec.topology.variables` as Cluster API spells them: `[{name, value}]`.
-pub fn variables_json(variables: &[(String, Value)]) -> Value {
-    Value::Array(
-        variables
-            .iter()
-            .map(|(name, value)| json!({"name": name, "value": value}))
-            .collect(),
-    )
-}
-
 /// Cluster API's answer to the move of `cluster` to `class` (at `version`, with `variables` when the move
-/// sets them), by a server-side dry run.
+/// changes them: [`move_patch`]), by a server-side dry run.
 pub async fn dry_run(
     client: &Client,
     cluster_resource: &ApiResource,
     cluster: &Cluster,
     class: &str,
     version: Option<&str>,
-    variables: Option<&Value>,
+    variables: Option<&Map<String, Value>>,
 ) -> DryRun {
     let namespace = cluster.metadata.namespace.as_deref().unwrap_or("default");
     let name = cluster.metadata.name.as_deref().unwrap_or_default();
@@ -190,16 +184,17 @@ pub async fn preflight(
         release,
         rendered_class,
         None,
-        false,
+        &VariableRules::default(),
     )
     .await
 }
 
 /// [`preflight`] reading the two classes from `cached` where it has them (a rollout moving many Clusters reads
 /// them from the release controller's ClusterClass watch, not once per Cluster); the dry run is always made.
-/// With `follow_class_defaults`, a move the dry run refuses is asked again with the Cluster's variables
-/// following the old class's defaults ([`class_move::follow_class_defaults`]); when that passes, the
-/// preflight is of that move ([`Preflight::followed`]).
+/// The move makes the changes `rules` declares ([`Preflight::variables`]); with `rules.follow_class_defaults`,
+/// a move the dry run refuses is asked again with the Cluster's variables following the old class's
+/// defaults as well ([`move_variables`]), and when that passes, the preflight is of that move
+/// ([`Preflight::refused_as_is`] says why the other was refused).
 pub async fn preflight_with(
     client: &Client,
     cluster_resource: &ApiResource,
@@ -207,7 +202,7 @@ pub async fn preflight_with(
     release: &Release,
     rendered_class: Option<&Value>,
     cached: Option<CachedClasses<'_>>,
-    follow_class_defaults: bool,
+    rules: &VariableRules,
 ) -> Preflight {
     let whole = cluster
         .object
@@ -258,58 +253,73 @@ pub async fn preflight_with(
         },
     };
     let version = (cluster.topology_version() != Some(to_version)).then_some(to_version);
-    let answer = if !failed.is_empty() {
-        DryRun::Failed(failed.join("; "))
-    } else if live_to.is_none() {
-        DryRun::Failed(format!(
-            "ClusterClass {class_namespace}/{to_name} is not in the management cluster (the release is not \
-             applied there yet): explained from {}",
-            if rendered_class.is_some() {
-                "the rendered class"
-            } else {
-                "nothing: the release's class is unknown"
-            }
-        ))
-    } else {
-        dry_run(client, cluster_resource, cluster, &to_name, version, None).await
-    };
+    let topology = whole.pointer("/spec/topology").cloned().unwrap_or(Value::Null);
     let stages = release_stages(release);
-    let plain = Move::of_cluster(&whole, &from_class, &to_class, to_version, &stages);
-    let refused = matches!(answer, DryRun::Refused { .. });
-    let preflight = class_move::explain(&plain, &answer);
-    if !(follow_class_defaults && refused) {
+    // The move with what it changes in the variables: explained from the Cluster as the move leaves it.
+    let ask = async |variables: &MoveVariables| {
+        let merge = (!variables.is_empty()).then(|| variables.merge_patch(&topology));
+        let answer = dry_run(
+            client,
+            cluster_resource,
+            cluster,
+            &to_name,
+            version,
+            merge.as_ref(),
+        )
+        .await;
+        let mut moved = whole.clone();
+        if let Some(slot) = moved.pointer_mut("/spec/topology") {
+            *slot = variables.applied_to(&topology);
+        }
+        let mut preflight = class_move::explain(
+            &Move::of_cluster(&moved, &from_class, &to_class, to_version, &stages),
+            &answer,
+        );
+        preflight.variables = (!variables.is_empty()).then(|| variables.clone());
+        (answer, preflight)
+    };
+
+    let declared = move_variables(&topology, None, &rules.declared);
+    let (answer, preflight) = if !failed.is_empty() || live_to.is_none() {
+        let why = if failed.is_empty() {
+            format!(
+                "ClusterClass {class_namespace}/{to_name} is not in the management cluster (the release is \
+                 not applied there yet): explained from {}",
+                if rendered_class.is_some() {
+                    "the rendered class"
+                } else {
+                    "nothing: the release's class is unknown"
+                }
+            )
+        } else {
+            failed.join("; ")
+        };
+        let answer = DryRun::Failed(why);
+        let mut moved = whole.clone();
+        if let Some(slot) = moved.pointer_mut("/spec/topology") {
+            *slot = declared.applied_to(&topology);
+        }
+        let mut preflight = class_move::explain(
+            &Move::of_cluster(&moved, &from_class, &to_class, to_version, &stages),
+            &answer,
+        );
+        preflight.variables = (!declared.is_empty()).then(|| declared.clone());
+        (answer, preflight)
+    } else {
+        ask(&declared).await
+    };
+    if !(rules.follow_class_defaults && matches!(answer, DryRun::Refused { .. })) {
         return preflight;
     }
-    let followed = class_move::follow_class_defaults(&plain.variables, &from_class);
-    if followed.dropped.is_empty() {
+    let followed = move_variables(&topology, Some(&from_class), &rules.declared);
+    if !followed.follows_defaults() {
         return preflight;
     }
-    let variables = variables_json(&followed.variables);
-    let mut changed = whole.clone();
-    if let Some(topology) = changed
-        .pointer_mut("/spec/topology")
-        .and_then(Value::as_object_mut)
-    {
-        topology.insert("variables".to_owned(), variables.clone());
-    }
-    let answer = dry_run(
-        client,
-        cluster_resource,
-        cluster,
-        &to_name,
-        version,
-        Some(&variables),
-    )
-    .await;
+    let (answer, mut with_defaults) = ask(&followed).await;
     if answer != DryRun::Accepted {
-        // Following the defaults is not enough: the refusal is the plain move's.
+        // Following the defaults is not enough: the refusal is the move's without.
         return preflight;
     }
-    let mut with_defaults = class_move::explain(
-        &Move::of_cluster(&changed, &from_class, &to_class, to_version, &stages),
-        &answer,
-    );
-    with_defaults.followed = Some(followed);
     with_defaults.refused_as_is = preflight.reasons;
     with_defaults
 }
@@ -318,7 +328,7 @@ pub async fn preflight_with(
 pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
     let mut out = String::new();
     let verdict = match preflight.verdict {
-        Verdict::Accepted if preflight.followed.is_some() => {
+        Verdict::Accepted if !preflight.refused_as_is.is_empty() => {
             "REFUSED as it is; accepted with the old class's defaults followed (server-side dry run)"
         }
         Verdict::Accepted => "accepted (server-side dry run: Cluster API's webhooks and the schema)",
@@ -344,7 +354,7 @@ pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
     if let Some(why) = &preflight.dry_run_failed {
         let _ = writeln!(out, "   dry run not made: {why}");
     }
-    let (refused, noted) = if preflight.followed.is_some() {
+    let (refused, noted) = if !preflight.refused_as_is.is_empty() {
         (&preflight.refused_as_is, &preflight.reasons)
     } else {
         (&preflight.reasons, &Vec::new())
@@ -358,17 +368,31 @@ pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
             "   noted      {reason} (with the defaults followed; Cluster API accepted it)"
         );
     }
-    if let Some(followed) = &preflight.followed {
-        for dropped in &followed.dropped {
+    if let Some(variables) = &preflight.variables {
+        for dropped in &variables.dropped {
             let _ = writeln!(
                 out,
                 "   follows    {dropped}: the old class's default, left out for the new class to default"
             );
         }
+        for changed in &variables.changed {
+            let _ = writeln!(out, "   declared   {changed}");
+        }
+        for list in &variables.lists {
+            let whose = list
+                .of
+                .as_ref()
+                .map_or_else(|| "variables ".to_owned(), |of| format!("overrides of {of}:"));
+            let _ = writeln!(out, "   {whose} {}", list.after);
+        }
         let _ = writeln!(
             out,
-            "   variables  {} (with the move: a rollout with spec.variables.followClassDefaults sets them)",
-            variables_json(&followed.variables)
+            "   (the move sets these variables: a rollout with spec.variables{})",
+            if variables.follows_defaults() {
+                ".followClassDefaults"
+            } else {
+                ".set or .remove"
+            }
         );
     }
     if preflight.single_chart {

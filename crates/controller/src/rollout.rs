@@ -31,6 +31,7 @@ use cso_api::{
     rules::{
         StackSpec,
         class_move::Verdict,
+        move_variables::VariableRules,
         rollout::{self, Assessment, Candidate, Hold, Plan},
     },
 };
@@ -177,12 +178,13 @@ pub fn error_policy(rollout: Arc<ClusterStackRollout>, error: &Error, ctx: Arc<R
 /// What the act step did to one Cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum MoveResult {
-    /// Moved; the Cluster's generation after the move, and the values left out of its variables to follow
-    /// the new class's defaults.
+    /// Moved; the Cluster's generation after the move, the values left out of its variables to follow the
+    /// new class's defaults, and the declared changes it made (with the values they replaced).
     Moved {
         from: String,
         generation: Option<i64>,
         dropped: Vec<String>,
+        changed: Vec<String>,
     },
     /// The preflight refused it, with why, at the Cluster's generation.
     Refused {
@@ -477,7 +479,7 @@ async fn try_move(
     let name = cluster_name(cluster);
     let result = match release {
         None => MoveResult::NotNow(format!("release {} is not at hand", plan.target.tag())),
-        Some(release) => move_cluster(ctx, cluster, release, plan.follow_class_defaults).await,
+        Some(release) => move_cluster(ctx, cluster, release, &plan.variables).await,
     };
     ctx.metrics.rollout_move(match &result {
         MoveResult::Moved { .. } => "moved",
@@ -488,15 +490,15 @@ async fn try_move(
     (name, result, news)
 }
 
-/// The preflight of moving `cluster` to `release`'s class (with its variables following the old class's
-/// defaults where the plain move is refused and `follow_class_defaults`), then the move if it passes: one
-/// JSON patch of the class, the version and the variables, guarded by a test of the class and the variables
-/// it was seen with.
+/// The preflight of moving `cluster` to `release`'s class (with the variable changes `rules` declare, and its
+/// variables following the old class's defaults where the move is refused without and
+/// `rules.follow_class_defaults`), then the move if it passes: one JSON patch of the class, the version and
+/// the variable lists, guarded by a test of the class and of each list it was seen with.
 async fn move_cluster(
     ctx: &RolloutContext,
     cluster: &Cluster,
     release: &cso_release::Release,
-    follow_class_defaults: bool,
+    rules: &VariableRules,
 ) -> MoveResult {
     let from = cluster.class().map(|c| c.name).unwrap_or_default();
     // The two classes from the release controller's ClusterClass cache where it has them (not two reads per
@@ -514,7 +516,7 @@ async fn move_cluster(
         release,
         None,
         lookup,
-        follow_class_defaults,
+        rules,
     )
     .await;
     match preflight.verdict {
@@ -547,23 +549,18 @@ async fn move_cluster(
     if cluster.topology_version() != Some(version) {
         ops.push(json!({"op": "replace", "path": "/spec/topology/version", "value": version}));
     }
-    let dropped = match &preflight.followed {
-        Some(followed) => {
-            let seen = cluster
+    let (dropped, changed) = match &preflight.variables {
+        Some(variables) => {
+            let topology = cluster
                 .object
                 .as_deref()
-                .and_then(|o| o.pointer("/spec/topology/variables"))
+                .and_then(|o| o.pointer("/spec/topology"))
                 .cloned()
                 .unwrap_or(serde_json::Value::Null);
-            ops.push(json!({"op": "test", "path": "/spec/topology/variables", "value": seen}));
-            ops.push(json!({
-                "op": "replace",
-                "path": "/spec/topology/variables",
-                "value": crate::preflight::variables_json(&followed.variables),
-            }));
-            followed.dropped.clone()
+            ops.extend(variables.json_patch(&topology));
+            (variables.dropped.clone(), variables.changed.clone())
         }
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
     let patch: json_patch::Patch = match serde_json::from_value(serde_json::Value::Array(ops)) {
         Ok(patch) => patch,
@@ -583,6 +580,7 @@ async fn move_cluster(
             from,
             generation: moved.metadata.generation,
             dropped,
+            changed,
         },
         Err(kube::Error::Api(status)) => MoveResult::NotNow(format!(
             "Cluster API refused the move ({} {}): {}",
@@ -620,6 +618,7 @@ pub(crate) fn records_after(
                 from,
                 generation,
                 dropped,
+                changed,
             } => ClusterMove {
                 cluster: name.clone(),
                 wave: wave_of(name),
@@ -629,6 +628,7 @@ pub(crate) fn records_after(
                 generation: *generation,
                 reasons: Vec::new(),
                 variables_dropped: dropped.clone(),
+                variables_changed: changed.clone(),
                 rollout_generation: None,
             },
             MoveResult::Refused {
@@ -644,6 +644,7 @@ pub(crate) fn records_after(
                 generation: *generation,
                 reasons: reasons.clone(),
                 variables_dropped: Vec::new(),
+                variables_changed: Vec::new(),
                 rollout_generation: plan.spec_generation,
             },
             MoveResult::NotNow(_) => continue,
@@ -699,7 +700,12 @@ pub(crate) fn conclude(
     let target = plan.target.cluster_class_name();
     for (name, result) in results {
         match result {
-            MoveResult::Moved { from, dropped, .. } => {
+            MoveResult::Moved {
+                from,
+                dropped,
+                changed,
+                ..
+            } => {
                 let followed = if dropped.is_empty() {
                     String::new()
                 } else {
@@ -709,9 +715,14 @@ pub(crate) fn conclude(
                         dropped.join(", ")
                     )
                 };
+                let declared = if changed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; as the rollout declares: {}", changed.join("; "))
+                };
                 events.normal(
                     event::CLUSTER_MOVED,
-                    format!("moved Cluster {name} from {from} to {target}{followed}"),
+                    format!("moved Cluster {name} from {from} to {target}{followed}{declared}"),
                 );
             }
             MoveResult::Refused { reasons, .. } => events.warning(

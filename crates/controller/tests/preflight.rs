@@ -10,7 +10,10 @@
 //!
 //! A ClusterStackRollout to v2 (the operator running in this process, the releases local) skips the Cluster
 //! the preflight refuses, reports it with the variable named and never retries it while it is unchanged,
-//! and moves the other.
+//! and moves the other. Turned to `spec.variables.followClassDefaults`, it moves the Cluster whose refused
+//! value is the old class's default and never rewrites one its owner chose; with declared `set` and `remove`
+//! it moves the rest, a MachineDeployment's override included, each in one patch (no stored version of the
+//! Cluster has the new class with the old values or the reverse).
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -21,14 +24,18 @@ use std::{
 use cso_api::{
     ReleaseId,
     capi::Cluster,
-    rules::class_move::{DryRun, Reason, Verdict},
+    rules::{
+        class_move::{DryRun, Reason, Verdict},
+        move_variables::VariableRules,
+    },
 };
 use cso_controller::preflight;
 use cso_release::Release;
 use cso_testenv::capi::{TopologyCluster, shared_management_with_cluster_api};
+use futures::StreamExt;
 use kube::{
     Api,
-    api::{DynamicObject, Patch, PatchParams, PostParams},
+    api::{DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
     core::GroupVersionKind,
 };
 use serde_json::{Value, json};
@@ -103,6 +110,16 @@ fn narrowed_release(dir: &Path) -> PathBuf {
     let narrowed = narrowed.replace(
         image_example,
         "        example: \"registry.scs.community\"\n        enum: [\"\", \"registry.scs.community\"]\n",
+    );
+    // certSANs: at most three, by a CEL rule (which the preflight does not evaluate itself).
+    let sans_example = "        example: [\"mydomain.example\"]\n";
+    assert_eq!(narrowed.matches(sans_example).count(), 1);
+    let narrowed = narrowed.replace(
+        sans_example,
+        &format!(
+            "{sans_example}        x-kubernetes-validations:\n        - rule: \"size(self) <= 3\"\n          \
+             message: \"at most 3 SANs\"\n"
+        ),
     );
     std::fs::write(&class_file, narrowed).unwrap();
 
@@ -200,6 +217,18 @@ async fn cluster_of_v1(
     variables: Value,
     reconciled: bool,
 ) -> Cluster {
+    cluster_of_v1_with_overrides(client, ns, name, variables, None, reconciled).await
+}
+
+/// [`cluster_of_v1`] with `overrides` as the variable overrides of its MachineDeployment md-0.
+async fn cluster_of_v1_with_overrides(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    variables: Value,
+    overrides: Option<Value>,
+    reconciled: bool,
+) -> Cluster {
     let mut object = TopologyCluster {
         namespace: ns,
         name,
@@ -213,6 +242,10 @@ async fn cluster_of_v1(
     }
     .to_json();
     object["spec"]["topology"]["variables"] = variables;
+    if let Some(overrides) = overrides {
+        object["spec"]["topology"]["workers"]["machineDeployments"][0]["variables"] =
+            json!({ "overrides": overrides });
+    }
     let dynamic = api_for(client, "cluster.x-k8s.io/v1beta2", "Cluster", ns).await;
     dynamic
         .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
@@ -309,6 +342,22 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
     assert_eq!(after.class().unwrap().name, V1);
     assert_eq!(after.metadata.generation, c1.metadata.generation);
 
+    // Refused by v2's CEL rule on certSANs: said as refused by that rule, with Cluster API's words.
+    let sans = json!([{"name": "certSANs", "value": ["a.example", "b.example", "c.example", "d.example"]}]);
+    let c6 = cluster_of_v1(&client, &ns, "c6", sans, false).await;
+    let answer = preflight::preflight(&client, &resource, &c6, &v2, None).await;
+    let report = preflight::describe(&answer, &format!("{ns}/c6"));
+    eprintln!("{report}");
+    assert_eq!(answer.verdict, Verdict::Refused, "{report}");
+    assert!(
+        answer.reasons.iter().any(
+            |r| matches!(r, Reason::VariableRule { variable, rules, message, .. }
+            if variable == "certSANs" && rules == &["CEL \"size(self) <= 3\" (\"at most 3 SANs\")"]
+                && message.contains("at most 3 SANs"))
+        ),
+        "the rule is named with Cluster API's words: {report}"
+    );
+
     // The issue's case: a field the old class defaulted (oidcConfig.groupsPrefix), unknown to the new schema.
     // (This Cluster's topology does not reconcile: the fixture's oidcConfig patch adds to an extraArgs list
     // its v1beta2 template does not have; the move is checked all the same.)
@@ -355,7 +404,11 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
     );
     // As `cso render --diff` asks it: the move with the old class's defaults followed is proposed, with the
     // dry run that passes with it.
-    let proposal = preflight::preflight_with(&client, &resource, &c3, &v2, None, None, true).await;
+    let follow = VariableRules {
+        follow_class_defaults: true,
+        declared: Vec::new(),
+    };
+    let proposal = preflight::preflight_with(&client, &resource, &c3, &v2, None, None, &follow).await;
     let report = preflight::describe(&proposal, &format!("{ns}/c3"));
     eprintln!("{report}");
     assert_eq!(proposal.verdict, Verdict::Accepted, "{report}");
@@ -366,7 +419,7 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
             && report.contains("refused    variable oidcConfig"),
         "{report}"
     );
-    let followed = proposal.followed.unwrap();
+    let followed = proposal.variables.unwrap();
     assert!(followed.dropped.contains(&"oidcConfig.groupsPrefix".to_owned()));
 
     // A Cluster without those values may move.
@@ -546,6 +599,9 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     // says so in TopologyReconciled), which is no concern of the move's admission.
     let c3 = cluster_of_v1(&client, &ns, "c3", oidc(None), false).await;
     let c4 = cluster_of_v1(&client, &ns, "c4", oidc(Some("corp:")), false).await;
+    // c5 sets the refused imageRepository in its MachineDeployment's overrides only.
+    let image_override = json!([{"name": "imageRepository", "value": "registry.k8s.io"}]);
+    cluster_of_v1_with_overrides(&client, &ns, "c5", json!([]), Some(image_override), false).await;
     let variables_of = |cluster: &Cluster| {
         cluster
             .object
@@ -577,6 +633,7 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
             ("c2", outcome::MOVED),
             ("c3", outcome::REFUSED),
             ("c4", outcome::REFUSED),
+            ("c5", outcome::REFUSED),
         ],
     )
     .await;
@@ -588,8 +645,8 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         message.contains(&format!("{ns}/c1")) && message.contains("imageRepository"),
         "the Cluster and the variable are named: {message}"
     );
-    assert_eq!(status.waves[0].skipped, 3);
-    assert_eq!(status.skipped, 3, "the refused Clusters are counted as skipped");
+    assert_eq!(status.waves[0].skipped, 4);
+    assert_eq!(status.skipped, 4, "the refused Clusters are counted as skipped");
     let c3_refusal = status.moves.iter().find(|m| m.cluster.ends_with("/c3")).unwrap();
     assert!(
         c3_refusal.reasons.join(" ").contains("groupsPrefix"),
@@ -657,6 +714,7 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
             ("c1", outcome::REFUSED),
             ("c3", outcome::MOVED),
             ("c4", outcome::REFUSED),
+            ("c5", outcome::REFUSED),
         ],
     )
     .await;
@@ -667,7 +725,7 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
             .contains(&"oidcConfig.groupsPrefix".to_owned()),
         "{moved:?}"
     );
-    assert_eq!(status.skipped, 2);
+    assert_eq!(status.skipped, 3);
     assert_ne!(status.phase, phase::COMPLETED);
 
     let after = clusters.get("c3").await.unwrap();
@@ -691,4 +749,126 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         variables_of(&c4),
         "the owner's value is never rewritten"
     );
+
+    // The site declares what the rest need: imageRepository set to a registry v2 allows (wherever a Cluster
+    // sets it: c5's is in md-0's overrides), c4's groupsPrefix removed. Each moves in one guarded patch.
+    let dynamic = api_for(&client, "cluster.x-k8s.io/v1beta2", "Cluster", &ns).await;
+    let c5_before = dynamic.get("c5").await.unwrap();
+    rollouts
+        .patch(
+            "scs-v2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"variables": {
+                "set": [{"name": "imageRepository", "value": "registry.scs.community"}],
+                "remove": [{"name": "oidcConfig", "field": "groupsPrefix"}]}}})),
+        )
+        .await
+        .unwrap();
+    let status = rollout_outcomes(
+        &rollouts,
+        &ns,
+        "scs-v2",
+        &[
+            ("c1", outcome::MOVED),
+            ("c4", outcome::MOVED),
+            ("c5", outcome::MOVED),
+        ],
+    )
+    .await;
+    assert_eq!(status.skipped, 0, "nothing is left on the old class");
+    let changed = |cluster: &str| {
+        status
+            .moves
+            .iter()
+            .find(|m| m.cluster == format!("{ns}/{cluster}"))
+            .unwrap()
+            .variables_changed
+            .clone()
+    };
+    assert_eq!(
+        changed("c1"),
+        ["set imageRepository to \"registry.scs.community\" (was \"registry.k8s.io\")"]
+    );
+    assert!(
+        changed("c4").contains(&"removed oidcConfig.groupsPrefix (was \"corp:\")".to_owned()),
+        "{:?}",
+        changed("c4")
+    );
+    assert!(
+        changed("c5").contains(
+            &"set imageRepository to \"registry.scs.community\" (was \"registry.k8s.io\") in \
+              machineDeployment md-0"
+                .to_owned()
+        ),
+        "{:?}",
+        changed("c5")
+    );
+    let image = |object: &Value, list: &str| {
+        object
+            .pointer(list)
+            .and_then(Value::as_array)
+            .and_then(|l| l.iter().find(|v| v["name"] == "imageRepository"))
+            .map(|v| v["value"].clone())
+    };
+    const OWN: &str = "/spec/topology/variables";
+    const MD0: &str = "/spec/topology/workers/machineDeployments/0/variables/overrides";
+    let c4_after = clusters.get("c4").await.unwrap();
+    let c4_oidc = variables_of(&c4_after)
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "oidcConfig")
+        .unwrap()["value"]
+        .clone();
+    assert_eq!(
+        c4_oidc,
+        json!({"clientID": "kubectl", "issuerURL": "https://dex.example"}),
+        "only the declared field is gone"
+    );
+    // Every version of c5 the API server stored: on v1 with the old values, or on v2 with the new ones.
+    let c5_after = dynamic.get("c5").await.unwrap();
+    assert_eq!(image(&c5_after.data, MD0), Some(json!("registry.scs.community")));
+    assert_eq!(image(&c5_after.data, OWN), Some(json!("registry.scs.community")));
+    let params = WatchParams::default().fields("metadata.name=c5");
+    let mut versions = dynamic
+        .watch(&params, &c5_before.metadata.resource_version.clone().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    let last = c5_after.metadata.resource_version.clone();
+    let mut seen = 0;
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), versions.next())
+            .await
+            .expect("the watch delivers every version up to the last one")
+            .expect("the watch goes on")
+            .unwrap();
+        let WatchEvent::Modified(version) = event else {
+            panic!("only changes are expected: {event:?}");
+        };
+        seen += 1;
+        let class = version.data.pointer("/spec/topology/classRef/name").cloned();
+        let values = (image(&version.data, OWN), image(&version.data, MD0));
+        if class == Some(json!(V1)) {
+            assert_eq!(
+                values,
+                (image(&c5_before.data, OWN), Some(json!("registry.k8s.io"))),
+                "on v1 with v1's values"
+            );
+        } else {
+            assert_eq!(class, Some(json!(V2)));
+            assert_eq!(
+                values,
+                (
+                    Some(json!("registry.scs.community")),
+                    Some(json!("registry.scs.community"))
+                ),
+                "on v2 with the new values"
+            );
+        }
+        if version.metadata.resource_version == last {
+            break;
+        }
+    }
+    assert!(seen >= 1);
 }

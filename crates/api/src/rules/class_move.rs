@@ -12,7 +12,11 @@
 //!   the schema does not default;
 //! - a Kubernetes step Cluster API refuses (down, more than one minor without the class's
 //!   `kubernetesVersions`, a version the list does not name);
-//! - which hooks and stages of the release the move runs.
+//! - which hooks and stages of the release the move runs;
+//! - a refusal of a variable by the rules of its new schema that are not evaluated here (CEL
+//!   `x-kubernetes-validations`, `oneOf`/`anyOf`/`allOf`/`not`): said as refused by those rules, named as the
+//!   schema states them, with Cluster API's words ([`Reason::VariableRule`]). Without a dry run such rules
+//!   cannot refuse anything, so a verdict without one is only [`Verdict::Likely`].
 //!
 //! A refused field that the old class's schema defaults is said to be the old class's default.
 //!
@@ -24,7 +28,10 @@ use std::{collections::BTreeMap, fmt};
 
 use serde_json::Value;
 
-use super::Hook;
+use super::{
+    Hook,
+    move_variables::{MoveVariables, move_variables},
+};
 use crate::{
     ReleaseId,
     capi::Cluster,
@@ -182,6 +189,15 @@ pub enum Reason {
     KubernetesSkipsMinors { from: String, to: String },
     /// The new class lists `kubernetesVersions` and the target (or a minor on the way) is not among them.
     KubernetesNotListed { version: String, listed: Vec<String> },
+    /// Cluster API refused `variable` (at `field`) by a rule of the new class's schema that the preflight
+    /// does not evaluate itself: `rules` are those the schema states (CEL `x-kubernetes-validations`,
+    /// `oneOf`/`anyOf`/`allOf`/`not`), `message` what Cluster API said.
+    VariableRule {
+        variable: String,
+        field: String,
+        rules: Vec<String>,
+        message: String,
+    },
     /// A refusal of the dry run that the classes do not explain, as Cluster API said it.
     ClusterApi { field: String, message: String },
 }
@@ -212,6 +228,17 @@ impl fmt::Display for Reason {
                 f,
                 "Kubernetes {version}: not in the new class's kubernetesVersions [{}]",
                 listed.join(", ")
+            ),
+            Reason::VariableRule {
+                variable,
+                field,
+                rules,
+                message,
+            } => write!(
+                f,
+                "variable {variable}: refused by a rule of the new class's schema ({}); Cluster API said: \
+                 {field}: {message}",
+                rules.join("; ")
             ),
             Reason::ClusterApi { field, message } if field.is_empty() => write!(f, "{message}"),
             Reason::ClusterApi { field, message } => write!(f, "{field}: {message}"),
@@ -256,10 +283,11 @@ pub struct Preflight {
     pub hooks: Vec<HookRun>,
     /// A release with a single addon chart: it is applied when the class changes (no stages).
     pub single_chart: bool,
-    /// The move refused as the Cluster is passes with these variables ([`follow_class_defaults`]): the
-    /// verdict, reasons and hooks are then those of the move with them, and `refused_as_is` says why the move
-    /// as it is was refused.
-    pub followed: Option<Followed>,
+    /// The variables the move writes, when it changes them (a rollout's declared changes; the old class's
+    /// defaults followed where the move was refused without): the verdict, reasons and hooks are those of the
+    /// move with them.
+    pub variables: Option<MoveVariables>,
+    /// Why the move was refused before the old class's defaults were followed (when they were).
     pub refused_as_is: Vec<Reason>,
 }
 
@@ -278,10 +306,12 @@ pub fn explain(change: &Move<'_>, dry_run: &DryRun) -> Preflight {
             .filter(|c| !reasons.iter().any(|r| explains(r, c)))
             .collect();
         for cause in unexplained {
-            reasons.push(Reason::ClusterApi {
-                field: cause.field.clone(),
-                message: cause.message.clone(),
-            });
+            reasons.push(
+                rule_reason(change.to, cause).unwrap_or_else(|| Reason::ClusterApi {
+                    field: cause.field.clone(),
+                    message: cause.message.clone(),
+                }),
+            );
         }
         if reasons.is_empty() {
             reasons.push(Reason::ClusterApi {
@@ -312,7 +342,7 @@ pub fn explain(change: &Move<'_>, dry_run: &DryRun) -> Preflight {
         hooks: hook_runs(change, version_change.as_ref()),
         version_change,
         single_chart: change.stages.is_none(),
-        followed: None,
+        variables: None,
         refused_as_is: Vec::new(),
     }
 }
@@ -324,7 +354,7 @@ pub struct FleetMoves {
     /// Clusters nothing in the classes holds back.
     pub movable: usize,
     /// Clusters held back as they are that nothing holds back with their old class's defaults followed
-    /// ([`follow_class_defaults`]: a rollout with `spec.variables.followClassDefaults` moves them).
+    /// ([`move_variables`]: a rollout with `spec.variables.followClassDefaults` moves them).
     pub movable_with_defaults: usize,
     /// `namespace/name` of each Cluster that could not move, with why, in the order given.
     pub refused: Vec<(String, Vec<Reason>)>,
@@ -348,23 +378,18 @@ pub fn fleet_moves<'a>(
             moves.movable += 1;
             continue;
         }
-        let followed = follow_class_defaults(&change.variables, from);
-        let with_defaults = !followed.dropped.is_empty() && {
+        let followed = move_variables(
+            cluster
+                .get("spec")
+                .and_then(|s| s.get("topology"))
+                .unwrap_or(&Value::Null),
+            Some(from),
+            &[],
+        );
+        let with_defaults = followed.follows_defaults() && {
             let mut changed = cluster.clone();
-            if let Some(topology) = changed
-                .pointer_mut("/spec/topology")
-                .and_then(Value::as_object_mut)
-            {
-                topology.insert(
-                    "variables".to_owned(),
-                    Value::Array(
-                        followed
-                            .variables
-                            .iter()
-                            .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
-                            .collect(),
-                    ),
-                );
+            if let Some(topology) = changed.pointer_mut("/spec/topology") {
+                *topology = followed.applied_to(topology);
             }
             let again = explain(
                 &Move::of_cluster(&changed, from, to, to_version, &None),
@@ -464,11 +489,84 @@ fn explains(reason: &Reason, cause: &Cause) -> bool {
     match reason {
         Reason::VariableRefused { variable, .. }
         | Reason::VariableRemoved { variable }
-        | Reason::VariableRequired { variable } => about_variable(variable),
+        | Reason::VariableRequired { variable }
+        | Reason::VariableRule { variable, .. } => about_variable(variable),
         Reason::KubernetesDowngrade { .. }
         | Reason::KubernetesSkipsMinors { .. }
         | Reason::KubernetesNotListed { .. } => cause.field.ends_with("topology.version"),
         Reason::ClusterApi { .. } => false,
+    }
+}
+
+/// The variable a cause of Cluster API's refusal is about: `NAME` of `spec.topology.variables[NAME]...` or of
+/// an override's `...variables.overrides[NAME]...`.
+fn variable_of_field(field: &str) -> Option<&str> {
+    ["variables[", "overrides["]
+        .into_iter()
+        .filter_map(|marker| field.rfind(marker).map(|i| i + marker.len()))
+        .max()
+        .and_then(|start| field[start..].split(']').next())
+        .filter(|name| !name.is_empty())
+}
+
+/// A cause about a variable whose schema in the new class `to` has rules the preflight does not evaluate
+/// (CEL, `oneOf`/`anyOf`/`allOf`/`not`): explained as refused by those rules.
+fn rule_reason(to: &ClassView, cause: &Cause) -> Option<Reason> {
+    let variable = variable_of_field(&cause.field)?;
+    let definition = to.variable(variable)?;
+    let mut rules = Vec::new();
+    unevaluated_rules(&definition.schema, "", &mut rules);
+    (!rules.is_empty()).then(|| Reason::VariableRule {
+        variable: variable.to_owned(),
+        field: cause.field.clone(),
+        rules,
+        message: cause.message.clone(),
+    })
+}
+
+/// The rules of `schema` (at `at`, a path like `.a.b`) that [`validate`] does not evaluate, said as the
+/// schema states them.
+fn unevaluated_rules(schema: &Value, at: &str, rules: &mut Vec<String>) {
+    let Some(object) = schema.as_object() else {
+        return;
+    };
+    let place = if at.is_empty() {
+        String::new()
+    } else {
+        format!(" at {at}")
+    };
+    for rule in object
+        .get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let text = rule.get("rule").and_then(Value::as_str).unwrap_or_default();
+        let message = rule
+            .get("message")
+            .and_then(Value::as_str)
+            .map(|m| format!(" ({m:?})"))
+            .unwrap_or_default();
+        rules.push(format!("CEL {text:?}{message}{place}"));
+    }
+    for keyword in ["oneOf", "anyOf", "allOf", "not"] {
+        if object.contains_key(keyword) {
+            rules.push(format!("{keyword}{place}"));
+        }
+    }
+    for (name, property) in object
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        unevaluated_rules(property, &format!("{at}.{name}"), rules);
+    }
+    if let Some(items) = object.get("items") {
+        unevaluated_rules(items, &format!("{at}[]"), rules);
+    }
+    if let Some(values) = object.get("additionalProperties") {
+        unevaluated_rules(values, &format!("{at}[*]"), rules);
     }
 }
 
@@ -653,81 +751,6 @@ fn upgrade_steps(from: &str, to: &str, listed: &[String]) -> Vec<String> {
     }
     steps.push(to.to_owned());
     steps
-}
-
-/// A Cluster's variables with what followed the old class's defaults left out ([`follow_class_defaults`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Followed {
-    /// The variables to set with the move, in the Cluster's order.
-    pub variables: Vec<(String, Value)>,
-    /// What was left out: `oidcConfig.groupsPrefix`, or `registryMirrors` for a whole variable.
-    pub dropped: Vec<String>,
-}
-
-/// The Cluster's `variables` with every value, or field of one, that equals what the old class's schema
-/// (`from`) defaults there left out: taken for "not chosen by the owner", so that in a move the new class
-/// defaults it (or, when it no longer defines it, nothing does). A whole variable equal to its top-level
-/// default goes; inside an object, each property equal to its own default goes (objects are followed into
-/// their properties; arrays are compared whole). A value the owner changed from the default, a variable the old
-/// class does not define, and a default no schema states are kept as they are.
-///
-/// Judged by value: an owner who wrote the default by hand cannot be told from Cluster API's defaulting, and
-/// follows the class too.
-pub fn follow_class_defaults(variables: &[(String, Value)], from: &ClassView) -> Followed {
-    let mut followed = Followed::default();
-    for (name, value) in variables {
-        let Some(schema) = from.variable(name).map(|d| &d.schema) else {
-            followed.variables.push((name.clone(), value.clone()));
-            continue;
-        };
-        let mut value = value.clone();
-        if follows_default(schema, &mut value, name, &mut followed.dropped) {
-            followed.dropped.push(name.clone());
-            continue;
-        }
-        followed.variables.push((name.clone(), value));
-    }
-    followed
-}
-
-/// Whether `value` is all default by `schema` (as Cluster API defaults it: the default, with the defaults
-/// inside it filled in), so that it goes whole; else leaves out of it each property that is, recursing
-/// (what was left out is added to `dropped`, `at` being the path of `value`).
-fn follows_default(schema: &Value, value: &mut Value, at: &str, dropped: &mut Vec<String>) -> bool {
-    let is_default = |value: &Value| {
-        schema.get("default").is_some_and(|default| {
-            let mut filled = default.clone();
-            default_into(schema, &mut filled);
-            value == default || *value == filled
-        })
-    };
-    if is_default(value) {
-        return true;
-    }
-    let (Some(properties), Some(object)) = (
-        schema.get("properties").and_then(Value::as_object),
-        value.as_object_mut(),
-    ) else {
-        return false;
-    };
-    let mut inside = Vec::new();
-    object.retain(|name, inner| {
-        let Some(property) = properties.get(name) else {
-            return true;
-        };
-        let path = format!("{at}.{name}");
-        if follows_default(property, inner, &path, &mut inside) {
-            inside.push(path);
-            return false;
-        }
-        true
-    });
-    // What is left may be the default itself (`{}`, whose fields were defaulted inside it).
-    if is_default(value) {
-        return true;
-    }
-    dropped.append(&mut inside);
-    false
 }
 
 /// Fills in the schema's defaults for properties `value` leaves out, as Cluster API defaults a variable's
@@ -964,6 +987,11 @@ mod tests {
                 {"name": "legacy", "required": false, "schema": {"openAPIV3Schema": {"type": "boolean"}}},
                 {"name": "region", "required": true, "schema": {"openAPIV3Schema": {"type": "string", "minLength": 1}}},
                 {"name": "dns", "required": true, "schema": {"openAPIV3Schema": {"type": "string", "default": "1.1.1.1"}}},
+                {"name": "ports", "required": false, "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-validations": [{"rule": "self.min <= self.max", "message": "min must not exceed max"}],
+                    "properties": {"min": {"type": "integer"}, "max": {"type": "integer"},
+                        "auth": {"type": "object", "oneOf": [{"required": ["token"]}, {"required": ["cert"]}],
+                            "properties": {"token": {"type": "string"}, "cert": {"type": "string"}}}}}}},
             ]),
             kubernetes_versions,
         )
@@ -1070,6 +1098,35 @@ mod tests {
             field: "spec.topology.version".into(), message: "AfterClusterUpgrade hook is pending".into() }] },
         Verdict::Refused,
         vec![Reason::ClusterApi { field: "spec.topology.version".into(), message: "AfterClusterUpgrade hook is pending".into() }]
+    )]
+    // Refused by rules the preflight does not evaluate (CEL, oneOf): explained as such, with the rules, for
+    // the Cluster's own value and for an override.
+    #[case::refused_by_a_cel_rule(
+        json!([{"name": "region", "value": "fra"}, {"name": "ports", "value": {"min": 9, "max": 1}}]),
+        "v1.34.0", "v1.34.2", &[][..],
+        DryRun::Refused { message: "denied".into(), causes: vec![Cause {
+            field: "spec.topology.variables[ports].value".into(), message: "Invalid value: \"object\": min must not exceed max".into() }] },
+        Verdict::Refused,
+        vec![Reason::VariableRule {
+            variable: "ports".into(),
+            field: "spec.topology.variables[ports].value".into(),
+            rules: vec!["CEL \"self.min <= self.max\" (\"min must not exceed max\")".into(), "oneOf at .auth".into()],
+            message: "Invalid value: \"object\": min must not exceed max".into(),
+        }]
+    )]
+    #[case::an_override_refused_by_one_of(
+        json!([{"name": "region", "value": "fra"}]),
+        "v1.34.0", "v1.34.2", &[][..],
+        DryRun::Refused { message: "denied".into(), causes: vec![Cause {
+            field: "spec.topology.workers.machineDeployments[md-0].variables.overrides[ports].value.auth".into(),
+            message: "must validate one and only one schema (oneOf)".into() }] },
+        Verdict::Refused,
+        vec![Reason::VariableRule {
+            variable: "ports".into(),
+            field: "spec.topology.workers.machineDeployments[md-0].variables.overrides[ports].value.auth".into(),
+            rules: vec!["CEL \"self.min <= self.max\" (\"min must not exceed max\")".into(), "oneOf at .auth".into()],
+            message: "must validate one and only one schema (oneOf)".into(),
+        }]
     )]
     // The dry run could not be made: the classes decide, and the failure is reported.
     #[case::dry_run_failed(
@@ -1344,75 +1401,5 @@ mod tests {
         default_into(&schema, &mut value);
         assert_eq!(value, json!({"clientID": "kubectl", "usernameClaim": "sub"}));
         assert!(validate(&schema, &value).is_empty());
-    }
-
-    /// A class with `oidcConfig` (properties defaulted, one not), `mirrors` (a defaulted array) and `nodes`
-    /// (a defaulted number).
-    fn defaulting_class() -> ClassView {
-        class(
-            "docker-scs-1-35-v1",
-            json!([
-                {"name": "oidcConfig", "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "issuerURL": {"type": "string"},
-                    "groupsPrefix": {"type": "string", "default": "oidc:"},
-                    "claims": {"type": "object", "properties": {"user": {"type": "string", "default": "sub"}}}}}}},
-                {"name": "mirrors", "schema": {"openAPIV3Schema": {"type": "array", "default": [], "items": {"type": "string"}}}},
-                {"name": "nodes", "schema": {"openAPIV3Schema": {"type": "integer", "default": 3}}},
-                {"name": "auth", "schema": {"openAPIV3Schema": {"type": "object", "default": {}, "properties": {
-                    "prefix": {"type": "string", "default": "oidc:"}}}}},
-            ]),
-            &[],
-        )
-    }
-
-    #[rstest]
-    // Defaulted by Cluster API: left out so that the new class defaults it.
-    #[case::a_defaulted_field(
-        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex", "groupsPrefix": "oidc:"}}]),
-        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex"}}]),
-        &["oidcConfig.groupsPrefix"])]
-    // Changed by the owner: kept, byte for byte.
-    #[case::a_chosen_field(
-        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex", "groupsPrefix": "corp:"}}]),
-        json!([{"name": "oidcConfig", "value": {"issuerURL": "https://dex", "groupsPrefix": "corp:"}}]),
-        &[])]
-    #[case::a_nested_default(
-        json!([{"name": "oidcConfig", "value": {"claims": {"user": "sub"}, "groupsPrefix": "x"}}]),
-        json!([{"name": "oidcConfig", "value": {"claims": {}, "groupsPrefix": "x"}}]),
-        &["oidcConfig.claims.user"])]
-    // Whole variables equal to their top-level default go; arrays are compared whole.
-    #[case::whole_variables(
-        json!([{"name": "mirrors", "value": []}, {"name": "nodes", "value": 3}]),
-        json!([]),
-        &["mirrors", "nodes"])]
-    #[case::an_array_the_owner_filled(
-        json!([{"name": "mirrors", "value": ["m1"]}, {"name": "nodes", "value": 5}]),
-        json!([{"name": "mirrors", "value": ["m1"]}, {"name": "nodes", "value": 5}]),
-        &[])]
-    // Created by Cluster API from a top-level default `{}`, with the defaults inside it filled in: all default.
-    #[case::a_default_with_defaults_inside(
-        json!([{"name": "auth", "value": {"prefix": "oidc:"}}]),
-        json!([]),
-        &["auth"])]
-    // A variable the old class does not define: no default to tell by.
-    #[case::unknown_to_the_old_class(
-        json!([{"name": "extra", "value": {"groupsPrefix": "oidc:"}}]),
-        json!([{"name": "extra", "value": {"groupsPrefix": "oidc:"}}]),
-        &[])]
-    fn values_equal_to_the_old_classs_defaults_follow_the_class(
-        #[case] variables: Value,
-        #[case] expected: Value,
-        #[case] dropped: &[&str],
-    ) {
-        let pairs = |list: &Value| -> Vec<(String, Value)> {
-            list.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| (v["name"].as_str().unwrap().to_owned(), v["value"].clone()))
-                .collect()
-        };
-        let followed = follow_class_defaults(&pairs(&variables), &defaulting_class());
-        assert_eq!(followed.variables, pairs(&expected));
-        assert_eq!(followed.dropped, dropped);
     }
 }

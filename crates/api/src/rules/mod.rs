@@ -10,6 +10,8 @@
 //! - [`addons`]: what a ClusterAddon records as applied, and whether that is done ([`AppliedAddons`]);
 //! - [`class_move`]: whether Cluster API would accept moving a Cluster to another class, explained by the two
 //!   classes ([`class_move::explain`]);
+//! - [`move_variables`]: the variables a move writes: a rollout's declared changes and the old class's
+//!   defaults followed, in the Cluster's own list and every override ([`move_variables::move_variables`]);
 //! - [`rollout`]: a ClusterStackRollout's waves, the next Clusters to move, pause and resume, and when a
 //!   Cluster is done on the new release ([`rollout::assess`], [`rollout::health`]).
 //!
@@ -20,6 +22,7 @@ pub mod addons;
 pub mod class_move;
 pub mod hook_runs;
 pub mod hooks;
+pub mod move_variables;
 pub mod rollout;
 pub mod stack;
 pub mod users;

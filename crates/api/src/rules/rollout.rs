@@ -29,12 +29,16 @@ use serde_json::Value;
 
 use crate::{
     ClusterAddon, ReleaseId,
+    cluster_stack_rollout::RolloutVariables,
     cluster_stack_rollout::{
         ClusterMove, ClusterStackRolloutSpec, FailingCluster, LabelSelector, WaveStatus, outcome, phase,
     },
     conditions::{ConditionStatus, ConditionsExt},
     names::condition::ADDONS_HEALTHY,
-    rules::{FieldError, StackSpec},
+    rules::{
+        FieldError, StackSpec,
+        move_variables::{Declared, VariableRules},
+    },
     version::Version,
 };
 
@@ -54,8 +58,8 @@ pub struct Plan {
     pub bake_time: Duration,
     pub wave_timeout: Duration,
     pub paused: bool,
-    /// `spec.variables.followClassDefaults`.
-    pub follow_class_defaults: bool,
+    /// `spec.variables`: what the moves do to the Clusters' variables.
+    pub variables: VariableRules,
     /// The rollout's `metadata.generation` (set by its controller): refusals made under another are asked
     /// again.
     pub spec_generation: Option<i64>,
@@ -119,7 +123,84 @@ pub fn validate(spec: &ClusterStackRolloutSpec) -> Vec<FieldError> {
             ));
         }
     }
+    if let Some(variables) = &spec.variables {
+        errors.extend(variable_errors(variables));
+    }
     errors
+}
+
+/// The changes of `spec.variables.set` and `remove`, each with the field it is named at: `name` and the
+/// keys of `field`.
+fn named_changes(variables: &RolloutVariables) -> Vec<(String, Declared)> {
+    let keys = |field: &Option<String>| -> Vec<String> {
+        field
+            .as_deref()
+            .map(|f| f.split('.').map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let set = variables.set.iter().enumerate().map(|(i, v)| {
+        (
+            format!("spec.variables.set[{i}]"),
+            Declared {
+                name: v.name.clone(),
+                field: keys(&v.field),
+                value: Some(v.value.clone()),
+            },
+        )
+    });
+    let remove = variables.remove.iter().enumerate().map(|(i, v)| {
+        (
+            format!("spec.variables.remove[{i}]"),
+            Declared {
+                name: v.name.clone(),
+                field: keys(&v.field),
+                value: None,
+            },
+        )
+    });
+    set.chain(remove).collect()
+}
+
+/// What is wrong with `spec.variables`: a change without a variable's name, a field with an empty key, two
+/// changes of the same value or of a value and a field inside it (which one wins would be a guess).
+fn variable_errors(variables: &RolloutVariables) -> Vec<FieldError> {
+    let changes = named_changes(variables);
+    let mut errors = Vec::new();
+    for (i, (at, change)) in changes.iter().enumerate() {
+        if change.name.is_empty() {
+            errors.push(FieldError::new(format!("{at}.name"), "must name a variable"));
+        }
+        if change.field.iter().any(String::is_empty) {
+            errors.push(FieldError::new(
+                format!("{at}.field"),
+                "keys joined by dots, none of them empty (leave it out for the whole variable)",
+            ));
+        }
+        let path = |c: &Declared| -> Vec<String> {
+            std::iter::once(c.name.clone())
+                .chain(c.field.iter().cloned())
+                .collect()
+        };
+        let this = path(change);
+        if let Some((other, _)) = changes[..i].iter().find(|(_, earlier)| {
+            let earlier = path(earlier);
+            earlier.starts_with(&this) || this.starts_with(&earlier)
+        }) {
+            errors.push(FieldError::new(
+                at.clone(),
+                format!("{} is changed by {other} already", change.path()),
+            ));
+        }
+    }
+    errors
+}
+
+/// What the moves do to the variables, from `spec.variables` (checked by [`validate`]).
+pub fn variable_rules(variables: Option<&RolloutVariables>) -> VariableRules {
+    variables.map_or_else(VariableRules::default, |v| VariableRules {
+        follow_class_defaults: v.follow_class_defaults,
+        declared: named_changes(v).into_iter().map(|(_, change)| change).collect(),
+    })
 }
 
 fn selector_errors(selector: &LabelSelector, field: &str) -> Vec<FieldError> {
@@ -199,7 +280,7 @@ impl Plan {
             bake_time: duration(&spec.bake_time, Duration::ZERO),
             wave_timeout: duration(&spec.wave_timeout, DEFAULT_WAVE_TIMEOUT),
             paused: spec.paused,
-            follow_class_defaults: spec.variables.as_ref().is_some_and(|v| v.follow_class_defaults),
+            variables: variable_rules(spec.variables.as_ref()),
             spec_generation: None,
         })
     }

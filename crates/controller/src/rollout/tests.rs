@@ -86,6 +86,7 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
                 from: "docker-ferrol-1-27-v1".into(),
                 generation: Some(2),
                 dropped: vec!["oidcConfig.groupsPrefix".into()],
+                changed: vec!["removed imageRepository (was \"registry.k8s.io\")".into()],
             },
         ),
         (
@@ -117,13 +118,18 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
         [event::CLUSTER_MOVED, event::MOVE_REFUSED, event::WAVE_STARTED]
     );
     assert!(
-        events.0[0]
-            .note
-            .ends_with("(left out, as the old class's defaults: oidcConfig.groupsPrefix)"),
+        events.0[0].note.ends_with(
+            "(left out, as the old class's defaults: oidcConfig.groupsPrefix); as the rollout declares: \
+                 removed imageRepository (was \"registry.k8s.io\")"
+        ),
         "{}",
         events.0[0].note
     );
     assert_eq!(records[0].variables_dropped, ["oidcConfig.groupsPrefix"]);
+    assert_eq!(
+        records[0].variables_changed,
+        ["removed imageRepository (was \"registry.k8s.io\")"]
+    );
     assert_eq!(
         (status.phase.as_str(), status.current_wave.as_str()),
         (phase::PROGRESSING, "first")
@@ -161,6 +167,7 @@ fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes
         generation: Some(2),
         reasons: Vec::new(),
         variables_dropped: Vec::new(),
+        variables_changed: Vec::new(),
         rollout_generation: None,
     }];
     let failing = vec![cluster("a", "v2", "1", false), cluster("c", "v1", "2", false)];
@@ -265,6 +272,7 @@ fn a_move_that_cannot_be_made_waits_doubling_and_is_announced_once_per_reason() 
         from: "docker-ferrol-1-27-v1".into(),
         generation: Some(2),
         dropped: Vec::new(),
+        changed: Vec::new(),
     };
     assert!(!retries.record("ns/a", &moved, later));
     assert!(retries.may_try("ns/a", later));
@@ -283,6 +291,7 @@ fn every_wave_through_with_a_refused_cluster_is_incomplete_and_says_how_many() {
         generation: Some(1),
         reasons: vec!["variable identityRef: \"type\" is not in the new schema".into()],
         variables_dropped: Vec::new(),
+        variables_changed: Vec::new(),
         rollout_generation: None,
     };
     let records = vec![refused];

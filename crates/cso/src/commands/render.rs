@@ -119,7 +119,10 @@ async fn move_preflight(
         release,
         rendered_class,
         None,
-        true,
+        &cso_api::rules::move_variables::VariableRules {
+            follow_class_defaults: true,
+            declared: Vec::new(),
+        },
     )
     .await;
     cso_controller::preflight::describe(&preflight, cluster_name)

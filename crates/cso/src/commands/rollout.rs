@@ -148,6 +148,25 @@ fn describe(rollout: &ClusterStackRollout) -> String {
             refused.join("\n")
         );
     }
+    // What the moves did to the variables, to undo it by.
+    let changed: Vec<String> = status
+        .moves
+        .iter()
+        .filter(|m| !m.variables_dropped.is_empty() || !m.variables_changed.is_empty())
+        .map(|m| {
+            let mut lines = vec![format!("  {}:", m.cluster)];
+            lines.extend(
+                m.variables_dropped
+                    .iter()
+                    .map(|d| format!("    left out {d} (the old class's default)")),
+            );
+            lines.extend(m.variables_changed.iter().map(|c| format!("    {c}")));
+            lines.join("\n")
+        })
+        .collect();
+    if !changed.is_empty() {
+        let _ = writeln!(out, "\nvariables changed by the moves:\n{}", changed.join("\n"));
+    }
     out
 }
 
@@ -235,13 +254,23 @@ mod tests {
                     ..WaveStatus::default()
                 },
             ],
-            moves: vec![ClusterMove {
-                cluster: "ns/c9".into(),
-                outcome: outcome::REFUSED.into(),
-                from: "docker-ferrol-1-27-v1".into(),
-                reasons: vec!["variable x refused".into()],
-                ..ClusterMove::default()
-            }],
+            moves: vec![
+                ClusterMove {
+                    cluster: "ns/c1".into(),
+                    outcome: outcome::MOVED.into(),
+                    from: "docker-ferrol-1-27-v1".into(),
+                    variables_dropped: vec!["oidcConfig.groupsPrefix".into()],
+                    variables_changed: vec!["set nodes to 3 (was 2)".into()],
+                    ..ClusterMove::default()
+                },
+                ClusterMove {
+                    cluster: "ns/c9".into(),
+                    outcome: outcome::REFUSED.into(),
+                    from: "docker-ferrol-1-27-v1".into(),
+                    reasons: vec!["variable x refused".into()],
+                    ..ClusterMove::default()
+                },
+            ],
             ..ClusterStackRolloutStatus::default()
         });
         rollout
@@ -267,6 +296,13 @@ mod tests {
         );
         assert!(
             text.contains("  ns/c9 (from docker-ferrol-1-27-v1): variable x refused"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "variables changed by the moves:\n  ns/c1:\n    left out oidcConfig.groupsPrefix (the old \
+                 class's default)\n    set nodes to 3 (was 2)\n"
+            ),
             "{text}"
         );
     }

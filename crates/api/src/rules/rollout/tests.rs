@@ -10,7 +10,7 @@ use serde_json::json;
 use super::*;
 use crate::{
     ClusterAddonSpec, ClusterAddonStatus, ClusterStack, ClusterStackSpec, Version,
-    cluster_stack_rollout::{LabelSelectorRequirement, Wave},
+    cluster_stack_rollout::{LabelSelectorRequirement, VariableField, VariableValue, Wave},
     common::ObjectReference,
     conditions::{Condition, Severity},
 };
@@ -112,6 +112,7 @@ fn moved(name: &str, wave: &str, at: i64) -> ClusterMove {
         generation: None,
         reasons: Vec::new(),
         variables_dropped: Vec::new(),
+        variables_changed: Vec::new(),
         rollout_generation: None,
     }
 }
@@ -126,6 +127,7 @@ fn refused(name: &str, generation: i64) -> ClusterMove {
         generation: Some(generation),
         reasons: vec!["variable imageRepository: the new schema refuses its value".into()],
         variables_dropped: Vec::new(),
+        variables_changed: Vec::new(),
         rollout_generation: None,
     }
 }
@@ -554,6 +556,18 @@ fn a_hook_running_is_not_done() {
     LabelSelectorRequirement { key: "b".into(), operator: "Exists".into(), values: vec!["x".into()] },
     LabelSelectorRequirement { key: "c".into(), operator: "Near".into(), values: vec![] },
 ], ..LabelSelector::default() }), &["spec.clusterSelector.matchExpressions[0]", "spec.clusterSelector.matchExpressions[1]", "spec.clusterSelector.matchExpressions[2]"])]
+#[case::variable_changes(|s: &mut ClusterStackRolloutSpec| s.variables = Some(RolloutVariables {
+    follow_class_defaults: true,
+    set: vec![
+        VariableValue { name: "oidcConfig".into(), field: Some("groupsPrefix".into()), value: json!("x") },
+        VariableValue { name: String::new(), field: None, value: json!(1) },
+        VariableValue { name: "claims".into(), field: Some("user..name".into()), value: json!(1) },
+    ],
+    remove: vec![
+        VariableField { name: "oidcConfig".into(), field: None },
+        VariableField { name: "imageRepository".into(), field: None },
+    ],
+}), &["spec.variables.set[1].name", "spec.variables.set[2].field", "spec.variables.remove[0]"])]
 fn the_spec_is_checked_field_by_field(
     #[case] change: fn(&mut ClusterStackRolloutSpec),
     #[case] fields: &[&str],
@@ -592,6 +606,48 @@ fn the_plan_of_a_spec_without_waves_is_one_wave_and_the_defaults() {
     };
     assert!(Plan::of(&custom, &stack()).is_err());
     let _ = Version::parse_dot("v2").unwrap();
+}
+
+#[test]
+fn the_plan_carries_the_declared_variable_changes_in_order_sets_first() {
+    let spec = ClusterStackRolloutSpec {
+        variables: Some(RolloutVariables {
+            follow_class_defaults: false,
+            set: vec![VariableValue {
+                name: "oidcConfig".into(),
+                field: Some("claims.user".into()),
+                value: json!("email"),
+            }],
+            remove: vec![VariableField {
+                name: "imageRepository".into(),
+                field: None,
+            }],
+        }),
+        ..ClusterStackRolloutSpec::to("ferrol", "v2")
+    };
+    let plan = Plan::of(&spec, &stack()).unwrap();
+    assert!(!plan.variables.follow_class_defaults);
+    assert_eq!(
+        plan.variables.declared,
+        [
+            Declared {
+                name: "oidcConfig".into(),
+                field: vec!["claims".into(), "user".into()],
+                value: Some(json!("email")),
+            },
+            Declared {
+                name: "imageRepository".into(),
+                field: vec![],
+                value: None,
+            },
+        ]
+    );
+    assert_eq!(
+        Plan::of(&ClusterStackRolloutSpec::to("ferrol", "v2"), &stack())
+            .unwrap()
+            .variables,
+        VariableRules::default()
+    );
 }
 
 #[rstest]
