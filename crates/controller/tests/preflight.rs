@@ -111,14 +111,14 @@ fn narrowed_release(dir: &Path) -> PathBuf {
         image_example,
         "        example: \"registry.scs.community\"\n        enum: [\"\", \"registry.scs.community\"]\n",
     );
-    // certSANs: at most three, by a CEL rule (which the preflight does not evaluate itself).
-    let sans_example = "        example: [\"mydomain.example\"]\n";
-    assert_eq!(narrowed.matches(sans_example).count(), 1);
+    // certSANs: no wildcards, by a CEL rule on the items (which the preflight does not evaluate itself).
+    let sans_items = "        items:\n          type: string\n";
+    assert_eq!(narrowed.matches(sans_items).count(), 1);
     let narrowed = narrowed.replace(
-        sans_example,
+        sans_items,
         &format!(
-            "{sans_example}        x-kubernetes-validations:\n        - rule: \"size(self) <= 3\"\n          \
-             message: \"at most 3 SANs\"\n"
+            "{sans_items}          x-kubernetes-validations:\n          - rule: \"!self.startsWith('*')\"\n          \
+             \x20 message: \"no wildcard SANs\"\n"
         ),
     );
     std::fs::write(&class_file, narrowed).unwrap();
@@ -343,7 +343,7 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
     assert_eq!(after.metadata.generation, c1.metadata.generation);
 
     // Refused by v2's CEL rule on certSANs: said as refused by that rule, with Cluster API's words.
-    let sans = json!([{"name": "certSANs", "value": ["a.example", "b.example", "c.example", "d.example"]}]);
+    let sans = json!([{"name": "certSANs", "value": ["api.example", "*.example"]}]);
     let c6 = cluster_of_v1(&client, &ns, "c6", sans, false).await;
     let answer = preflight::preflight(&client, &resource, &c6, &v2, None).await;
     let report = preflight::describe(&answer, &format!("{ns}/c6"));
@@ -352,8 +352,9 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
     assert!(
         answer.reasons.iter().any(
             |r| matches!(r, Reason::VariableRule { variable, rules, message, .. }
-            if variable == "certSANs" && rules == &["CEL \"size(self) <= 3\" (\"at most 3 SANs\")"]
-                && message.contains("at most 3 SANs"))
+            if variable == "certSANs"
+                && rules == &["CEL \"!self.startsWith('*')\" (\"no wildcard SANs\") at []"]
+                && message.contains("no wildcard SANs"))
         ),
         "the rule is named with Cluster API's words: {report}"
     );
@@ -647,6 +648,15 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     );
     assert_eq!(status.waves[0].skipped, 4);
     assert_eq!(status.skipped, 4, "the refused Clusters are counted as skipped");
+    let c5_refusal = status.moves.iter().find(|m| m.cluster.ends_with("/c5")).unwrap();
+    assert_eq!(
+        c5_refusal.reasons,
+        [
+            "variable imageRepository: \"registry.k8s.io\" is not one of [\"\", \"registry.scs.community\"] (in \
+          the overrides of machineDeployment md-0)"
+        ],
+        "the override and its owner are named"
+    );
     let c3_refusal = status.moves.iter().find(|m| m.cluster.ends_with("/c3")).unwrap();
     assert!(
         c3_refusal.reasons.join(" ").contains("groupsPrefix"),
@@ -812,18 +822,21 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     };
     const OWN: &str = "/spec/topology/variables";
     const MD0: &str = "/spec/topology/workers/machineDeployments/0/variables/overrides";
-    let c4_after = clusters.get("c4").await.unwrap();
-    let c4_oidc = variables_of(&c4_after)
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "oidcConfig")
-        .unwrap()["value"]
-        .clone();
+    let oidc_of = |cluster: &Cluster| {
+        variables_of(cluster)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "oidcConfig")
+            .unwrap()["value"]
+            .clone()
+    };
+    let mut expected = oidc_of(&c4);
+    expected.as_object_mut().unwrap().remove("groupsPrefix");
     assert_eq!(
-        c4_oidc,
-        json!({"clientID": "kubectl", "issuerURL": "https://dex.example"}),
-        "only the declared field is gone"
+        oidc_of(&clusters.get("c4").await.unwrap()),
+        expected,
+        "only the declared field is gone (v2 defaults the same values again)"
     );
     // Every version of c5 the API server stored: on v1 with the old values, or on v2 with the new ones.
     let c5_after = dynamic.get("c5").await.unwrap();

@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use super::{
     Hook,
-    move_variables::{MoveVariables, move_variables},
+    move_variables::{MoveVariables, move_variables, variable_lists},
 };
 use crate::{
     ReleaseId,
@@ -106,6 +106,8 @@ pub type ReleaseStages = Option<BTreeMap<Hook, Vec<String>>>;
 pub struct Move<'a> {
     /// `spec.topology.variables[]` of the Cluster: name and value, as stored (with the old class's defaults).
     pub variables: Vec<(String, Value)>,
+    /// The override lists (`machineDeployment md-0`, `controlPlane`, ...) with their names and values.
+    pub overrides: Vec<(String, Vec<(String, Value)>)>,
     /// The Cluster's `spec.topology.version`.
     pub from_version: Option<&'a str>,
     /// The release's Kubernetes version.
@@ -124,20 +126,27 @@ impl<'a> Move<'a> {
         to_version: &'a str,
         stages: &'a ReleaseStages,
     ) -> Self {
-        let variables = cluster
-            .pointer("/spec/topology/variables")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|v| {
-                Some((
-                    v.get("name")?.as_str()?.to_owned(),
-                    v.get("value").cloned().unwrap_or(Value::Null),
-                ))
-            })
-            .collect();
+        let topology = cluster.pointer("/spec/topology").unwrap_or(&Value::Null);
+        let pairs = |pointer: &str| -> Vec<(String, Value)> {
+            topology
+                .pointer(pointer)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| {
+                    Some((
+                        v.get("name")?.as_str()?.to_owned(),
+                        v.get("value").cloned().unwrap_or(Value::Null),
+                    ))
+                })
+                .collect()
+        };
         Move {
-            variables,
+            variables: pairs("/variables"),
+            overrides: variable_lists(topology)
+                .into_iter()
+                .filter_map(|(pointer, of)| Some((of?, pairs(&pointer))))
+                .collect(),
             from_version: cluster.pointer("/spec/topology/version").and_then(Value::as_str),
             to_version,
             from,
@@ -198,6 +207,8 @@ pub enum Reason {
         rules: Vec<String>,
         message: String,
     },
+    /// `reason` concerns the value an override list sets (`of`: `machineDeployment md-0`, `controlPlane`).
+    InOverride { of: String, reason: Box<Reason> },
     /// A refusal of the dry run that the classes do not explain, as Cluster API said it.
     ClusterApi { field: String, message: String },
 }
@@ -240,6 +251,7 @@ impl fmt::Display for Reason {
                  {field}: {message}",
                 rules.join("; ")
             ),
+            Reason::InOverride { of, reason } => write!(f, "{reason} (in the overrides of {of})"),
             Reason::ClusterApi { field, message } if field.is_empty() => write!(f, "{message}"),
             Reason::ClusterApi { field, message } => write!(f, "{field}: {message}"),
         }
@@ -494,6 +506,16 @@ fn explains(reason: &Reason, cause: &Cause) -> bool {
         Reason::KubernetesDowngrade { .. }
         | Reason::KubernetesSkipsMinors { .. }
         | Reason::KubernetesNotListed { .. } => cause.field.ends_with("topology.version"),
+        Reason::InOverride { of, reason } => {
+            // `...machineDeployments[md-0].variables.overrides[NAME]...`, `controlPlane.variables.overrides[NAME]`.
+            let owner = of.rsplit(' ').next().unwrap_or_default();
+            let variable = match reason.as_ref() {
+                Reason::VariableRefused { variable, .. } | Reason::VariableRemoved { variable } => variable,
+                _ => return false,
+            };
+            cause.field.contains(&format!("overrides[{variable}]"))
+                && (owner == "controlPlane" || cause.field.contains(&format!("[{owner}]")))
+        }
         Reason::ClusterApi { .. } => false,
     }
 }
@@ -598,37 +620,52 @@ fn old_defaults(old: &Value, path: &str, why: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why the new class refuses the value `value` of the variable `name`: not defined, or refused by its schema
+/// (after its defaults are filled in), a field the old class defaulted said so.
+fn value_reasons(change: &Move<'_>, name: &str, value: &Value) -> Vec<Reason> {
+    let Some(definition) = change.to.variable(name) else {
+        return vec![Reason::VariableRemoved {
+            variable: name.to_owned(),
+        }];
+    };
+    let mut value = value.clone();
+    default_into(&definition.schema, &mut value);
+    let old_schema = change.from.variable(name).map(|d| &d.schema);
+    validate(&definition.schema, &value)
+        .into_iter()
+        .map(|(path, why)| {
+            let why = match old_schema.map(|old| old_defaults(old, &path, &why)) {
+                Some(defaulted) if !defaulted.is_empty() => format!(
+                    "{why} ({} defaulted by the old class {})",
+                    defaulted.join(", "),
+                    change.from.name
+                ),
+                _ => why,
+            };
+            Reason::VariableRefused {
+                variable: name.to_owned(),
+                path,
+                why,
+            }
+        })
+        .collect()
+}
+
 fn variable_reasons(change: &Move<'_>) -> Vec<Reason> {
     let mut reasons = Vec::new();
     for (name, value) in &change.variables {
-        match change.to.variable(name) {
-            None => reasons.push(Reason::VariableRemoved {
-                variable: name.clone(),
-            }),
-            Some(definition) => {
-                let mut value = value.clone();
-                default_into(&definition.schema, &mut value);
-                let old_schema = change.from.variable(name).map(|d| &d.schema);
-                reasons.extend(
-                    validate(&definition.schema, &value)
-                        .into_iter()
-                        .map(|(path, why)| {
-                            let why = match old_schema.map(|old| old_defaults(old, &path, &why)) {
-                                Some(defaulted) if !defaulted.is_empty() => format!(
-                                    "{why} ({} defaulted by the old class {})",
-                                    defaulted.join(", "),
-                                    change.from.name
-                                ),
-                                _ => why,
-                            };
-                            Reason::VariableRefused {
-                                variable: name.clone(),
-                                path,
-                                why,
-                            }
-                        }),
-                );
-            }
+        reasons.extend(value_reasons(change, name, value));
+    }
+    for (of, overrides) in &change.overrides {
+        for (name, value) in overrides {
+            reasons.extend(
+                value_reasons(change, name, value)
+                    .into_iter()
+                    .map(|reason| Reason::InOverride {
+                        of: of.clone(),
+                        reason: Box::new(reason),
+                    }),
+            );
         }
     }
     for definition in &change.to.variables {
@@ -1150,6 +1187,46 @@ mod tests {
         assert_eq!(preflight.verdict, verdict);
         assert_eq!(preflight.from_class, "openstack-scs-1-33-v1");
         assert_eq!(preflight.to_class, "openstack-scs-1-34-v1");
+    }
+
+    #[test]
+    fn a_value_an_override_sets_is_judged_like_the_clusters_own_and_said_with_its_owner() {
+        let mut cluster = cluster("v1.34.0", json!([{"name": "region", "value": "fra"}]));
+        cluster["spec"]["topology"]["workers"] = json!({"machineDeployments": [
+            {"name": "md-0", "class": "default-worker", "variables": {"overrides": [
+                {"name": "flavor", "value": "small"}, {"name": "gone", "value": 1}]}}]});
+        let (old, new, stages) = (old_class(), new_class(&[]), stages());
+        let change = Move::of_cluster(&cluster, &old, &new, "v1.34.2", &stages);
+        let in_md0 = |reason: Reason| Reason::InOverride {
+            of: "machineDeployment md-0".into(),
+            reason: Box::new(reason),
+        };
+        let expected = vec![
+            in_md0(Reason::VariableRefused {
+                variable: "flavor".into(),
+                path: String::new(),
+                why: "\"small\" is not one of [\"large\"]".into(),
+            }),
+            in_md0(Reason::VariableRemoved {
+                variable: "gone".into(),
+            }),
+        ];
+        // Cluster API's causes about those overrides are what the classes say: not repeated.
+        let refused = DryRun::Refused {
+            message: "denied".into(),
+            causes: vec![Cause {
+                field: "spec.topology.workers.machineDeployments[md-0].variables.overrides[flavor].value"
+                    .into(),
+                message: "Unsupported value: \"small\"".into(),
+            }],
+        };
+        let preflight = explain(&change, &refused);
+        assert_eq!(preflight.reasons, expected);
+        assert_eq!(
+            preflight.reasons[0].to_string(),
+            "variable flavor: \"small\" is not one of [\"large\"] (in the overrides of machineDeployment md-0)"
+        );
+        assert_eq!(explain(&change, &DryRun::NotAsked).verdict, Verdict::Refused);
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl MoveVariables {
 
 /// The variable lists of a Cluster's `topology`: each one's pointer and whose overrides it holds. The
 /// Cluster's own list comes first, whether it has one or not.
-fn lists_of(topology: &Value) -> Vec<(String, Option<String>)> {
+pub fn variable_lists(topology: &Value) -> Vec<(String, Option<String>)> {
     let mut lists = vec![("/variables".to_owned(), None)];
     if topology.pointer("/controlPlane/variables/overrides").is_some() {
         lists.push((
@@ -190,7 +190,7 @@ fn lists_of(topology: &Value) -> Vec<(String, Option<String>)> {
 /// and, with `follow` (the old class), leaves out what equals the old class's defaults first.
 pub fn move_variables(topology: &Value, follow: Option<&ClassView>, declared: &[Declared]) -> MoveVariables {
     let mut moved = MoveVariables::default();
-    for (pointer, of) in lists_of(topology) {
+    for (pointer, of) in variable_lists(topology) {
         let before = topology.pointer(&pointer).cloned();
         let mut items: Vec<Value> = before
             .as_ref()
