@@ -255,7 +255,19 @@ pub async fn preflight_with(
     let version = (cluster.topology_version() != Some(to_version)).then_some(to_version);
     let topology = whole.pointer("/spec/topology").cloned().unwrap_or(Value::Null);
     let stages = release_stages(release);
-    // The move with what it changes in the variables: explained from the Cluster as the move leaves it.
+    // The move with what it changes in the variables, explained from the Cluster as the move leaves it.
+    let explained = |variables: &MoveVariables, answer: &DryRun| {
+        let mut moved = whole.clone();
+        if let Some(slot) = moved.pointer_mut("/spec/topology") {
+            *slot = variables.applied_to(&topology);
+        }
+        let mut preflight = class_move::explain(
+            &Move::of_cluster(&moved, &from_class, &to_class, to_version, &stages),
+            answer,
+        );
+        preflight.variables = (!variables.is_empty()).then(|| variables.clone());
+        preflight
+    };
     let ask = async |variables: &MoveVariables| {
         let merge = (!variables.is_empty()).then(|| variables.merge_patch(&topology));
         let answer = dry_run(
@@ -267,15 +279,7 @@ pub async fn preflight_with(
             merge.as_ref(),
         )
         .await;
-        let mut moved = whole.clone();
-        if let Some(slot) = moved.pointer_mut("/spec/topology") {
-            *slot = variables.applied_to(&topology);
-        }
-        let mut preflight = class_move::explain(
-            &Move::of_cluster(&moved, &from_class, &to_class, to_version, &stages),
-            &answer,
-        );
-        preflight.variables = (!variables.is_empty()).then(|| variables.clone());
+        let preflight = explained(variables, &answer);
         (answer, preflight)
     };
 
@@ -295,15 +299,7 @@ pub async fn preflight_with(
             failed.join("; ")
         };
         let answer = DryRun::Failed(why);
-        let mut moved = whole.clone();
-        if let Some(slot) = moved.pointer_mut("/spec/topology") {
-            *slot = declared.applied_to(&topology);
-        }
-        let mut preflight = class_move::explain(
-            &Move::of_cluster(&moved, &from_class, &to_class, to_version, &stages),
-            &answer,
-        );
-        preflight.variables = (!declared.is_empty()).then(|| declared.clone());
+        let preflight = explained(&declared, &answer);
         (answer, preflight)
     } else {
         ask(&declared).await

@@ -32,10 +32,9 @@ use cso_api::{
 use cso_controller::preflight;
 use cso_release::Release;
 use cso_testenv::capi::{TopologyCluster, shared_management_with_cluster_api};
-use futures::StreamExt;
 use kube::{
     Api,
-    api::{DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
+    api::{DynamicObject, Patch, PatchParams, PostParams},
     core::GroupVersionKind,
 };
 use serde_json::{Value, json};
@@ -503,6 +502,26 @@ async fn create_rollout(rollouts: &Api<cso_api::ClusterStackRollout>, ns: &str, 
         .unwrap();
 }
 
+/// Merges `variables` into rollout `name`'s `spec.variables`; its status once it records each Cluster of
+/// `expected` with its outcome.
+async fn with_variables(
+    rollouts: &Api<cso_api::ClusterStackRollout>,
+    ns: &str,
+    name: &str,
+    variables: Value,
+    expected: &[(&str, &str)],
+) -> cso_api::ClusterStackRolloutStatus {
+    rollouts
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"variables": variables}})),
+        )
+        .await
+        .unwrap();
+    rollout_outcomes(rollouts, ns, name, expected).await
+}
+
 /// The status of rollout `name` once it records each Cluster of `expected` with its outcome.
 async fn rollout_outcomes(
     rollouts: &Api<cso_api::ClusterStackRollout>,
@@ -708,18 +727,11 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     // The site turns on spec.variables.followClassDefaults: the refusals are asked again (the rollout's spec
     // changed). c3 moves, its groupsPrefix left to v2 (which has none), every other value as it was; c4's
     // prefix is its owner's: refused and never rewritten; c1 likewise.
-    rollouts
-        .patch(
-            "scs-v2",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"variables": {"followClassDefaults": true}}})),
-        )
-        .await
-        .unwrap();
-    let status = rollout_outcomes(
+    let status = with_variables(
         &rollouts,
         &ns,
         "scs-v2",
+        json!({"followClassDefaults": true}),
         &[
             ("c1", outcome::REFUSED),
             ("c3", outcome::MOVED),
@@ -764,20 +776,12 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     // sets it: c5's is in md-0's overrides), c4's groupsPrefix removed. Each moves in one guarded patch.
     let dynamic = api_for(&client, "cluster.x-k8s.io/v1beta2", "Cluster", &ns).await;
     let c5_before = dynamic.get("c5").await.unwrap();
-    rollouts
-        .patch(
-            "scs-v2",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"variables": {
-                "set": [{"name": "imageRepository", "value": "registry.scs.community"}],
-                "remove": [{"name": "oidcConfig", "field": "groupsPrefix"}]}}})),
-        )
-        .await
-        .unwrap();
-    let status = rollout_outcomes(
+    let status = with_variables(
         &rollouts,
         &ns,
         "scs-v2",
+        json!({"set": [{"name": "imageRepository", "value": "registry.scs.community"}],
+               "remove": [{"name": "oidcConfig", "field": "groupsPrefix"}]}),
         &[
             ("c1", outcome::MOVED),
             ("c4", outcome::MOVED),
@@ -842,24 +846,9 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     let c5_after = dynamic.get("c5").await.unwrap();
     assert_eq!(image(&c5_after.data, MD0), Some(json!("registry.scs.community")));
     assert_eq!(image(&c5_after.data, OWN), Some(json!("registry.scs.community")));
-    let params = WatchParams::default().fields("metadata.name=c5");
-    let mut versions = dynamic
-        .watch(&params, &c5_before.metadata.resource_version.clone().unwrap())
-        .await
-        .unwrap()
-        .boxed();
-    let last = c5_after.metadata.resource_version.clone();
-    let mut seen = 0;
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(30), versions.next())
-            .await
-            .expect("the watch delivers every version up to the last one")
-            .expect("the watch goes on")
-            .unwrap();
-        let WatchEvent::Modified(version) = event else {
-            panic!("only changes are expected: {event:?}");
-        };
-        seen += 1;
+    let stored = support::versions_between(&dynamic, "c5", &c5_before, &c5_after).await;
+    assert!(!stored.is_empty());
+    for version in &stored {
         let class = version.data.pointer("/spec/topology/classRef/name").cloned();
         let values = (image(&version.data, OWN), image(&version.data, MD0));
         if class == Some(json!(V1)) {
@@ -879,9 +868,5 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
                 "on v2 with the new values"
             );
         }
-        if version.metadata.resource_version == last {
-            break;
-        }
     }
-    assert!(seen >= 1);
 }

@@ -14,11 +14,10 @@ use cso_api::{
     conditions::{ConditionsExt, READY},
     names::{condition, reason},
 };
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, WatchEvent, WatchParams},
+    api::{DeleteParams, Patch, PatchParams},
 };
 use serde_json::json;
 use support::*;
@@ -438,7 +437,7 @@ async fn a_reconcile_handed_an_old_copy_does_not_run_finished_stages_again() {
         .await
         .unwrap();
     let after = addons.get(name).await.unwrap();
-    let written = versions_between(&addons, name, &before, &after).await;
+    let written = support::versions_between(&addons, name, &before, &after).await;
     for version in &written {
         assert!(
             version.spec.hook.is_empty(),
@@ -461,41 +460,6 @@ async fn a_reconcile_handed_an_old_copy_does_not_run_finished_stages_again() {
     );
     assert!(after.is_condition_true(condition::HELM_CHART_APPLIED));
     own.stop();
-}
-
-/// Every version of ClusterAddon `name` written after `before` up to `after`, from a watch.
-async fn versions_between(
-    addons: &Api<ClusterAddon>,
-    name: &str,
-    before: &ClusterAddon,
-    after: &ClusterAddon,
-) -> Vec<ClusterAddon> {
-    let last = after.resource_version().unwrap();
-    if before.resource_version().as_ref() == Some(&last) {
-        return Vec::new();
-    }
-    let params = WatchParams::default().fields(&format!("metadata.name={name}"));
-    let mut events = addons
-        .watch(&params, &before.resource_version().unwrap())
-        .await
-        .unwrap()
-        .boxed();
-    let mut written = Vec::new();
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(30), events.next())
-            .await
-            .expect("the watch delivers every version up to the last one")
-            .expect("the watch goes on")
-            .unwrap();
-        let WatchEvent::Modified(version) = event else {
-            panic!("only changes are expected: {event:?}");
-        };
-        let done = version.resource_version().as_ref() == Some(&last);
-        written.push(version);
-        if done {
-            return written;
-        }
-    }
 }
 
 /// The addon if its hook is done and its charts are applied.

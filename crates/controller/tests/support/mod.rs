@@ -602,3 +602,40 @@ pub async fn events_with(
         .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
 }
+
+/// Every version of the object `name` the API server stored after `before` up to `after` (both as read), from a
+/// watch: nothing written in between goes unseen.
+pub async fn versions_between<K>(api: &Api<K>, name: &str, before: &K, after: &K) -> Vec<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt as _;
+    use kube::ResourceExt as _;
+
+    let last = after.resource_version().unwrap();
+    if before.resource_version().as_ref() == Some(&last) {
+        return Vec::new();
+    }
+    let params = kube::api::WatchParams::default().fields(&format!("metadata.name={name}"));
+    let mut events = api
+        .watch(&params, &before.resource_version().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    let mut written = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("the watch delivers every version up to the last one")
+            .expect("the watch goes on")
+            .unwrap();
+        let kube::api::WatchEvent::Modified(version) = event else {
+            panic!("only changes are expected: {event:?}");
+        };
+        let done = version.resource_version().as_ref() == Some(&last);
+        written.push(version);
+        if done {
+            return written;
+        }
+    }
+}
