@@ -54,6 +54,9 @@ pub mod condition {
     /// *New.* On a ClusterStackRollout: no Cluster was refused by the preflight (False, Warning,
     /// `MoveRefused`: the refused Clusters, each with why; they are skipped).
     pub const PREFLIGHT_PASSED: &str = "PreflightPassed";
+    /// *New.* On a ClusterStackRollout: every move it tried was made (False, Warning, `MoveFailed`: the
+    /// Clusters whose dry run or patch failed, each with why; they are tried again with back-off).
+    pub const MOVES_MADE: &str = "MovesMade";
     /// *New.* On a ClusterStackRollout: not held by `spec.paused` (False, Info, `PausedBySpec`).
     pub const ROLLOUT_ACTIVE: &str = "RolloutActive";
 }
@@ -143,6 +146,8 @@ pub mod reason {
     pub const WAVE_FAILING: &str = "WaveFailing";
     /// *New.* `PreflightPassed` False (Warning): Cluster API would refuse moving some Clusters.
     pub const MOVE_REFUSED: &str = "MoveRefused";
+    /// *New.* `MovesMade` False (Warning): a move could not be made now (the dry run or the patch failed).
+    pub const MOVE_FAILED: &str = "MoveFailed";
     /// *New.* `RolloutActive` False (Info): `spec.paused` is set.
     pub const PAUSED_BY_SPEC: &str = "PausedBySpec";
 }

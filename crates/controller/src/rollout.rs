@@ -138,6 +138,19 @@ impl Retries {
             .min()
     }
 
+    /// The Clusters whose last move could not be made, with why, by name.
+    fn failing(&self) -> Vec<(String, String)> {
+        let mut failing: Vec<(String, String)> = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(cluster, retry)| (cluster.clone(), retry.why.clone()))
+            .collect();
+        failing.sort();
+        failing
+    }
+
     /// Records what the move of `cluster` gave; returns whether a failure is news (first, or another reason).
     fn record(&self, cluster: &str, result: &MoveResult, now: std::time::Instant) -> bool {
         let mut retries = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -300,7 +313,8 @@ async fn reconcile_object(
             .collect();
         rollout::assess(&plan, &candidates, &records, &previous.waves, now)
     };
-    let (status, events) = conclude(&rollout, &plan, &after, &results);
+    let not_moved = ctx.own.retries.failing();
+    let (status, events) = conclude(&rollout, &plan, &after, &results, &not_moved);
     ctx.publish(&rollout, events).await;
     crate::patch::status(&ctx.written, &api, &rollout, before.as_ref(), &status).await?;
     let next = [
@@ -693,6 +707,7 @@ pub(crate) fn conclude(
     plan: &Plan,
     after: &Assessment,
     results: &[(String, MoveResult)],
+    not_moved: &[(String, String)],
 ) -> (ClusterStackRolloutStatus, Events) {
     let before = rollout.status.clone().unwrap_or_default();
     let mut status = before.clone();
@@ -809,6 +824,37 @@ pub(crate) fn conclude(
                 refused.len(),
                 if refused.len() == 1 { "" } else { "s" },
                 if refused.len() == 1 { "is" } else { "are" },
+                named.join("; ")
+            ),
+        );
+    }
+    // Moves that could not be made (tried again with back-off), of this rollout's Clusters still to move.
+    let failed: Vec<&(String, String)> = not_moved
+        .iter()
+        .filter(|(cluster, _)| {
+            after
+                .states
+                .iter()
+                .any(|(name, _, state)| name == cluster && matches!(state, rollout::State::Waiting))
+        })
+        .collect();
+    if failed.is_empty() {
+        status.mark_true(condition::MOVES_MADE);
+    } else {
+        let named: Vec<String> = failed
+            .iter()
+            .take(rollout::FAILING_NAMED)
+            .map(|(cluster, why)| format!("{cluster}: {why}"))
+            .collect();
+        status.mark_false(
+            condition::MOVES_MADE,
+            reason::MOVE_FAILED,
+            Severity::Warning,
+            format!(
+                "{} Cluster{} could not be moved now and {} tried again: {}",
+                failed.len(),
+                if failed.len() == 1 { "" } else { "s" },
+                if failed.len() == 1 { "is" } else { "are" },
                 named.join("; ")
             ),
         );

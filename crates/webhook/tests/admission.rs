@@ -370,6 +370,33 @@ async fn rollouts_are_refused_with_each_bad_field_named() {
     let (code, message) = refusal(merge(&rollouts, "good", json!({"spec": {"waveTimeout": "soon"}})).await);
     assert_eq!(code, 422);
     assert!(message.contains("spec.waveTimeout"), "{message}");
+    // Declared variable changes: any JSON value is kept as written; a value changed twice is refused.
+    merge(
+        &rollouts,
+        "good",
+        json!({"spec": {"variables": {"set": [{"name": "ports", "value": {"min": 1, "list": [2, "x"]}}]}}}),
+    )
+    .await
+    .unwrap();
+    let stored = rollouts.get("good").await.unwrap();
+    assert_eq!(
+        stored.spec.variables.unwrap().set[0].value,
+        json!({"min": 1, "list": [2, "x"]}),
+        "the value is kept whole, not pruned"
+    );
+    let (code, message) = refusal(
+        merge(
+            &rollouts,
+            "good",
+            json!({"spec": {"variables": {"remove": [{"name": "ports", "field": "min"}]}}}),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("spec.variables.remove[0]") && message.contains("changed by spec.variables.set[0]"),
+        "{message}"
+    );
     webhooks.stop(&client, &ns).await;
 }
 

@@ -112,7 +112,7 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
     let mut moved = clusters.clone();
     moved[0].release = plan.target.clone();
     let after = assess(&plan, &moved, &records, &[], t(0));
-    let (status, events) = conclude(&rollout_with(None), &plan, &after, &results);
+    let (status, events) = conclude(&rollout_with(None), &plan, &after, &results, &[]);
     assert_eq!(
         reasons(&events),
         [event::CLUSTER_MOVED, event::MOVE_REFUSED, event::WAVE_STARTED]
@@ -151,8 +151,22 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
     // A move that could not be made now is announced and not recorded.
     let failed = vec![("ns/a".to_owned(), MoveResult::NotNow("the patch failed".into()))];
     assert!(records_after(&plan, &before, &failed, t(0)).is_empty());
-    let (_, events) = conclude(&rollout_with(None), &plan, &before, &failed);
+    let not_moved = [("ns/a".to_owned(), "the patch failed".to_owned())];
+    let (status, events) = conclude(&rollout_with(None), &plan, &before, &failed, &not_moved);
     assert_eq!(reasons(&events)[0], event::MOVE_FAILED);
+    // ... and said in the status while it is tried again: which Cluster, and why.
+    let moves = status.get_condition(condition::MOVES_MADE).unwrap();
+    assert_eq!(
+        (moves.status.clone(), moves.reason.as_deref()),
+        (ConditionStatus::False, Some(reason::MOVE_FAILED))
+    );
+    assert_eq!(
+        moves.message.as_deref(),
+        Some("1 Cluster could not be moved now and is tried again: ns/a: the patch failed")
+    );
+    // A Cluster no longer waiting for its move (another rollout's, or moved since) is not named.
+    let (status, _) = conclude(&rollout_with(None), &plan, &after, &[], &not_moved);
+    assert!(status.is_condition_true(condition::MOVES_MADE));
 }
 
 #[test]
@@ -172,7 +186,7 @@ fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes
     }];
     let failing = vec![cluster("a", "v2", "1", false), cluster("c", "v1", "2", false)];
     let after = assess(&plan, &failing, &records, &[], t(120));
-    let (paused, events) = conclude(&rollout_with(None), &plan, &after, &[]);
+    let (paused, events) = conclude(&rollout_with(None), &plan, &after, &[], &[]);
     assert_eq!(paused.phase, phase::PAUSED);
     assert_eq!(reasons(&events), [event::WAVE_STARTED, event::ROLLOUT_PAUSED]);
     let healthy = paused.get_condition(condition::CLUSTERS_HEALTHY).unwrap();
@@ -194,13 +208,13 @@ fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes
     );
 
     // Still failing at the next look: no second event.
-    let (_, events) = conclude(&rollout_with(Some(paused.clone())), &plan, &after, &[]);
+    let (_, events) = conclude(&rollout_with(Some(paused.clone())), &plan, &after, &[], &[]);
     assert!(events.0.is_empty(), "{events:?}");
 
     // It recovers: resumed, the next wave starts.
     let recovered = vec![cluster("a", "v2", "1", true), cluster("c", "v1", "2", false)];
     let after = assess(&plan, &recovered, &records, &paused.waves, t(130));
-    let (going, events) = conclude(&rollout_with(Some(paused)), &plan, &after, &[]);
+    let (going, events) = conclude(&rollout_with(Some(paused)), &plan, &after, &[], &[]);
     assert_eq!(going.phase, phase::PROGRESSING);
     assert_eq!(reasons(&events), [event::WAVE_STARTED, event::ROLLOUT_RESUMED]);
     assert_eq!(going.current_wave, "rest");
@@ -208,11 +222,11 @@ fn a_failing_cluster_pauses_once_names_it_and_its_recovery_resumes_and_completes
     // Everything done: completed, announced once.
     let done = vec![cluster("a", "v2", "1", true), cluster("c", "v2", "2", true)];
     let after = assess(&plan, &done, &records, &going.waves, t(200));
-    let (completed, events) = conclude(&rollout_with(Some(going)), &plan, &after, &[]);
+    let (completed, events) = conclude(&rollout_with(Some(going)), &plan, &after, &[], &[]);
     assert_eq!((completed.phase.as_str(), completed.done), (phase::COMPLETED, 2));
     assert_eq!(reasons(&events), [event::ROLLOUT_COMPLETED]);
     assert!(completed.is_condition_true(cso_api::conditions::READY));
-    let (_, events) = conclude(&rollout_with(Some(completed)), &plan, &after, &[]);
+    let (_, events) = conclude(&rollout_with(Some(completed)), &plan, &after, &[], &[]);
     assert!(events.0.is_empty());
 }
 
@@ -305,7 +319,7 @@ fn every_wave_through_with_a_refused_cluster_is_incomplete_and_says_how_many() {
         phase: phase::PROGRESSING.into(),
         ..Default::default()
     };
-    let (status, events) = conclude(&rollout_with(Some(going)), &plan, &after, &[]);
+    let (status, events) = conclude(&rollout_with(Some(going)), &plan, &after, &[], &[]);
     assert_eq!(
         (status.phase.as_str(), status.done, status.skipped),
         (phase::INCOMPLETE, 2, 1)
@@ -318,6 +332,6 @@ fn every_wave_through_with_a_refused_cluster_is_incomplete_and_says_how_many() {
         "not ready while a Cluster is left behind"
     );
     // Announced once.
-    let (_, events) = conclude(&rollout_with(Some(status)), &plan, &after, &[]);
+    let (_, events) = conclude(&rollout_with(Some(status)), &plan, &after, &[], &[]);
     assert!(events.0.is_empty(), "{events:?}");
 }
