@@ -157,7 +157,7 @@ fn moves_and_refusals_are_recorded_announced_and_counted() {
     // ... and said in the status while it is tried again: which Cluster, and why.
     let moves = status.get_condition(condition::MOVES_MADE).unwrap();
     assert_eq!(
-        (moves.status.clone(), moves.reason.as_deref()),
+        (moves.status, moves.reason.as_deref()),
         (ConditionStatus::False, Some(reason::MOVE_FAILED))
     );
     assert_eq!(
