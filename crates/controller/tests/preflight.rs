@@ -619,9 +619,13 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     // says so in TopologyReconciled), which is no concern of the move's admission.
     let c3 = cluster_of_v1(&client, &ns, "c3", oidc(None), false).await;
     let c4 = cluster_of_v1(&client, &ns, "c4", oidc(Some("corp:")), false).await;
-    // c5 sets the refused imageRepository in its MachineDeployment's overrides only.
-    let image_override = json!([{"name": "imageRepository", "value": "registry.k8s.io"}]);
-    cluster_of_v1_with_overrides(&client, &ns, "c5", json!([]), Some(image_override), false).await;
+    // c5 sets the refused imageRepository, and an oidcConfig with its owner's groupsPrefix, in md-0's
+    // overrides only.
+    let overrides = json!([
+        {"name": "imageRepository", "value": "registry.k8s.io"},
+        {"name": "oidcConfig", "value": {"clientID": "md", "issuerURL": "https://dex.example", "groupsPrefix": "md:"}},
+    ]);
+    cluster_of_v1_with_overrides(&client, &ns, "c5", json!([]), Some(overrides), false).await;
     let variables_of = |cluster: &Cluster| {
         cluster
             .object
@@ -669,12 +673,16 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     assert_eq!(status.skipped, 4, "the refused Clusters are counted as skipped");
     let c5_refusal = status.moves.iter().find(|m| m.cluster.ends_with("/c5")).unwrap();
     assert_eq!(
-        c5_refusal.reasons,
-        [
-            "variable imageRepository: \"registry.k8s.io\" is not one of [\"\", \"registry.scs.community\"] (in \
-          the overrides of machineDeployment md-0)"
-        ],
+        c5_refusal.reasons[0],
+        "variable imageRepository: \"registry.k8s.io\" is not one of [\"\", \"registry.scs.community\"] (in the \
+         overrides of machineDeployment md-0)",
         "the override and its owner are named"
+    );
+    assert!(
+        c5_refusal.reasons[1].starts_with("variable oidcConfig: \"groupsPrefix\" field(s) are not specified")
+            && c5_refusal.reasons[1].ends_with("(in the overrides of machineDeployment md-0)"),
+        "{:?}",
+        c5_refusal.reasons
     );
     let c3_refusal = status.moves.iter().find(|m| m.cluster.ends_with("/c3")).unwrap();
     assert!(
@@ -808,15 +816,16 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
         "{:?}",
         changed("c4")
     );
-    assert!(
-        changed("c5").contains(
-            &"set imageRepository to \"registry.scs.community\" (was \"registry.k8s.io\") in \
-              machineDeployment md-0"
-                .to_owned()
-        ),
-        "{:?}",
-        changed("c5")
-    );
+    for change in [
+        "set imageRepository to \"registry.scs.community\" (was \"registry.k8s.io\") in machineDeployment md-0",
+        "removed oidcConfig.groupsPrefix (was \"md:\") in machineDeployment md-0",
+    ] {
+        assert!(
+            changed("c5").contains(&change.to_owned()),
+            "{change}: {:?}",
+            changed("c5")
+        );
+    }
     let image = |object: &Value, list: &str| {
         object
             .pointer(list)
@@ -851,12 +860,20 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     for version in &stored {
         let class = version.data.pointer("/spec/topology/classRef/name").cloned();
         let values = (image(&version.data, OWN), image(&version.data, MD0));
+        let md_prefix = version
+            .data
+            .pointer(MD0)
+            .and_then(Value::as_array)
+            .and_then(|l| l.iter().find(|v| v["name"] == "oidcConfig"))
+            .and_then(|v| v.pointer("/value/groupsPrefix"))
+            .cloned();
         if class == Some(json!(V1)) {
             assert_eq!(
                 values,
                 (image(&c5_before.data, OWN), Some(json!("registry.k8s.io"))),
                 "on v1 with v1's values"
             );
+            assert_eq!(md_prefix, Some(json!("md:")));
         } else {
             assert_eq!(class, Some(json!(V2)));
             assert_eq!(
@@ -867,6 +884,7 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
                 ),
                 "on v2 with the new values"
             );
+            assert_eq!(md_prefix, None, "removed inside the override in the same patch");
         }
     }
 }
