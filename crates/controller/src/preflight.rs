@@ -376,8 +376,8 @@ pub fn describe(preflight: &Preflight, cluster_name: &str) -> String {
         }
         for list in &variables.lists {
             let whose = list
-                .of
-                .as_ref()
+                .at
+                .owner()
                 .map_or_else(|| "variables ".to_owned(), |of| format!("overrides of {of}:"));
             let _ = writeln!(out, "   {whose} {}", list.after);
         }

@@ -565,13 +565,7 @@ async fn move_cluster(
     }
     let (dropped, changed) = match &preflight.variables {
         Some(variables) => {
-            let topology = cluster
-                .object
-                .as_deref()
-                .and_then(|o| o.pointer("/spec/topology"))
-                .cloned()
-                .unwrap_or(serde_json::Value::Null);
-            ops.extend(variables.json_patch(&topology));
+            ops.extend(variables.json_patch());
             (variables.dropped.clone(), variables.changed.clone())
         }
         None => (Vec::new(), Vec::new()),

@@ -92,7 +92,8 @@ impl ClassView {
         }
     }
 
-    fn variable(&self, name: &str) -> Option<&VariableDefinition> {
+    /// The definition of the variable `name`, if the class defines it.
+    pub(crate) fn variable(&self, name: &str) -> Option<&VariableDefinition> {
         self.variables.iter().find(|v| v.name == name)
     }
 }
@@ -145,7 +146,7 @@ impl<'a> Move<'a> {
             variables: pairs("/variables"),
             overrides: variable_lists(topology)
                 .into_iter()
-                .filter_map(|(pointer, of)| Some((of?, pairs(&pointer))))
+                .filter_map(|at| Some((at.owner()?, pairs(&at.pointer()))))
                 .collect(),
             from_version: cluster.pointer("/spec/topology/version").and_then(Value::as_str),
             to_version,

@@ -43,13 +43,47 @@ pub struct VariableRules {
     pub declared: Vec<Declared>,
 }
 
+/// Where a list of variables is in a Cluster's `spec.topology`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListAt {
+    /// `variables`: the Cluster's own.
+    Own,
+    /// `controlPlane.variables.overrides`.
+    ControlPlane,
+    /// `workers.<key>[index].variables.overrides` of the worker `name` (`key`: `machineDeployments` or
+    /// `machinePools`, `kind` its singular).
+    Worker {
+        key: &'static str,
+        kind: &'static str,
+        index: usize,
+        name: String,
+    },
+}
+
+impl ListAt {
+    /// Its JSON pointer under `spec.topology`: `/variables`, `/workers/machineDeployments/0/variables/overrides`.
+    pub fn pointer(&self) -> String {
+        match self {
+            ListAt::Own => "/variables".to_owned(),
+            ListAt::ControlPlane => "/controlPlane/variables/overrides".to_owned(),
+            ListAt::Worker { key, index, .. } => format!("/workers/{key}/{index}/variables/overrides"),
+        }
+    }
+
+    /// Whose overrides it holds (`machineDeployment md-0`, `controlPlane`); `None` for the Cluster's own.
+    pub fn owner(&self) -> Option<String> {
+        match self {
+            ListAt::Own => None,
+            ListAt::ControlPlane => Some("controlPlane".to_owned()),
+            ListAt::Worker { kind, name, .. } => Some(format!("{kind} {name}")),
+        }
+    }
+}
+
 /// One list of variables the move changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChangedList {
-    /// Its JSON pointer under `spec.topology`: `/variables`, `/workers/machineDeployments/0/variables/overrides`.
-    pub pointer: String,
-    /// Whose overrides it holds (`machineDeployment md-0`, `controlPlane`); `None` for the Cluster's own.
-    pub of: Option<String>,
+    pub at: ListAt,
     /// The list as the Cluster has it (`None`: it has none).
     pub before: Option<Value>,
     pub after: Value,
@@ -83,7 +117,7 @@ impl MoveVariables {
     pub fn applied_to(&self, topology: &Value) -> Value {
         let mut changed = topology.clone();
         for list in &self.lists {
-            match changed.pointer_mut(&list.pointer) {
+            match changed.pointer_mut(&list.at.pointer()) {
                 Some(slot) => *slot = list.after.clone(),
                 None => {
                     // Only the Cluster's own list can be missing (overrides are changed only where present).
@@ -103,14 +137,10 @@ impl MoveVariables {
         let changed = self.applied_to(topology);
         let mut patch = Map::new();
         for list in &self.lists {
-            let (key, inner) = if list.pointer == "/variables" {
-                ("variables", None)
-            } else if list.pointer.starts_with("/controlPlane/") {
-                ("controlPlane", None)
-            } else if list.pointer.starts_with("/workers/machineDeployments/") {
-                ("workers", Some("machineDeployments"))
-            } else {
-                ("workers", Some("machinePools"))
+            let (key, inner) = match &list.at {
+                ListAt::Own => ("variables", None),
+                ListAt::ControlPlane => ("controlPlane", None),
+                ListAt::Worker { key, .. } => ("workers", Some(*key)),
             };
             let Some(value) = changed.get(key) else {
                 continue;
@@ -129,20 +159,13 @@ impl MoveVariables {
     }
 
     /// JSON patch operations (paths under the Cluster's root) that make the change, each list guarded by a
-    /// test of what it was (and an override's owner by a test of its name, so that a reordered list fails).
-    /// `topology` is the Cluster's.
-    pub fn json_patch(&self, topology: &Value) -> Vec<Value> {
+    /// test of what it was (and a worker's overrides by a test of its name, so that a reordered list fails).
+    pub fn json_patch(&self) -> Vec<Value> {
         let mut ops = Vec::new();
         for list in &self.lists {
-            let path = format!("/spec/topology{}", list.pointer);
-            if let Some(owner) = list.pointer.strip_suffix("/variables/overrides")
-                && owner.starts_with("/workers/")
-            {
-                let name = topology
-                    .pointer(&format!("{owner}/name"))
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                ops.push(json!({"op": "test", "path": format!("/spec/topology{owner}/name"), "value": name}));
+            let path = format!("/spec/topology{}", list.at.pointer());
+            if let ListAt::Worker { key, index, name, .. } = &list.at {
+                ops.push(json!({"op": "test", "path": format!("/spec/topology/workers/{key}/{index}/name"), "value": name}));
             }
             match &list.before {
                 Some(before) => {
@@ -156,15 +179,12 @@ impl MoveVariables {
     }
 }
 
-/// The variable lists of a Cluster's `topology`: each one's pointer and whose overrides it holds. The
-/// Cluster's own list comes first, whether it has one or not.
-pub fn variable_lists(topology: &Value) -> Vec<(String, Option<String>)> {
-    let mut lists = vec![("/variables".to_owned(), None)];
+/// The variable lists of a Cluster's `topology`. The Cluster's own list comes first, whether it has one or
+/// not; overrides only where they are set.
+pub fn variable_lists(topology: &Value) -> Vec<ListAt> {
+    let mut lists = vec![ListAt::Own];
     if topology.pointer("/controlPlane/variables/overrides").is_some() {
-        lists.push((
-            "/controlPlane/variables/overrides".to_owned(),
-            Some("controlPlane".to_owned()),
-        ));
+        lists.push(ListAt::ControlPlane);
     }
     for (kind, key) in [
         ("machineDeployment", "machineDeployments"),
@@ -173,13 +193,15 @@ pub fn variable_lists(topology: &Value) -> Vec<(String, Option<String>)> {
         let workers = topology
             .pointer(&format!("/workers/{key}"))
             .and_then(Value::as_array);
-        for (i, worker) in workers.into_iter().flatten().enumerate() {
+        for (index, worker) in workers.into_iter().flatten().enumerate() {
             if worker.pointer("/variables/overrides").is_some() {
                 let name = worker.get("name").and_then(Value::as_str).unwrap_or_default();
-                lists.push((
-                    format!("/workers/{key}/{i}/variables/overrides"),
-                    Some(format!("{kind} {name}")),
-                ));
+                lists.push(ListAt::Worker {
+                    key,
+                    kind,
+                    index,
+                    name: name.to_owned(),
+                });
             }
         }
     }
@@ -190,8 +212,9 @@ pub fn variable_lists(topology: &Value) -> Vec<(String, Option<String>)> {
 /// and, with `follow` (the old class), leaves out what equals the old class's defaults first.
 pub fn move_variables(topology: &Value, follow: Option<&ClassView>, declared: &[Declared]) -> MoveVariables {
     let mut moved = MoveVariables::default();
-    for (pointer, of) in variable_lists(topology) {
-        let before = topology.pointer(&pointer).cloned();
+    for at in variable_lists(topology) {
+        let before = topology.pointer(&at.pointer()).cloned();
+        let of = at.owner();
         let mut items: Vec<Value> = before
             .as_ref()
             .and_then(Value::as_array)
@@ -206,7 +229,7 @@ pub fn move_variables(topology: &Value, follow: Option<&ClassView>, declared: &[
                 let Some(name) = item.get("name").and_then(Value::as_str).map(str::to_owned) else {
                     return true;
                 };
-                let Some(definition) = class.variables.iter().find(|d| d.name == name) else {
+                let Some(definition) = class.variable(&name) else {
                     return true;
                 };
                 let Some(value) = item.get_mut("value") else {
@@ -239,12 +262,7 @@ pub fn move_variables(topology: &Value, follow: Option<&ClassView>, declared: &[
             None => after.as_array().is_none_or(Vec::is_empty),
         };
         if !unchanged {
-            moved.lists.push(ChangedList {
-                pointer,
-                of,
-                before,
-                after,
-            });
+            moved.lists.push(ChangedList { at, before, after });
         }
     }
     moved
@@ -288,14 +306,9 @@ fn make(change: &Declared, items: &mut Vec<Value>, own: bool) -> Option<String> 
                 }
                 at = at.as_object_mut()?.entry(key.clone()).or_insert(Value::Null);
             }
-            let was = if position.is_none() && change.field.is_empty() {
-                None
-            } else if position.is_none() || at.is_null() {
-                // Nothing was there (a field is never set to null by its owner).
-                None
-            } else {
-                Some(at.clone())
-            };
+            // Nothing was there when the variable or the field is new (a field is never set to null by its
+            // owner).
+            let was = (position.is_some() && !at.is_null()).then(|| at.clone());
             if was.as_ref() == Some(value) {
                 return None;
             }
@@ -537,7 +550,7 @@ mod tests {
         assert_eq!(after.pointer(MD).unwrap(), &overrides_after);
         // Only the lists that change are written; md-1 has none and gets none.
         for list in &moved.lists {
-            assert_ne!(Some(&list.after), list.before.as_ref(), "{}", list.pointer);
+            assert_ne!(Some(&list.after), list.before.as_ref(), "{:?}", list.at);
         }
         assert!(after.pointer("/workers/machineDeployments/1/variables").is_none());
         assert_eq!(moved.is_empty(), before == after);
@@ -551,7 +564,7 @@ mod tests {
         );
         let moved = move_variables(&before, None, &[set("nodes", json!(6))]);
         assert_eq!(
-            moved.json_patch(&before),
+            moved.json_patch(),
             vec![
                 json!({"op": "test", "path": "/spec/topology/variables", "value": [{"name": "nodes", "value": 5}]}),
                 json!({"op": "replace", "path": "/spec/topology/variables", "value": [{"name": "nodes", "value": 6}]}),
@@ -575,7 +588,7 @@ mod tests {
         let bare = json!({"classRef": {"name": "c"}});
         let moved = move_variables(&bare, None, &[set("nodes", json!(2))]);
         assert_eq!(
-            moved.json_patch(&bare),
+            moved.json_patch(),
             vec![
                 json!({"op": "add", "path": "/spec/topology/variables", "value": [{"name": "nodes", "value": 2}]})
             ]

@@ -356,7 +356,8 @@ impl Driver<'_> {
                                 let applied = applied_objects(self.addon);
                                 watch.watch(&applied).await;
                                 let verdict = watch.verdict(&applied);
-                                progress.drift = match verdict.clone() {
+                                let in_part = matches!(verdict, Verdict::DriftedInPart(_));
+                                progress.drift = match verdict {
                                     Verdict::AsApplied => {
                                         self.drifted = Some(Vec::new());
                                         Drift::None
@@ -370,7 +371,7 @@ impl Driver<'_> {
                                             Instant::now(),
                                             self.ctx.settings.resync_interval,
                                         );
-                                        if matches!(verdict, Verdict::DriftedInPart(_)) {
+                                        if in_part {
                                             // The others cannot be told: no fight is judged over on them.
                                             self.drifted = None;
                                             Drift::FoundInPart
