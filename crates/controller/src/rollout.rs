@@ -663,6 +663,21 @@ pub(crate) fn records_after(
     records
 }
 
+/// `1 Cluster` or `N Clusters`.
+fn clusters(count: usize) -> String {
+    format!("{count} Cluster{}", if count == 1 { "" } else { "s" })
+}
+
+/// `N Clusters <what> and are <then>: <named>`, as a condition names the Clusters it is about.
+fn clusters_that(count: usize, what: &str, then: &str, named: &[String]) -> String {
+    format!(
+        "{} {what} and {} {then}: {}",
+        clusters(count),
+        if count == 1 { "is" } else { "are" },
+        named.join("; ")
+    )
+}
+
 /// The status and events of a rollout that cannot start.
 pub(crate) fn conclude_blocked(
     rollout: &ClusterStackRollout,
@@ -772,9 +787,8 @@ pub(crate) fn conclude(
                 .collect();
             let more = failing.len().saturating_sub(rollout::FAILING_NAMED);
             let message = format!(
-                "{} Cluster{} not done within {}, the rollout is paused: {}{}",
-                failing.len(),
-                if failing.len() == 1 { "" } else { "s" },
+                "{} not done within {}, the rollout is paused: {}{}",
+                clusters(failing.len()),
                 cso_api::duration::format(plan.wave_timeout),
                 named.join("; "),
                 if more > 0 {
@@ -813,12 +827,11 @@ pub(crate) fn conclude(
             condition::PREFLIGHT_PASSED,
             reason::MOVE_REFUSED,
             Severity::Warning,
-            format!(
-                "{} Cluster{} cannot move to {target} and {} skipped: {}",
+            clusters_that(
                 refused.len(),
-                if refused.len() == 1 { "" } else { "s" },
-                if refused.len() == 1 { "is" } else { "are" },
-                named.join("; ")
+                &format!("cannot move to {target}"),
+                "skipped",
+                &named,
             ),
         );
     }
@@ -844,13 +857,7 @@ pub(crate) fn conclude(
             condition::MOVES_MADE,
             reason::MOVE_FAILED,
             Severity::Warning,
-            format!(
-                "{} Cluster{} could not be moved now and {} tried again: {}",
-                failed.len(),
-                if failed.len() == 1 { "" } else { "s" },
-                if failed.len() == 1 { "is" } else { "are" },
-                named.join("; ")
-            ),
+            clusters_that(failed.len(), "could not be moved now", "tried again", &named),
         );
     }
     match &after.hold {
