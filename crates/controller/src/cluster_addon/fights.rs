@@ -895,21 +895,27 @@ mod tests {
         assert_eq!(fights.in_fight(), 5);
     }
 
+    /// A reconcile of `owner` that saw `a` drifted and put it back, writing from `written` on and ending at
+    /// `now`: the end of the hold it brings.
+    fn correct_a(fights: &Fights, owner: &Owner, written: Instant, now: Instant) -> Instant {
+        fights.reconciled(
+            owner,
+            Some(SERVER),
+            Some(&[key("a")]),
+            &[(key("a"), None)],
+            written,
+            now,
+            CAP,
+        );
+        fights.hold_end(owner, &key("a")).unwrap()
+    }
+
     #[test]
     fn the_throttle_wakes_a_held_addon_once() {
         let fights = Fights::default();
         let owner = owner("c1");
         let t0 = Instant::now();
-        fights.reconciled(
-            &owner,
-            Some(SERVER),
-            Some(&[key("a")]),
-            &[(key("a"), None)],
-            t0,
-            t0,
-            CAP,
-        );
-        let end = fights.hold_end(&owner, &key("a")).unwrap();
+        let end = correct_a(&fights, &owner, t0, t0);
         assert_eq!(fights.notified(&owner, &key("a"), t0, t0), Wake::At(end));
         assert_eq!(fights.notified(&owner, &key("a"), t0, t0), Wake::Pending);
         assert_eq!(
@@ -926,16 +932,7 @@ mod tests {
     fn fought(fights: &Fights, owner: &Owner, t0: Instant, answer: Duration, rounds: u32) -> Instant {
         let mut at = t0;
         for _ in 0..rounds {
-            fights.reconciled(
-                owner,
-                Some(SERVER),
-                Some(&[key("a")]),
-                &[(key("a"), None)],
-                at,
-                at,
-                CAP,
-            );
-            let end = fights.hold_end(owner, &key("a")).unwrap();
+            let end = correct_a(fights, owner, at, at);
             fights.notified(owner, &key("a"), at + answer, at + answer);
             fights.woken(owner);
             at = end;
@@ -958,16 +955,7 @@ mod tests {
         let t0 = Instant::now();
         // Four rounds answered in 0.2 s; the fifth correction holds for 16 s.
         let last = fought(&fights, &owner, t0, secs(0.2), 4);
-        fights.reconciled(
-            &owner,
-            Some(SERVER),
-            Some(&[key("a")]),
-            &[(key("a"), None)],
-            last,
-            last,
-            CAP,
-        );
-        let hold_end = fights.hold_end(&owner, &key("a")).unwrap();
+        let hold_end = correct_a(&fights, &owner, last, last);
         assert_eq!(hold_end, last + secs(16.0));
         let echo = if echo_after < 0.0 {
             last - secs(-echo_after)
@@ -992,18 +980,7 @@ mod tests {
     fn an_answer_before_the_reconcile_ends_is_the_new_rounds() {
         let fights = Fights::default();
         let owner = owner("c1");
-        let correct = |written: Instant, now: Instant| {
-            fights.reconciled(
-                &owner,
-                Some(SERVER),
-                Some(&[key("a")]),
-                &[(key("a"), None)],
-                written,
-                now,
-                CAP,
-            );
-            fights.hold_end(&owner, &key("a")).unwrap()
-        };
+        let correct = |written: Instant, now: Instant| correct_a(&fights, &owner, written, now);
         let t0 = Instant::now();
         // Three rounds answered in 0.2 s, a fourth put back at once (from its hold's end on) and answered
         // 0.1 s after the write, while its reconcile still runs (2 s).
