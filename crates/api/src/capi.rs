@@ -20,6 +20,12 @@ pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 /// Annotation that pauses reconciliation of an object.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+/// Annotation that holds `clusterctl move` back (any value) until the object's controller has stopped acting
+/// on it: Cluster API's move contract asks providers to set it on what cannot pause at once and to remove it
+/// once the object is paused.
+pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
+/// Annotation `clusterctl move` sets on each object it deletes from the source after copying it to the target.
+pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
 
 /// The versions of `Cluster` the view is written for, newest first.
 pub const CLUSTER_VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
@@ -169,6 +175,10 @@ pub struct ClusterSpec {
     pub infrastructure_ref: Option<CapiReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ApiEndpoint>,
+    /// `spec.paused`: Cluster API's controllers (and this operator) leave the Cluster alone; `clusterctl
+    /// move` sets it for the time of a move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
 }
 
 /// `spec.topology` of either API version.
@@ -233,6 +243,17 @@ pub struct ClassName {
 }
 
 impl Cluster {
+    /// Whether the Cluster is paused, by `spec.paused` (as `clusterctl move` pauses it) or by the
+    /// `cluster.x-k8s.io/paused` annotation.
+    pub fn is_paused(&self) -> bool {
+        self.spec.paused == Some(true)
+            || self
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION))
+    }
+
     /// The ClusterClass of this Cluster, if it has a topology that names one.
     pub fn class(&self) -> Option<ClassName> {
         let own_namespace = self.metadata.namespace.clone().unwrap_or_default();

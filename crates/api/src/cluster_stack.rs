@@ -27,6 +27,9 @@ use crate::{
     status = "ClusterStackStatus",
     shortname = "csk",
     label("cluster.x-k8s.io/v1beta1", "v1beta1"),
+    // `clusterctl move` moves every ClusterStack with what it owns: its releases and their ClusterClasses.
+    label("clusterctl.cluster.x-k8s.io", ""),
+    label("clusterctl.cluster.x-k8s.io/move-hierarchy", ""),
     printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider"),
     printcolumn(name = "ClusterStack", type_ = "string", json_path = ".spec.name"),
     printcolumn(name = "K8s", type_ = "string", json_path = ".spec.kubernetesVersion"),

@@ -39,6 +39,8 @@ pub fn is_manifest_digest(text: &str) -> bool {
     status = "ClusterStackReleaseStatus",
     shortname = "cskr",
     label("cluster.x-k8s.io/v1beta1", "v1beta1"),
+    // `clusterctl move` moves it with its ClusterStack (its owner).
+    label("clusterctl.cluster.x-k8s.io", ""),
     printcolumn(
         name = "K8s Version",
         type_ = "string",

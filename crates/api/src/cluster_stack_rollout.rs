@@ -25,6 +25,9 @@ use crate::conditions::{Condition, HasConditions};
     status = "ClusterStackRolloutStatus",
     shortname = "csro",
     label("cluster.x-k8s.io/v1beta1", "v1beta1"),
+    // `clusterctl move` moves every rollout (no owner: its Clusters are found by label).
+    label("clusterctl.cluster.x-k8s.io", ""),
+    label("clusterctl.cluster.x-k8s.io/move", ""),
     printcolumn(name = "ClusterStack", type_ = "string", json_path = ".spec.clusterStack"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),

@@ -17,6 +17,7 @@ use std::{collections::BTreeSet, sync::Arc};
 
 use cso_api::{
     ClusterAddon, ClusterAddonSpec,
+    capi::BLOCK_MOVE_ANNOTATION,
     capi::Cluster,
     cluster_addon::cluster_addon_name,
     common::ObjectReference,
@@ -30,11 +31,8 @@ use kube::{
 };
 
 use crate::{
-    Context, Error,
-    context::ControllerContext,
-    context::object_key,
-    events::Announced,
-    filter::{is_paused, propagated_labels},
+    Context, Error, context::ControllerContext, context::object_key, events::Announced,
+    filter::propagated_labels,
 };
 
 /// How long a shard taking over a moved Cluster waits before looking again whether the old shard handed its
@@ -122,7 +120,7 @@ pub(crate) fn next_step(cluster: Option<&Cluster>, progress: &Progress, shard: &
     if cluster.meta().deletion_timestamp.is_some() {
         return Step::Idle(Idle::Deleting);
     }
-    if is_paused(cluster) {
+    if cluster.is_paused() {
         return Step::Idle(Idle::Paused);
     }
     if !shard.owns(cluster.meta().labels.as_ref()) {
@@ -251,6 +249,8 @@ async fn create(ctx: &Context, cluster: &Cluster, name: &str) -> Result<(), Erro
             name: Some(name.to_owned()),
             namespace: Some(namespace.clone()),
             labels: (!labels.is_empty()).then_some(labels),
+            // Blocks `clusterctl move` until its reconcile has seen the Cluster paused (`cluster_addon::moving`).
+            annotations: Some([(BLOCK_MOVE_ANNOTATION.to_owned(), String::new())].into()),
             // Named in the version Clusters are read in, a served one: the garbage collector must resolve
             // the owner's apiVersion, and one no longer served (v1beta1, once Cluster API drops it) would
             // leave the ClusterAddon behind when its Cluster goes.
@@ -325,6 +325,12 @@ mod tests {
         cluster
     }
 
+    /// Paused as `clusterctl move` pauses it: by `spec.paused`.
+    fn paused_for_a_move(mut cluster: Cluster) -> Cluster {
+        cluster.spec.paused = Some(true);
+        cluster
+    }
+
     const CLASS: &str = "docker-ferrol-1-27-v1";
 
     fn read(release: Option<bool>, addon: Option<bool>) -> Progress {
@@ -351,6 +357,12 @@ mod tests {
     )]
     #[case::paused(
         Some(paused(cluster("c1", CLASS))),
+        read(None, None),
+        Step::Idle(Idle::Paused)
+    )]
+    // `clusterctl move` pauses the Cluster and copies its ClusterAddon: none is made on either side meanwhile.
+    #[case::paused_for_a_move(
+        Some(paused_for_a_move(cluster("c1", CLASS))),
         read(None, None),
         Step::Idle(Idle::Paused)
     )]

@@ -492,6 +492,9 @@ async fn try_move(
 ) -> (String, MoveResult, bool) {
     let name = cluster_name(cluster);
     let result = match release {
+        // Cluster API leaves a paused Cluster alone, and so does a rollout: `clusterctl move` pauses the
+        // Clusters it copies, and a class changed between its copy and its delete would be lost.
+        _ if cluster.is_paused() => MoveResult::NotNow("the Cluster is paused".to_owned()),
         None => MoveResult::NotNow(format!("release {} is not at hand", plan.target.tag())),
         Some(release) => move_cluster(ctx, cluster, release, &plan.variables).await,
     };

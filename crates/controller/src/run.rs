@@ -75,7 +75,8 @@ where
     }
 }
 
-/// The Clusters whose class or life changed: created, moved to another class, being deleted, gone. Status
+/// The Clusters whose class or life changed: created, moved to another class, paused or unpaused, being
+/// deleted, gone. Status
 /// writes are left out: Cluster API rewrites a Cluster's conditions all the time (with messages that change
 /// at every reconcile), and a release reconcile on each would re-apply its ClusterClass, which moves a
 /// `v1beta1` class's generation and makes Cluster API write the Cluster again: a loop. Which releases are in
@@ -88,6 +89,8 @@ fn class_or_life_changes(
             cluster.uid(),
             cluster.class().map(|c| format!("{c:?}")),
             cluster.meta().deletion_timestamp.is_some(),
+            // A Cluster unpaused (after `clusterctl move`, on the target) may need its ClusterAddon.
+            cluster.is_paused(),
         )
     })
 }

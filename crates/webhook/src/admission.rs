@@ -350,6 +350,7 @@ async fn review_cluster_stack(State(state): State<Arc<Admission>>, Json(review):
         review,
         |request| async move {
             Ok(match request.operation {
+                Operation::Delete if deleted_for_move(request.old_object.as_ref()) => Verdict::allowed(),
                 Operation::Delete => {
                     let stack: ClusterStack = required(request.old_object.as_ref())?;
                     match clusters_or_warning(&state, "clusterstack").await {
@@ -373,7 +374,7 @@ async fn review_cluster_stack_release(State(state): State<Arc<Admission>>, Json(
         "ClusterStackRelease.clusterstack.x-k8s.io",
         review,
         |request| async move {
-            if request.operation != Operation::Delete {
+            if request.operation != Operation::Delete || deleted_for_move(request.old_object.as_ref()) {
                 return Ok(Verdict::allowed());
             }
             let namespace = request.namespace.clone().unwrap_or_default();
@@ -390,6 +391,17 @@ async fn review_cluster_stack_release(State(state): State<Arc<Admission>>, Json(
         },
     )
     .await
+}
+
+/// Whether `clusterctl move` deletes the object, after copying it to the target management cluster (it
+/// annotates each object it deletes so): its Clusters live on there, so being in use does not hold it.
+fn deleted_for_move(old: Option<&DynamicObject>) -> bool {
+    old.is_some_and(|o| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(cso_api::capi::DELETE_FOR_MOVE_ANNOTATION))
+    })
 }
 
 fn in_use(kind: &str, users: Vec<String>) -> Verdict {

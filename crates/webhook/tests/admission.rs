@@ -231,7 +231,7 @@ async fn cluster_stacks_are_validated_on_create_update_and_delete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn releases_in_use_are_protected_even_beside_non_conforming_clusters() {
+async fn releases_in_use_are_protected_even_beside_non_conforming_clusters_but_not_from_clusterctl_move() {
     let (client, ns, webhooks) = namespace_with_webhooks("adm-release").await;
     let releases: Api<ClusterStackRelease> = Api::namespaced(client.clone(), &ns);
     for name in ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"] {
@@ -258,11 +258,23 @@ async fn releases_in_use_are_protected_even_beside_non_conforming_clusters() {
             && message.contains("c1"),
         "{message}"
     );
+    // `clusterctl move` deletes what it copied with its annotation: the Cluster lives on in the target.
+    releases
+        .patch(
+            "docker-ferrol-1-27-v2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"clusterctl.cluster.x-k8s.io/delete-for-move": ""}}})),
+        )
+        .await
+        .unwrap();
+    let moved = cluster("c2", Some(("docker-ferrol-1-27-v2", "v1.27.3")));
+    clusters.create(&PostParams::default(), &moved).await.unwrap();
     releases
         .delete("docker-ferrol-1-27-v2", &DeleteParams::default())
         .await
         .unwrap();
     clusters.delete("c1", &DeleteParams::default()).await.unwrap();
+    clusters.delete("c2", &DeleteParams::default()).await.unwrap();
     releases
         .delete("docker-ferrol-1-27-v1", &DeleteParams::default())
         .await

@@ -18,6 +18,7 @@ pub mod decision;
 mod fights;
 mod health;
 mod inputs;
+mod moving;
 mod staged;
 pub(crate) mod stages;
 
@@ -150,6 +151,25 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
             .forget(&(addon.namespace().unwrap_or_default(), addon.cluster_name()));
         return Ok(Action::await_change());
     }
+    // `clusterctl move`: while the Cluster is paused nothing is done to the workload cluster; a copy the move
+    // made takes the status recorded on the source (see `moving`).
+    let cluster_paused = read_cluster(
+        &ctx,
+        &addon.namespace().unwrap_or_default(),
+        &addon.cluster_name(),
+    )
+    .await?
+    .is_some_and(|c| c.is_paused());
+    let addon = moving::act(
+        &ctx.written,
+        &api,
+        &addon,
+        moving::next_move_step(&addon, cluster_paused),
+    )
+    .await?;
+    if cluster_paused {
+        return Ok(Action::await_change());
+    }
 
     let key = object_key(&addon);
     let mut progress = Progress {
@@ -219,6 +239,19 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         Outcome::Requeue(Some(delay)) => Ok(Action::requeue(delay)),
         Outcome::Requeue(None) => Ok(Action::await_change()),
         Outcome::Retry(message) => Err(Error::Reported(message)),
+    }
+}
+
+/// Cluster `name` in `namespace`, `None` when it is gone. Nothing of ours writes Clusters: the store's copy
+/// is as new as any we know.
+async fn read_cluster(ctx: &Context, namespace: &str, name: &str) -> Result<Option<Cluster>, Error> {
+    match ctx.stores().and_then(|s| s.cluster(namespace, name)) {
+        Some(cluster) => Ok(cluster.map(|c| c.as_ref().clone())),
+        None => ctx
+            .clusters(Some(namespace))
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube(format!("read Cluster {name}"), e)),
     }
 }
 
@@ -298,20 +331,7 @@ impl Driver<'_> {
         let cluster_name = self.addon.cluster_name();
         match step {
             Step::ReadCluster => {
-                // Nothing of ours writes Clusters: the store's copy is as new as any we know.
-                let cluster = match self
-                    .ctx
-                    .stores()
-                    .and_then(|s| s.cluster(&namespace, &cluster_name))
-                {
-                    Some(cluster) => cluster.map(|c| c.as_ref().clone()),
-                    None => self
-                        .ctx
-                        .clusters(Some(&namespace))
-                        .get_opt(&cluster_name)
-                        .await
-                        .map_err(|e| Error::kube(format!("read Cluster {cluster_name}"), e))?,
-                };
+                let cluster = read_cluster(self.ctx, &namespace, &cluster_name).await?;
                 progress.cluster = match &cluster {
                     None => {
                         // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does
