@@ -20,17 +20,11 @@
 //!    with a Warning, so the upgrade completes.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{collections::BTreeSet, path::Path, process::Command, time::Duration};
 
 use cso_api::{ClusterAddon, ClusterStack, conditions::ConditionsExt, names};
 use cso_testenv::{
-    archive::{files_of, tgz},
-    capi::{Provider, TopologyCluster, shared_management_with_cluster_api},
+    capi::shared_management_with_cluster_api,
     stand_in::{StandIn, Workload},
 };
 use k8s_openapi::api::{
@@ -39,118 +33,18 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    core::{ApiResource, GroupVersionKind},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 
 mod support;
 
-use support::*;
+use support::{capi_stack::*, *};
 
 /// How long Cluster API and the operator get for one phase.
 const PHASE: Duration = Duration::from_secs(180);
 /// `--stage-timeout` of the operator in this test.
 const STAGE_TIMEOUT_SECONDS: u64 = 15;
-
-/// The cluster-class chart of ferrol v1 (a real Cluster API ClusterClass with its templates), renamed to
-/// `<stack>-cluster-class` at `version`, with `spec.kubernetesVersions` when given.
-fn cluster_class_chart(stack: &str, version: &str, kubernetes_versions: &[&str]) -> Vec<u8> {
-    let source = fixtures().join("docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz");
-    let files: Vec<(String, String)> = files_of(&source)
-        .unwrap()
-        .into_iter()
-        .map(|(path, content)| {
-            let text = String::from_utf8(content).unwrap();
-            let relative = path.split_once('/').unwrap().1.to_owned();
-            let text = match relative.as_str() {
-                "Chart.yaml" => text
-                    .replace(
-                        "name: docker-ferrol-1-27-cluster-class",
-                        &format!("name: {stack}-cluster-class"),
-                    )
-                    .replace("version: v1", &format!("version: {version}")),
-                "templates/cluster-class.yaml" if !kubernetes_versions.is_empty() => text.replacen(
-                    "spec:\n",
-                    &format!(
-                        "spec:\n  kubernetesVersions: [{}]\n",
-                        kubernetes_versions.join(", ")
-                    ),
-                    1,
-                ),
-                _ => text,
-            };
-            (format!("{stack}-cluster-class/{relative}"), text)
-        })
-        .collect();
-    tgz(&files)
-}
-
-/// The stage charts of the hash fixture (`metrics-server`, `ngnix`) and a `probe` chart whose ConfigMap
-/// records the Kubernetes version it was rendered for.
-fn addon_charts() -> Vec<u8> {
-    let source = fixtures()
-        .join("docker-ferrol-1-27-v0-sha-hipstsw/docker-ferrol-1-27-cluster-addon-v0-sha.hipstsw.tgz");
-    let mut files = files_of(&source).unwrap();
-    files.push((
-        "probe/Chart.yaml".into(),
-        b"apiVersion: v2\nname: probe\nversion: v1\n".to_vec(),
-    ));
-    files.push((
-        "probe/templates/step.yaml".into(),
-        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: step-version\ndata:\n  version: {{ .Capabilities.KubeVersion.Version | quote }}\n"
-            .to_vec(),
-    ));
-    tgz(&files)
-}
-
-/// One release of the test stack `docker-capi-1-<minor>`, published as a GitHub release would be.
-struct Release {
-    minor: u32,
-    version: &'static str,
-    kubernetes: &'static str,
-    kubernetes_versions: &'static [&'static str],
-    clusteraddon_yaml: String,
-}
-
-impl Release {
-    fn stack(&self) -> String {
-        format!("docker-capi-1-{}", self.minor)
-    }
-
-    fn tag(&self) -> String {
-        format!("{}-{}", self.stack(), self.version)
-    }
-
-    fn write(&self, root: &Path) -> PathBuf {
-        let dir = root.join(self.tag());
-        std::fs::create_dir_all(&dir).unwrap();
-        let (stack, version) = (self.stack(), self.version);
-        std::fs::write(
-            dir.join("metadata.yaml"),
-            format!(
-                "apiVersion: metadata.clusterstack.x-k8s.io/v1alpha1\nversions:\n  clusterStack: {version}\n  \
-                 kubernetes: {}\n  components:\n    clusterAddon: {version}\n    nodeImage: {version}\n",
-                self.kubernetes
-            ),
-        )
-        .unwrap();
-        std::fs::write(dir.join("clusteraddon.yaml"), &self.clusteraddon_yaml).unwrap();
-        std::fs::write(
-            dir.join(format!("{stack}-cluster-class-{version}.tgz")),
-            cluster_class_chart(&stack, version, self.kubernetes_versions),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join(format!("{stack}-cluster-addon-{version}.tgz")),
-            addon_charts(),
-        )
-        .unwrap();
-        dir
-    }
-}
-
-const HEADER: &str = "apiVersion: clusteraddonconfig.x-k8s.io/v1alpha1\nclusterAddonVersion: clusteraddons.clusterstack.x-k8s.io/v1alpha1\naddonStages:\n";
 
 fn releases() -> Vec<Release> {
     vec![
@@ -199,146 +93,6 @@ fn releases() -> Vec<Release> {
             )),
         },
     ]
-}
-
-fn cluster_stack(namespace: &str, minor: u32, versions: &[&str]) -> ClusterStack {
-    serde_json::from_value(json!({
-        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStack",
-        "metadata": {"name": format!("capi-1-{minor}"), "namespace": namespace},
-        "spec": {"provider": "docker", "name": "capi", "kubernetesVersion": format!("1.{minor}"),
-                 "channel": "stable", "autoSubscribe": false, "noProvider": true, "versions": versions},
-    }))
-    .unwrap()
-}
-
-/// A v1beta2 Cluster in `namespace` of the class `class` in `class_namespace`, with one control-plane replica
-/// and a MachineDeployment with no machines (so worker upgrades complete without machines).
-fn cluster(namespace: &str, name: &str, class: &str, class_namespace: &str, version: &str) -> Value {
-    TopologyCluster {
-        namespace,
-        name,
-        api_version: "cluster.x-k8s.io/v1beta2",
-        class,
-        class_namespace: Some(class_namespace),
-        version,
-        worker_class: "workeramd64",
-        worker_replicas: 0,
-        image_repository: Some("registry.k8s.io"),
-    }
-    .to_json()
-}
-
-fn api(
-    client: &Client,
-    group: &str,
-    version: &str,
-    kind: &str,
-    plural: &str,
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    }
-}
-
-/// One answered hook call, from the operator's log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Answer {
-    hook: String,
-    version: String,
-    result: String,
-}
-
-/// The hook calls for `cluster` (`ns/name`) the operator answered, in order.
-fn answers(log: &Path, cluster: &str) -> Vec<Answer> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|line| line["message"] == "answered a lifecycle hook call" && line["cluster"] == cluster)
-        .map(|line| Answer {
-            hook: line["hook"].as_str().unwrap_or_default().to_owned(),
-            version: line["kubernetes_version"].as_str().unwrap_or_default().to_owned(),
-            result: line["result"].as_str().unwrap_or_default().to_owned(),
-        })
-        .collect()
-}
-
-/// The hooks that were let through (answered `success`), each (hook, version) once, in the order of their
-/// first success.
-fn passed(answers: &[Answer]) -> Vec<(String, String)> {
-    let mut seen = Vec::new();
-    for answer in answers.iter().filter(|a| a.result == "success") {
-        let key = (answer.hook.clone(), answer.version.clone());
-        if !seen.contains(&key) {
-            seen.push(key);
-        }
-    }
-    seen
-}
-
-fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
-    expected
-        .iter()
-        .map(|(h, v)| ((*h).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-/// Waits until Cluster API has finished the upgrade of `name` to `version`: no hook pending, the control plane
-/// at the version, `TopologyReconciled` True.
-async fn upgrade_finished(
-    clusters: &Api<DynamicObject>,
-    control_planes: &Api<DynamicObject>,
-    key: &str,
-    version: &str,
-    log: &Path,
-    what: &str,
-) {
-    let name = key.split_once('/').unwrap().1;
-    let env = shared_management_with_cluster_api();
-    let deadline = std::time::Instant::now() + PHASE;
-    loop {
-        let cluster = serde_json::to_value(clusters.get(name).await.unwrap()).unwrap();
-        let pending = cluster
-            .pointer("/metadata/annotations/runtime.cluster.x-k8s.io~1pending-hooks")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let kcp_name = cluster
-            .pointer("/spec/controlPlaneRef/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let kcp = control_planes
-            .get_opt(kcp_name)
-            .await
-            .unwrap()
-            .map(|k| serde_json::to_value(k).unwrap());
-        let reached = kcp
-            .as_ref()
-            .and_then(|k| k.pointer("/status/version"))
-            .and_then(Value::as_str)
-            == Some(version);
-        let reconciled = cluster
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "TopologyReconciled" && c["status"] == "True");
-        if pending.is_empty() && reached && reconciled {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: not finished after {PHASE:?} (pending hooks {pending:?}, control plane at {version}: {reached}, \
-             TopologyReconciled: {reconciled}); hook answers: {:?}\nconditions: {}\ncore manager:\n{}",
-            answers(log, key),
-            cluster.pointer("/status/conditions").cloned().unwrap_or_default(),
-            env.cluster_api.log_tail(Provider::Core)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// The chart's ExtensionConfig as `helm install` renders it for a Cluster API that serves
@@ -676,6 +430,8 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         "v1.33.5",
         &log,
         "the upgrade to v2",
+        &env.cluster_api,
+        PHASE,
     )
     .await;
     let phase2: Vec<Answer> = answers(&log, &key).split_off(phase1.len());
@@ -748,6 +504,8 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         "v1.35.1",
         &log,
         "the chained upgrade",
+        &env.cluster_api,
+        PHASE,
     )
     .await;
     let phase3: Vec<Answer> = answers(&log, &key).split_off(phase1.len() + phase2.len());

@@ -1,6 +1,8 @@
 //! What the process tests share: starting `cso run` as a process with Go-style flags, waiting, stopping.
 #![allow(dead_code, reason = "each test binary uses a part")]
 
+pub mod capi_stack;
+
 use std::{
     path::Path,
     process::{Child, Command, Stdio},
