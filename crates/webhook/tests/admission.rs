@@ -263,7 +263,9 @@ async fn releases_in_use_are_protected_even_beside_non_conforming_clusters_but_n
         .patch(
             "docker-ferrol-1-27-v2",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"clusterctl.cluster.x-k8s.io/delete-for-move": ""}}})),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"clusterctl.cluster.x-k8s.io/delete-for-move": ""}}}),
+            ),
         )
         .await
         .unwrap();
