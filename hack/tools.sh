@@ -26,6 +26,11 @@
 #   CAPI managers   Cluster API's core manager, kubeadm bootstrap and control-plane providers and the Docker/Dev
 #                   infrastructure provider, built from the wrapper module hack/testenv/capi (its go.mod holds the
 #                   version, v1.14.x); cold: ~5 minutes for all four, 1.2 GiB
+#   clusterctl      Cluster API's CLI of the same release and wrapper module (sigs.k8s.io/cluster-api/cmd/clusterctl,
+#                   stamped as the managers are), for `clusterctl move` between two management control planes
+#                   (crates/testenv/src/clusterctl.rs); 25 s after the managers (measured on 2 cores, warm build
+#                   cache), 33 MiB; not in `install --for demo`; `hack/tools.sh clusterctl` builds it alone and
+#                   rewrites the environment file
 #   kubelet, kube-proxy
 #                   the same module and version as kube-apiserver, stamped the same way: real nodes
 #                   (crates/testenv/src/node.rs); after kube-apiserver, warm build cache: ~30 s + ~10 s
@@ -417,6 +422,7 @@ print_capi_manager_env() {
   echo "CSO_CAPI_DOCKER_MANAGER=$CAPI_MANAGER_DIR/capd-manager"
   echo "CSO_CAPI_DOCKER_CONFIG=$test_dir/infrastructure/docker/config"
   echo "CSO_CAPI_MANAGER_CRD_DIRS=$dir/core/config/crd/bases:$dir/bootstrap/kubeadm/config/crd/bases:$dir/controlplane/kubeadm/config/crd/bases:$test_dir/infrastructure/docker/config/crd/bases"
+  print_tool CSO_CLUSTERCTL "$CAPI_MANAGER_DIR/clusterctl"
 }
 
 # build_capi: the Cluster API managers of the wrapper module hack/testenv/capi, each built when its binary is missing.
@@ -424,14 +430,27 @@ print_capi_manager_env() {
 # wrapper requires both modules (and the test module, for the Docker/Dev provider) at one version and names the
 # main packages in `tool` directives, so `go build PACKAGE` inside it builds upstream's main.go as is.
 build_capi() {
+  build_capi_binaries core:cluster-api-manager bootstrap/kubeadm:kubeadm-bootstrap-manager \
+    controlplane/kubeadm:kubeadm-control-plane-manager test/infrastructure/docker:capd-manager
+}
+
+# build_clusterctl: clusterctl of the same wrapper module and release as the managers (its `tool` directive too), for
+# `clusterctl move` in the tests; after the managers, whose build cache it shares: 25 s on 2 cores.
+build_clusterctl() {
+  build_capi_binaries cmd/clusterctl:clusterctl
+}
+
+# build_capi_binaries PACKAGE:NAME...: `sigs.k8s.io/cluster-api/PACKAGE` of the wrapper module hack/testenv/capi into
+# $CAPI_MANAGER_DIR/NAME, each built when missing, version-stamped as upstream's release builds are
+# (hack/scripts/release/version.sh: the managers' and clusterctl's `version` package).
+build_capi_binaries() {
   local minor="${CAPI_MANAGER_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w" pair
   for pair in "gitVersion=$CAPI_MANAGER_VERSION" gitMajor=1 "gitMinor=$minor" gitTreeState=clean; do
     ld+=" -X sigs.k8s.io/cluster-api/version.$pair"
   done
   local entry pkg target start
-  for entry in core:cluster-api-manager bootstrap/kubeadm:kubeadm-bootstrap-manager \
-    controlplane/kubeadm:kubeadm-control-plane-manager test/infrastructure/docker:capd-manager; do
+  for entry in "$@"; do
     pkg="sigs.k8s.io/cluster-api/${entry%%:*}"
     target="$CAPI_MANAGER_DIR/${entry##*:}"
     if [[ -x "$target" ]]; then say "cluster-api $CAPI_MANAGER_VERSION ${entry##*:}: cached at $target"; continue; fi
@@ -644,12 +663,14 @@ install_for_demo() {
 case "${1:-install}" in
   --env) print_env ;;
   addon-images) build_addon_images ;;
+  # Only clusterctl (on a machine whose tools predate it), then the environment file again.
+  clusterctl) build_clusterctl; write_env ;;
   install)
     case "${2:-}" in
       "") ;;
       --for) [[ "${3:-}" == demo ]] || { echo "$0 install --for: only 'demo' is known" >&2; exit 2; }
         install_for_demo; exit 0 ;;
-      *) echo "usage: $0 [install [--for demo]|--env]" >&2; exit 2 ;;
+      *) echo "usage: $0 [install [--for demo]|--env|addon-images|clusterctl]" >&2; exit 2 ;;
     esac
     fetch_capi
     build_helm "$HELM_VERSION" "$HELM"
@@ -665,8 +686,9 @@ case "${1:-install}" in
     build_kwok
     build_cosign
     build_capi
+    build_clusterctl
     write_env
     say "ready: environment in $CACHE/env"
     ;;
-  *) echo "usage: $0 [install [--for demo]|--env]" >&2; exit 2 ;;
+  *) echo "usage: $0 [install [--for demo]|--env|addon-images|clusterctl]" >&2; exit 2 ;;
 esac

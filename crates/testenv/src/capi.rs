@@ -34,7 +34,9 @@
 //!
 //! Limits: the webhook servers listen on every interface (Cluster API has no flag for the webhook host), and
 //! the Docker/Dev provider always starts the debug server of its in-memory backend on port 19000 (all
-//! interfaces, not configurable): one Docker/Dev provider per machine at a time.
+//! interfaces, not configurable): one Docker/Dev provider per network at a time. A second management plane with
+//! Cluster API beside one on loopback runs in a network namespace of its own
+//! ([`start_second_management_with_cluster_api`]; for `clusterctl move`, [`crate::clusterctl`]).
 //!
 //! A manager that exits stays exited unless its owner restarts it ([`ClusterApi::exit_status`],
 //! [`ClusterApi::restart`]): the core manager exits when it cannot discover every registered runtime extension
@@ -530,6 +532,71 @@ pub async fn start_management_with_cluster_api(
     Ok(ManagementWithClusterApi {
         cluster_api,
         control_plane,
+    })
+}
+
+/// A second management control plane with Cluster API, in a network namespace of its own, beside one on this
+/// machine's loopback ([`start_second_management_with_cluster_api`]). Field order is drop order: Cluster API,
+/// then its control plane, then the namespace (whose teardown kills whatever of the plane is left), then its
+/// directory.
+#[derive(Debug)]
+pub struct SecondManagement {
+    pub cluster_api: ClusterApi,
+    pub control_plane: ControlPlane,
+    pub network: crate::node::NetworkNamespace,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Starts a management control plane with our CRDs and Cluster API as [`start_management_with_cluster_api`]
+/// does, but in a network namespace of its own ([`crate::node::NetworkNamespace`]; etcd, kube-apiserver and the
+/// four managers at its address, `options.placement` is replaced), so that it can run beside a first one on
+/// loopback: the Docker/Dev provider's manager binds port 19000 on every interface, and a second one on the
+/// same network exits. For `clusterctl move` between two management clusters ([`crate::clusterctl`]).
+///
+/// Its API server is reached from this machine at the namespace's address, the managers reach its webhooks on
+/// the namespace's loopback, as in a real node's namespace (`cso-dev up --real-nodes`). What its managers must
+/// dial on this machine (a workload cluster's API server) must listen on
+/// [`crate::node::NetworkNamespace::host_address`]. Files live in `dir`, or in a temporary directory removed on
+/// drop. Needs root.
+pub async fn start_second_management_with_cluster_api(
+    tools: &Tools,
+    capi: &ClusterApiTools,
+    dir: Option<&Path>,
+    options: &Options,
+) -> Result<SecondManagement, Error> {
+    let (tempdir, dir) = match dir {
+        Some(dir) => (None, dir.to_path_buf()),
+        None => {
+            let tmp = tempfile::Builder::new()
+                .prefix("cso-management-2-")
+                .tempdir()
+                .map_err(|e| Error::io(Path::new("/tmp"), e))?;
+            let path = tmp.path().to_path_buf();
+            (Some(tmp), path)
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let network = crate::node::NetworkNamespace::take(&dir)?;
+    let placement = network.placement();
+    let control_plane = ControlPlane::start_placed(
+        tools,
+        "management-2",
+        Some(&dir.join("control-plane")),
+        &placement,
+    )
+    .await?;
+    let client = control_plane.client().await?;
+    crds::install(&client, &cso_api::crd::all()).await?;
+    let options = Options {
+        placement,
+        ..options.clone()
+    };
+    let cluster_api = ClusterApi::start(capi, &control_plane, &options).await?;
+    Ok(SecondManagement {
+        cluster_api,
+        control_plane,
+        network,
+        _dir: tempdir,
     })
 }
 

@@ -4,8 +4,10 @@
 //! namespace ([`namespace`]); `cso-dev up` starts its own. [`github::FakeGithub`] stands in for GitHub;
 //! [`registry::Registry`] is a real OCI registry. [`capi`] runs Cluster API itself (v1.14's managers, CRDs and
 //! webhooks) on a control plane of its own; [`stand_in::StandIn`] plays the providers' part where machines
-//! would be needed. [`workloads`] makes a control plane run workloads (kube-controller-manager, kube-scheduler
-//! and kwok's simulated nodes; [`workloads::shared_workload_cluster`]). [`cosign`] signs releases with cosign and
+//! would be needed; [`clusterctl`] runs `clusterctl move` between two such management planes (the second in a
+//! network namespace of its own, [`capi::start_second_management_with_cluster_api`]). [`workloads`] makes a
+//! control plane run workloads (kube-controller-manager, kube-scheduler and kwok's simulated nodes;
+//! [`workloads::shared_workload_cluster`]). [`cosign`] signs releases with cosign and
 //! with a signer of its own, for the tests of release verification. [`cert_manager`] issues what cert-manager would
 //! for the chart tests. [`egress`] keeps every address the simulated clusters use on this machine. [`node`] runs
 //! real nodes (containerd, kubelet, kube-proxy) with cluster DNS ([`cluster_dns`]).
@@ -15,6 +17,7 @@ pub mod capi;
 pub mod cert_manager;
 pub mod chart_repo;
 pub mod cluster_dns;
+pub mod clusterctl;
 pub mod control_plane;
 pub mod cosign;
 pub mod crds;

@@ -764,6 +764,66 @@ fn usable_dir(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// A network namespace of its own with nothing started in it: a slot with one namespace `cso-<c>-0` at
+/// `172.18.<c>.2` on the bridge `cso<c>br` (this machine at `172.18.<c>.1`), made as a real node's is, but no
+/// node runs there. For a second set of servers beside the environment's on loopback where a server binds a
+/// fixed port on every interface: Cluster API's Docker/Dev provider always listens on port 19000, so a second
+/// management control plane with Cluster API runs in here
+/// ([`crate::capi::start_second_management_with_cluster_api`]).
+///
+/// Needs root, `ip`, `nsenter` and `iptables`, as real nodes do. Dropping it (or the death of this process) runs
+/// the slot's teardown: processes with the directory given to [`NetworkNamespace::take`] on their command line
+/// are killed, the namespace and the bridge removed.
+#[derive(Debug)]
+pub struct NetworkNamespace {
+    slot: Slot,
+}
+
+impl NetworkNamespace {
+    /// Takes a free slot of this machine and makes its one namespace; `dir` is where the servers placed in it keep
+    /// their files (the teardown kills what has it on its command line).
+    pub fn take(dir: &Path) -> Result<Self, Error> {
+        if !crate::egress::is_root() {
+            return Err(Error::Tools(
+                "a network namespace of its own needs root: run as root".into(),
+            ));
+        }
+        for tool in ["nsenter", "ip", "iptables"] {
+            if crate::egress::which(tool).is_none() {
+                return Err(Error::Tools(format!(
+                    "a network namespace of its own needs `{tool}`: run `make tools`"
+                )));
+            }
+        }
+        crate::egress::ensure()?;
+        let slot = Slot::take(dir, 1)?;
+        slot.make_namespace(0)?;
+        Ok(NetworkNamespace { slot })
+    }
+
+    /// Where a server runs in the namespace: at `172.18.<c>.2`, started with `ip netns exec` (or `nsenter`)
+    /// ([`ControlPlane::start_placed`], [`crate::capi::Options::placement`]). A control plane placed here serves
+    /// real nodes' requests as a [`RealCluster`]'s does ([`Placement::serves_real_nodes`]).
+    pub fn placement(&self) -> Placement {
+        Placement {
+            address: IpAddr::V4(self.slot.node_address(0)),
+            netns: Some(self.slot.netns(0)),
+        }
+    }
+
+    /// This machine's address on the slot's bridge, `172.18.<c>.1`: a server of this machine that listens here is
+    /// reached both from loopback's side and from inside the namespace (a workload cluster that the managers on
+    /// both sides dial).
+    pub fn host_address(&self) -> IpAddr {
+        IpAddr::V4(self.slot.host_address())
+    }
+
+    /// The machine-wide slot it holds.
+    pub fn slot(&self) -> u8 {
+        self.slot.index
+    }
+}
+
 /// A slot of this machine: its index, the bridge, the namespaces and cgroups of its nodes, and the teardown
 /// script that removes them (run on drop, and by a watchdog when the process dies).
 #[derive(Debug)]

@@ -26,7 +26,19 @@
 //! It never touches a Cluster, a MachineDeployment or anything else Cluster API itself writes, so what Cluster
 //! API does next (conditions, hook calls, the next upgrade step) is Cluster API's own doing. Workers: use
 //! MachineDeployments with `replicas: 0` (no Machine exists, so a worker upgrade completes when Cluster API
-//! moves their version; with replicas the never-provisioned Machines would hold it forever).
+//! moves their version; with replicas the never-provisioned Machines would hold it forever, and `clusterctl
+//! move` refuses a Machine without a `status.nodeRef`).
+//!
+//! Like a real provider, it leaves a paused Cluster alone (`spec.paused`, or the `cluster.x-k8s.io/paused`
+//! annotation on the Cluster or on the object), and the objects of a Cluster that does not exist (yet). That
+//! is what `clusterctl move` relies on: it pauses the Cluster on the source, copies the objects to the target
+//! without their status (a status subresource is not written by a create) with the Cluster still paused,
+//! deletes them from the source and only then unpauses the copy. A stand-in on each management cluster
+//! (started on the target's client, before or after the move: it works from what it finds, so Clusters that
+//! were there before it are served like new ones) therefore does nothing on either side during the move, and
+//! on the target, once the Cluster runs, writes again what the providers would report there: the
+//! infrastructure cluster provisioned and the control plane initialised (logged `initialized ns/cluster at
+//! v1.33.4` again). The kubeconfig Secret moves with its control plane and is kept.
 //!
 //! What it did is kept in order ([`StandIn::log`]): `initialized ns/cluster at v1.33.4`, `upgraded ns/cluster
 //! to v1.34.2`, so tests can check the sequence of control-plane steps against the hook calls.
@@ -186,6 +198,20 @@ async fn resource(
     Ok(resource)
 }
 
+/// The annotation that pauses Cluster API's reconciliation of one object (or of a whole Cluster).
+const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// Whether Cluster API's providers leave this object alone: the annotation on it (a Cluster's `spec.paused` is
+/// read with [`cluster_paused`]).
+fn annotated_paused(object: &DynamicObject) -> bool {
+    object.annotations().contains_key(PAUSED_ANNOTATION)
+}
+
+/// Whether a Cluster is paused: `spec.paused` (as `clusterctl move` pauses it) or the annotation.
+fn cluster_paused(cluster: &DynamicObject) -> bool {
+    cluster.data.pointer("/spec/paused") == Some(&json!(true)) || annotated_paused(cluster)
+}
+
 /// The group and kind of a Cluster's `spec.infrastructureRef`: `apiGroup` (v1beta2) or the group of
 /// `apiVersion` (v1beta1).
 fn infrastructure_ref(cluster: &Value) -> Option<(String, String, String)> {
@@ -235,10 +261,21 @@ async fn pass(
     // One Cluster whose infrastructure cannot be served does not hold the others up.
     let clusters = resource(client, resources, "cluster.x-k8s.io", "Cluster").await?;
     let mut failed = None;
+    // The running Clusters (`namespace/name`): a paused one, and the objects of one that does not exist, are
+    // left alone, as a provider leaves them.
+    let mut running = std::collections::HashSet::new();
     for cluster in Api::<DynamicObject>::all_with(client.clone(), &clusters)
         .list(&ListParams::default())
         .await?
     {
+        if cluster_paused(&cluster) {
+            continue;
+        }
+        running.insert(format!(
+            "{}/{}",
+            cluster.namespace().unwrap_or_default(),
+            cluster.name_any()
+        ));
         if let Err(e) = provision(client, workloads, resources, &cluster).await {
             failed.get_or_insert(e);
         }
@@ -273,6 +310,9 @@ async fn pass(
             continue;
         };
         let key = format!("{namespace}/{cluster}");
+        if !running.contains(&key) || annotated_paused(&kcp) {
+            continue;
+        }
         let secret_name = format!("{cluster}-kubeconfig");
         if secrets.get_opt(&secret_name).await?.is_none() {
             let secret = Secret {
@@ -372,6 +412,9 @@ async fn provision(
     let Some(object) = infra_api.get_opt(&name).await? else {
         return Ok(());
     };
+    if annotated_paused(&object) {
+        return Ok(());
+    }
     let workload = workloads.of(&format!("{namespace}/{}", cluster.name_any()));
     let (host, port) = endpoint(&workload.server_url);
     let value = serde_json::to_value(&object).unwrap_or_default();
@@ -444,6 +487,23 @@ mod tests {
             ))
         );
         assert_eq!(infrastructure_ref(&json!({"spec": {}})), None);
+    }
+
+    #[test]
+    fn a_cluster_is_paused_by_its_spec_or_the_annotation() {
+        let cluster = |value: Value| -> DynamicObject { serde_json::from_value(value).unwrap() };
+        let base = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "ns"}, "spec": {}});
+        assert!(!cluster_paused(&cluster(base.clone())));
+        let mut by_move = base.clone();
+        by_move["spec"]["paused"] = json!(true);
+        assert!(cluster_paused(&cluster(by_move.clone())));
+        by_move["spec"]["paused"] = json!(false);
+        assert!(!cluster_paused(&cluster(by_move)));
+        let mut annotated = base;
+        annotated["metadata"]["annotations"] = json!({PAUSED_ANNOTATION: ""});
+        assert!(cluster_paused(&cluster(annotated.clone())));
+        assert!(annotated_paused(&cluster(annotated)));
     }
 
     #[test]

@@ -387,6 +387,73 @@ impl WorkloadRuntime {
     }
 }
 
+/// kube-controller-manager with the garbage collector alone (`--controllers=garbagecollector`) against a control
+/// plane that runs no [`WorkloadRuntime`]: a management plane with Cluster API ([`crate::capi`]), where what
+/// Cluster API leaves to Kubernetes' garbage collection must happen. Cluster API's topology controller gives a
+/// new Cluster's infrastructure cluster and control plane a second, temporary owner (the Secret
+/// `<cluster>-shim`), deletes the shim once the Cluster owns both, and leaves the dangling owner reference to
+/// the garbage collector; `clusterctl move` moves no object with an owner it cannot find, so without this it
+/// leaves both (and the kubeconfig Secret the control plane owns) behind ([`crate::clusterctl`]).
+///
+/// Its health endpoint is on a free loopback port (`/healthz`), its log `kube-controller-manager.log` in the
+/// plane's directory. Dropping it stops it.
+#[derive(Debug)]
+pub struct GarbageCollector {
+    process: Supervised,
+    port: u16,
+}
+
+impl GarbageCollector {
+    /// Starts it against `plane` (its admin kubeconfig) and returns once it answers `/healthz`.
+    pub async fn start(tools: &Tools, plane: &ControlPlane) -> Result<Self, Error> {
+        let kcm = tools.kube_controller_manager.clone().ok_or_else(|| {
+            Error::Tools(
+                "kube-controller-manager not found: run `make tools` or set CSO_KUBE_CONTROLLER_MANAGER"
+                    .into(),
+            )
+        })?;
+        if !kcm.is_file() {
+            return Err(Error::Tools(format!(
+                "{} does not exist: run `make tools`",
+                kcm.display()
+            )));
+        }
+        let kubeconfig = plane.kubeconfig_path().display().to_string();
+        let command = |port: u16| {
+            let mut command = Command::new(&kcm);
+            command.args([
+                format!("--kubeconfig={kubeconfig}"),
+                "--leader-elect=false".into(),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                "--controllers=garbagecollector".into(),
+                "--profiling=false".into(),
+            ]);
+            command
+        };
+        let (process, port) =
+            start_serving(Component::ControllerManager, plane.dir(), "/healthz", command).await?;
+        Ok(GarbageCollector { process, port })
+    }
+
+    /// `https://127.0.0.1:<port>` of its health endpoints.
+    pub fn health_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The end of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    /// An error when it has exited.
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        self.process
+            .exited()
+            .map_or(Ok(()), |exit| Err(Error::Process(exit)))
+    }
+}
+
 /// A control plane with a [`WorkloadRuntime`]. Field order is drop order: the runtime stops before the API
 /// server and etcd.
 #[derive(Debug)]
