@@ -448,6 +448,46 @@ async fn apiserver_ready(client: kube::Client) -> bool {
     )
 }
 
+/// The metrics (Prometheus text) of the API server `client` talks to.
+pub async fn api_server_metrics(client: &kube::Client) -> Result<String, Error> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| Error::Kube(e.to_string()))?;
+    client
+        .request_text(request)
+        .await
+        .map_err(|e| Error::Kube(format!("GET /metrics: {e}")))
+}
+
+/// The write requests of the kinds an operator makes (server-side apply, patch, delete) the API server of
+/// `client` answered, by verb and resource (`APPLY deployments`). Creates and updates are left out: the API
+/// server's own bootstrapping and bookkeeping (its Leases, its `kubernetes` endpoints) makes them all the time.
+pub async fn api_server_writes(
+    client: &kube::Client,
+) -> Result<std::collections::BTreeMap<String, f64>, Error> {
+    let text = api_server_metrics(client).await?;
+    let mut writes = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let label = |name: &str| {
+            let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+            Some(line[start..].split('"').next()?.to_owned())
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
+            continue;
+        };
+        if !["PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+            continue;
+        }
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_default();
+        *writes.entry(format!("{verb} {resource}")).or_default() += count;
+    }
+    Ok(writes)
+}
+
 fn render_kubeconfig(name: &str, server: &str, pki: &Pki) -> String {
     format!(
         "apiVersion: v1

@@ -147,9 +147,15 @@ fn ca_params() -> Result<CertificateParams, Error> {
 /// webhook configurations trust. The key is written first, so a server that reloads between the two writes
 /// sees a mismatched pair and waits for its next check.
 pub fn write_serving_certificate(cert_dir: &Path) -> Result<String, Error> {
+    write_serving_certificate_for(cert_dir, &[])
+}
+
+/// [`write_serving_certificate`], the certificate also for `addresses` (a server reached from a network
+/// namespace at the host's address there).
+pub fn write_serving_certificate_for(cert_dir: &Path, addresses: &[String]) -> Result<String, Error> {
     let scratch = cert_dir.join(".pki");
     std::fs::create_dir_all(&scratch).map_err(|e| Error::io(&scratch, e))?;
-    let pki = Pki::generate(&scratch)?;
+    let pki = Pki::generate_for(&scratch, addresses)?;
     for (from, to) in [(&pki.serving_key, "tls.key"), (&pki.serving_cert, "tls.crt")] {
         let target = cert_dir.join(to);
         std::fs::copy(from, &target).map_err(|e| Error::io(&target, e))?;

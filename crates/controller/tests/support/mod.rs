@@ -555,35 +555,17 @@ pub fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
 
 /// The metrics of the API server of `workload`.
 pub async fn workload_metrics(workload: &Client) -> String {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    workload.request_text(request).await.unwrap()
+    cso_testenv::control_plane::api_server_metrics(workload)
+        .await
+        .unwrap()
 }
 
-/// The write requests of the kinds the operator makes (server-side apply, patch, delete) the API server of
-/// `workload` answered, by verb and resource (creates and updates are the API server's own bootstrapping and
-/// bookkeeping: its Leases, its `kubernetes` endpoints).
+/// The write requests the operator's kinds of write make, by verb and resource
+/// ([`cso_testenv::control_plane::api_server_writes`]).
 pub async fn workload_writes(workload: &Client) -> BTreeMap<String, f64> {
-    let text = workload_metrics(workload).await;
-    let mut writes = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let label = |name: &str| {
-            let start = line.find(&format!("{name}=\""))? + name.len() + 2;
-            Some(line[start..].split('"').next()?.to_owned())
-        };
-        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
-            continue;
-        };
-        if !["PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
-            continue;
-        }
-        let count: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_default();
-        *writes.entry(format!("{verb} {resource}")).or_default() += count;
-    }
-    writes
+    cso_testenv::control_plane::api_server_writes(workload)
+        .await
+        .unwrap()
 }
 
 /// The events with `reason` in `namespace`.
