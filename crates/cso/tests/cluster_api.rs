@@ -431,7 +431,6 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         &log,
         "the upgrade to v2",
         &env.cluster_api,
-        PHASE,
     )
     .await;
     let phase2: Vec<Answer> = answers(&log, &key).split_off(phase1.len());
@@ -505,7 +504,6 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         &log,
         "the chained upgrade",
         &env.cluster_api,
-        PHASE,
     )
     .await;
     let phase3: Vec<Answer> = answers(&log, &key).split_off(phase1.len() + phase2.len());

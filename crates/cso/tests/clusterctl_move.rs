@@ -263,7 +263,7 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         &source.control_plane,
         "127.0.0.1",
         &ns,
-        &github.api_url(),
+        github.api_url(),
         &work,
         "a",
     )
@@ -330,7 +330,6 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         &a.log,
         "the upgrade to v2 on the source",
         &source.cluster_api,
-        PHASE,
     )
     .await;
     let workload_deployments: Api<Deployment> = Api::namespaced(workload_client.clone(), "kube-system");
@@ -358,7 +357,7 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         &target.control_plane,
         &target_address,
         &ns,
-        &github.api_url(),
+        github.api_url(),
         &work,
         "b",
     )
@@ -563,7 +562,6 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         &b.log,
         "the upgrade to v3 on the target",
         &target.cluster_api,
-        PHASE,
     )
     .await;
     wait_for("the upgrade's stages done on the target", PHASE, || async {

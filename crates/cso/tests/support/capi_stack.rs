@@ -21,6 +21,9 @@ use serde_json::{Value, json};
 
 use super::fixtures;
 
+/// How long [`upgrade_finished`] waits for Cluster API.
+pub const UPGRADE_LIMIT: Duration = Duration::from_secs(180);
+
 /// The cluster-class chart of ferrol v1 (a real Cluster API ClusterClass with its templates), renamed to
 /// `<stack>-cluster-class` at `version`, with `spec.kubernetesVersions` when given.
 pub fn cluster_class_chart(stack: &str, version: &str, kubernetes_versions: &[&str]) -> Vec<u8> {
@@ -215,8 +218,8 @@ pub async fn upgrade_finished(
     log: &Path,
     what: &str,
     cluster_api: &ClusterApi,
-    limit: Duration,
 ) {
+    let limit = UPGRADE_LIMIT;
     let name = key.split_once('/').unwrap().1;
     let deadline = std::time::Instant::now() + limit;
     loop {
