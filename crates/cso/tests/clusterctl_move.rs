@@ -25,13 +25,9 @@ use cso_api::{
 };
 use cso_testenv::{
     ControlPlane, Tools,
-    capi::{
-        ClusterApiTools, Options, start_management_with_cluster_api, start_second_management_with_cluster_api,
-    },
-    clusterctl::{self, Clusterctl},
-    control_plane::Placement,
-    stand_in::{StandIn, Workload},
-    workloads::GarbageCollector,
+    capi::{ClusterApi, ClusterApiTools, Options},
+    clusterctl::Clusterctl,
+    stand_in::StandIn,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
@@ -204,53 +200,74 @@ async fn versions_of(workload: &Client, addon: &ClusterAddon) -> BTreeMap<String
     versions
 }
 
+/// Moves Cluster `c1` in `ns` to `class` at `version` and waits until Cluster API has finished the upgrade
+/// (the hook answers in the operator's `log`).
+async fn upgrade(
+    client: &Client,
+    ns: &str,
+    class: &str,
+    version: &str,
+    log: &Path,
+    cluster_api: &ClusterApi,
+) {
+    let clusters = api(
+        client,
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "Cluster",
+        "clusters",
+        Some(ns),
+    );
+    clusters
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {
+                "classRef": {"name": class, "namespace": ns}, "version": version}}})),
+        )
+        .await
+        .unwrap();
+    let control_planes = api(
+        client,
+        "controlplane.cluster.x-k8s.io",
+        "v1beta2",
+        "KubeadmControlPlane",
+        "kubeadmcontrolplanes",
+        Some(ns),
+    );
+    upgrade_finished(
+        &clusters,
+        &control_planes,
+        &format!("{ns}/c1"),
+        version,
+        log,
+        &format!("the upgrade to {class}"),
+        cluster_api,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_nothing_twice() {
     let tools = Tools::discover().unwrap();
     let capi = ClusterApiTools::discover().unwrap();
     let clusterctl = Clusterctl::discover().unwrap();
-    let options = Options::default();
-    let (source, target) = tokio::join!(
-        start_management_with_cluster_api(&tools, &capi, None, &options),
-        start_second_management_with_cluster_api(&tools, &capi, None, &options),
-    );
-    let (source, target) = (source.unwrap(), target.unwrap());
+    let planes = cso_testenv::clusterctl::MovePlanes::start(&tools, &capi, &Options::default())
+        .await
+        .unwrap();
+    let (source, target) = (&planes.source, &planes.target);
     let target_address = target.network.host_address().to_string();
-    // The workload API server where the target's managers (in their network namespace) reach it too.
-    let workload_plane = ControlPlane::start_placed(
-        &tools,
-        "move-workload",
-        None,
-        &Placement {
-            address: target.network.host_address(),
-            netns: None,
-        },
-    )
-    .await
-    .unwrap();
-    let workload_client = workload_plane.client().await.unwrap();
-    let workload = Workload {
-        kubeconfig: workload_plane.kubeconfig_yaml().to_owned(),
-        server_url: workload_plane.server_url().to_owned(),
-    };
+    let workload_client = planes.workload.client().await.unwrap();
+    let workload = planes.workload();
     let from = source.control_plane.client().await.unwrap();
     let to = target.control_plane.client().await.unwrap();
-    let (source_gc, target_gc) = tokio::join!(
-        GarbageCollector::start(&tools, &source.control_plane),
-        GarbageCollector::start(&tools, &target.control_plane),
-    );
-    let (_source_gc, _target_gc) = (source_gc.unwrap(), target_gc.unwrap());
-    clusterctl::prepare(&from, &capi).await.unwrap();
-    clusterctl::prepare(&to, &capi).await.unwrap();
     let work = tempfile::Builder::new().prefix("cso-move").tempdir().unwrap();
     let work = if std::env::var_os("CSO_KEEP_TEST_DIRS").is_some() {
         work.keep()
     } else {
         work.path().to_path_buf()
     };
-    let (from_kubeconfig, to_kubeconfig) = (work.join("source.kubeconfig"), work.join("target.kubeconfig"));
-    clusterctl::write_kubeconfig(&source.control_plane, &from_kubeconfig).unwrap();
-    clusterctl::write_kubeconfig(&target.control_plane, &to_kubeconfig).unwrap();
+    let (from_kubeconfig, to_kubeconfig) = (&planes.source_kubeconfig, &planes.target_kubeconfig);
 
     let published = tempfile::tempdir().unwrap();
     let github = cso_testenv::github::FakeGithub::start(30).await.unwrap();
@@ -298,37 +315,18 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         )
         .await
         .unwrap_or_else(|e| panic!("Cluster API refused the Cluster: {e}"));
-    let key = format!("{ns}/c1");
     wait_for("the addons of v1 on the source", PHASE, || async {
         let addon = cluster_addon(&from, &ns).await?;
         (addon.status.as_ref().is_some_and(|s| s.ready) && addon.spec.cluster_stack == "docker-capi-1-33-v1")
             .then_some(())
     })
     .await;
-    source_clusters
-        .patch(
-            "c1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"topology": {
-                "classRef": {"name": "docker-capi-1-33-v2", "namespace": ns}, "version": "v1.33.5"}}})),
-        )
-        .await
-        .unwrap();
-    let source_control_planes = api(
+    upgrade(
         &from,
-        "controlplane.cluster.x-k8s.io",
-        "v1beta2",
-        "KubeadmControlPlane",
-        "kubeadmcontrolplanes",
-        Some(&ns),
-    );
-    upgrade_finished(
-        &source_clusters,
-        &source_control_planes,
-        &key,
+        &ns,
+        "docker-capi-1-33-v2",
         "v1.33.5",
         &a.log,
-        "the upgrade to v2 on the source",
         &source.cluster_api,
     )
     .await;
@@ -371,7 +369,7 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
     let (a_hook_work, b_hook_work) = (hook_work(&a.log).len(), hook_work(&b.log).len());
 
     let output = clusterctl
-        .move_clusters(&from_kubeconfig, &to_kubeconfig, Some(&ns))
+        .move_clusters(from_kubeconfig, to_kubeconfig, Some(&ns))
         .await
         .unwrap_or_else(|e| panic!("clusterctl move failed: {e}"));
     eprintln!("clusterctl move:\n{output}");
@@ -537,30 +535,12 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
     );
 
     // An upgrade on the target runs as before the move.
-    target_clusters
-        .patch(
-            "c1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"topology": {
-                "classRef": {"name": "docker-capi-1-33-v3", "namespace": ns}, "version": "v1.33.6"}}})),
-        )
-        .await
-        .unwrap();
-    let target_control_planes = api(
+    upgrade(
         &to,
-        "controlplane.cluster.x-k8s.io",
-        "v1beta2",
-        "KubeadmControlPlane",
-        "kubeadmcontrolplanes",
-        Some(&ns),
-    );
-    upgrade_finished(
-        &target_clusters,
-        &target_control_planes,
-        &key,
+        &ns,
+        "docker-capi-1-33-v3",
         "v1.33.6",
         &b.log,
-        "the upgrade to v3 on the target",
         &target.cluster_api,
     )
     .await;

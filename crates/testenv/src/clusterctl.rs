@@ -476,3 +476,81 @@ mod tests {
         assert_eq!(clusterctl_names(Provider::Docker).2, "infrastructure-docker");
     }
 }
+
+/// Everything a `clusterctl move` test stands on: a source management plane with Cluster API on loopback, a
+/// target one in a network namespace of its own ([`crate::capi::start_second_management_with_cluster_api`]),
+/// both with Kubernetes' garbage collector (Cluster API leaves it the dangling owner references of every new
+/// Cluster's objects, and move moves nothing whose owner it cannot find) and prepared as `clusterctl init`
+/// leaves them ([`prepare`]), their kubeconfig files, and a workload API server at the target namespace's
+/// host address, which the managers of both reach. Field order is drop order.
+#[derive(Debug)]
+pub struct MovePlanes {
+    pub workload: ControlPlane,
+    pub source_gc: crate::workloads::GarbageCollector,
+    pub target_gc: crate::workloads::GarbageCollector,
+    pub source: crate::capi::ManagementWithClusterApi,
+    pub target: crate::capi::SecondManagement,
+    /// What [`prepare`] did to the source.
+    pub prepared: Prepared,
+    pub source_kubeconfig: PathBuf,
+    pub target_kubeconfig: PathBuf,
+    _kubeconfigs: tempfile::TempDir,
+}
+
+impl MovePlanes {
+    /// Starts the two planes side by side (Cluster API with `options` on each), then the rest.
+    pub async fn start(
+        tools: &crate::Tools,
+        capi: &ClusterApiTools,
+        options: &crate::capi::Options,
+    ) -> Result<Self, Error> {
+        let (source, target) = tokio::join!(
+            crate::capi::start_management_with_cluster_api(tools, capi, None, options),
+            crate::capi::start_second_management_with_cluster_api(tools, capi, None, options),
+        );
+        let (source, target) = (source?, target?);
+        let workload = ControlPlane::start_placed(
+            tools,
+            "move-workload",
+            None,
+            &crate::control_plane::Placement {
+                address: target.network.host_address(),
+                netns: None,
+            },
+        )
+        .await?;
+        let (source_gc, target_gc) = tokio::join!(
+            crate::workloads::GarbageCollector::start(tools, &source.control_plane),
+            crate::workloads::GarbageCollector::start(tools, &target.control_plane),
+        );
+        let prepared = prepare(&source.control_plane.client().await?, capi).await?;
+        prepare(&target.control_plane.client().await?, capi).await?;
+        let kubeconfigs = tempfile::Builder::new()
+            .prefix("cso-move-kubeconfigs-")
+            .tempdir()
+            .map_err(|e| Error::io(Path::new("/tmp"), e))?;
+        let source_kubeconfig = kubeconfigs.path().join("source.kubeconfig");
+        let target_kubeconfig = kubeconfigs.path().join("target.kubeconfig");
+        write_kubeconfig(&source.control_plane, &source_kubeconfig)?;
+        write_kubeconfig(&target.control_plane, &target_kubeconfig)?;
+        Ok(MovePlanes {
+            workload,
+            source_gc: source_gc?,
+            target_gc: target_gc?,
+            source,
+            target,
+            prepared,
+            source_kubeconfig,
+            target_kubeconfig,
+            _kubeconfigs: kubeconfigs,
+        })
+    }
+
+    /// The workload API server as the stand-in hands it to Cluster API.
+    pub fn workload(&self) -> crate::stand_in::Workload {
+        crate::stand_in::Workload {
+            kubeconfig: self.workload.kubeconfig_yaml().to_owned(),
+            server_url: self.workload.server_url().to_owned(),
+        }
+    }
+}

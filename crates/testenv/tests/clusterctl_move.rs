@@ -22,16 +22,11 @@ use std::{
 };
 
 use cso_testenv::{
-    ControlPlane, Tools,
-    capi::{
-        ClusterApiTools, Options, TopologyCluster, start_management_with_cluster_api,
-        start_second_management_with_cluster_api,
-    },
-    clusterctl::{self, Clusterctl},
-    control_plane::Placement,
+    Tools,
+    capi::{ClusterApiTools, Options, TopologyCluster},
+    clusterctl::Clusterctl,
     eventually,
-    stand_in::{StandIn, Workload},
-    workloads::GarbageCollector,
+    stand_in::StandIn,
 };
 use kube::{
     Api, ResourceExt,
@@ -197,27 +192,11 @@ async fn clusterctl_moves_a_topology_cluster_with_its_class_to_a_second_manageme
 
     // Two management planes with Cluster API, started side by side; a workload API server on the namespace's
     // bridge, which the managers of both reach.
-    let options = Options::default();
-    let (source, target) = tokio::join!(
-        start_management_with_cluster_api(&tools, &capi, None, &options),
-        start_second_management_with_cluster_api(&tools, &capi, None, &options),
-    );
-    let (source, target) = (source.unwrap(), target.unwrap());
-    let workload_plane = ControlPlane::start_placed(
-        &tools,
-        "workload",
-        None,
-        &Placement {
-            address: target.network.host_address(),
-            netns: None,
-        },
-    )
-    .await
-    .unwrap();
-    let workload = Workload {
-        kubeconfig: workload_plane.kubeconfig_yaml().to_owned(),
-        server_url: workload_plane.server_url().to_owned(),
-    };
+    let planes = cso_testenv::clusterctl::MovePlanes::start(&tools, &capi, &Options::default())
+        .await
+        .unwrap();
+    let (source, target, workload_plane) = (&planes.source, &planes.target, &planes.workload);
+    let workload = planes.workload();
     eprintln!(
         "planes up in {:?}: source {} (Cluster API in {:?}), target {} in slot {} (Cluster API in {:?}), workload {}",
         started.elapsed(),
@@ -230,16 +209,10 @@ async fn clusterctl_moves_a_topology_cluster_with_its_class_to_a_second_manageme
     );
     let from = source.control_plane.client().await.unwrap();
     let to = target.control_plane.client().await.unwrap();
-    // Kubernetes' garbage collector on both, as a management cluster has it (see below).
-    let (source_gc, target_gc) = tokio::join!(
-        GarbageCollector::start(&tools, &source.control_plane),
-        GarbageCollector::start(&tools, &target.control_plane),
-    );
-    let (source_gc, target_gc) = (source_gc.unwrap(), target_gc.unwrap());
+    let source_gc = &planes.source_gc;
 
     // What `clusterctl init` would have left, on both.
-    let prepared = clusterctl::prepare(&from, &capi).await.unwrap();
-    clusterctl::prepare(&to, &capi).await.unwrap();
+    let prepared = &planes.prepared;
     for crd in [
         "clusters.cluster.x-k8s.io",
         "clusterclasses.cluster.x-k8s.io",
@@ -260,13 +233,7 @@ async fn clusterctl_moves_a_topology_cluster_with_its_class_to_a_second_manageme
         "only the four providers' CRDs are labelled here: {:?}",
         prepared.labelled_crds
     );
-    let kubeconfigs = tempfile::tempdir().unwrap();
-    let (from_kubeconfig, to_kubeconfig) = (
-        kubeconfigs.path().join("source.kubeconfig"),
-        kubeconfigs.path().join("target.kubeconfig"),
-    );
-    clusterctl::write_kubeconfig(&source.control_plane, &from_kubeconfig).unwrap();
-    clusterctl::write_kubeconfig(&target.control_plane, &to_kubeconfig).unwrap();
+    let (from_kubeconfig, to_kubeconfig) = (&planes.source_kubeconfig, &planes.target_kubeconfig);
 
     // ferrol's class in a namespace of the source, reconciled, and a Cluster of it.
     let ns = cso_testenv::namespace(&from, "move").await.unwrap();
@@ -323,7 +290,7 @@ async fn clusterctl_moves_a_topology_cluster_with_its_class_to_a_second_manageme
 
     // Without a provider (no stand-in yet) nothing is provisioned, and move refuses before it changes anything.
     let refused = clusterctl
-        .move_clusters(&from_kubeconfig, &to_kubeconfig, Some(&ns))
+        .move_clusters(from_kubeconfig, to_kubeconfig, Some(&ns))
         .await
         .expect_err("move refuses a Cluster whose infrastructure is provisioning");
     eprintln!("refused while provisioning:\n{refused}");
@@ -451,7 +418,7 @@ async fn clusterctl_moves_a_topology_cluster_with_its_class_to_a_second_manageme
     // The move.
     let move_started = Instant::now();
     let output = clusterctl
-        .move_clusters(&from_kubeconfig, &to_kubeconfig, Some(&ns))
+        .move_clusters(from_kubeconfig, to_kubeconfig, Some(&ns))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let move_took = move_started.elapsed();
@@ -524,5 +491,6 @@ async fn clusterctl_moves_a_topology_cluster_with_its_class_to_a_second_manageme
         provisioned_at.elapsed(),
         started.elapsed()
     );
-    drop((source_stand_in, target_stand_in, source_gc, target_gc));
+    drop((source_stand_in, target_stand_in));
+    drop(planes);
 }
