@@ -73,6 +73,37 @@ pub struct Tools {
 }
 
 impl Tools {
+    /// `helm template RELEASE CHART --namespace NAMESPACE` with this helm: the chart's objects, as the operator
+    /// renders a cluster-class chart.
+    pub fn helm_template(
+        &self,
+        chart: &Path,
+        release: &str,
+        namespace: &str,
+    ) -> Result<Vec<serde_json::Value>, Error> {
+        let helm = self
+            .helm
+            .as_ref()
+            .ok_or_else(|| Error::Tools("helm not found: run `make tools`".into()))?;
+        let output = std::process::Command::new(helm)
+            .args(["template", release])
+            .arg(chart)
+            .args(["--namespace", namespace])
+            .output()
+            .map_err(|e| Error::io(helm, e))?;
+        if !output.status.success() {
+            return Err(Error::Process(format!(
+                "helm template {}: {}",
+                chart.display(),
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let docs: Vec<Option<serde_json::Value>> =
+            serde_saphyr::from_multiple(&String::from_utf8_lossy(&output.stdout))
+                .map_err(|e| Error::Process(format!("helm template {}: not YAML: {e}", chart.display())))?;
+        Ok(docs.into_iter().flatten().collect())
+    }
+
     /// Finds the tools from the environment and the cache's `env` file.
     pub fn discover() -> Result<Self, Error> {
         let env_file = cache_dir().join("env");

@@ -264,12 +264,8 @@ impl WorkloadRuntime {
         let names = create_nodes(&client, nodes, &index).await?;
 
         let kcm_command = |port: u16| {
-            let mut command = Command::new(&kcm);
+            let mut command = serving_command(&kcm, &kubeconfig, port);
             command.args([
-                format!("--kubeconfig={kubeconfig}"),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={port}"),
                 format!("--controllers={CONTROLLERS}"),
                 format!(
                     "--service-account-private-key-file={}",
@@ -282,16 +278,7 @@ impl WorkloadRuntime {
             ]);
             command
         };
-        let scheduler_command = |port: u16| {
-            let mut command = Command::new(&scheduler);
-            command.args([
-                format!("--kubeconfig={kubeconfig}"),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={port}"),
-            ]);
-            command
-        };
+        let scheduler_command = |port: u16| serving_command(&scheduler, &kubeconfig, port);
         let ((controller_manager, controller_manager_port), (scheduler, scheduler_port)) = tokio::try_join!(
             start_serving(Component::ControllerManager, dir, "/healthz", kcm_command),
             start_serving(Component::Scheduler, dir, "/readyz", scheduler_command),
@@ -387,6 +374,19 @@ impl WorkloadRuntime {
     }
 }
 
+/// A command for Kubernetes' controller manager or scheduler at `binary` against the plane of `kubeconfig`, without
+/// leader election, serving its health and metrics on loopback `port`.
+fn serving_command(binary: &Path, kubeconfig: &str, port: u16) -> Command {
+    let mut command = Command::new(binary);
+    command.args([
+        format!("--kubeconfig={kubeconfig}"),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+    ]);
+    command
+}
+
 /// kube-controller-manager with the garbage collector alone (`--controllers=garbagecollector`) against a control
 /// plane that runs no [`WorkloadRuntime`]: a management plane with Cluster API ([`crate::capi`]), where what
 /// Cluster API leaves to Kubernetes' garbage collection must happen. Cluster API's topology controller gives a
@@ -420,15 +420,8 @@ impl GarbageCollector {
         }
         let kubeconfig = plane.kubeconfig_path().display().to_string();
         let command = |port: u16| {
-            let mut command = Command::new(&kcm);
-            command.args([
-                format!("--kubeconfig={kubeconfig}"),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={port}"),
-                "--controllers=garbagecollector".into(),
-                "--profiling=false".into(),
-            ]);
+            let mut command = serving_command(&kcm, &kubeconfig, port);
+            command.args(["--controllers=garbagecollector", "--profiling=false"]);
             command
         };
         let (process, port) =

@@ -38,23 +38,10 @@ fn repo() -> PathBuf {
 
 /// `helm template RELEASE CHART --namespace NS`, as the operator renders a cluster-class chart.
 fn render(chart: &Path, release: &str, namespace: &str) -> Vec<Value> {
-    let tools = cso_testenv::Tools::discover().unwrap();
-    let helm = tools.helm.expect("helm: run `make tools`");
-    let output = std::process::Command::new(helm)
-        .args(["template", release])
-        .arg(chart)
-        .args(["--namespace", namespace])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "helm template {}: {}",
-        chart.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let docs: Vec<Option<Value>> =
-        serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
-    docs.into_iter().flatten().collect()
+    cso_testenv::Tools::discover()
+        .unwrap()
+        .helm_template(chart, release, namespace)
+        .unwrap()
 }
 
 async fn api_for(

@@ -45,23 +45,11 @@ fn repo() -> PathBuf {
 
 /// `helm template docker-ferrol-1-27 <ferrol v1's cluster-class chart> --namespace NS`, as the operator renders it.
 fn render_ferrol_class(tools: &Tools, namespace: &str) -> Vec<Value> {
-    let helm = tools.helm.as_ref().expect("helm: run `make tools`");
     let chart =
         repo().join("tests/fixtures/releases/docker-ferrol-1-27-v1/docker-ferrol-1-27-cluster-class-v1.tgz");
-    let output = std::process::Command::new(helm)
-        .args(["template", "docker-ferrol-1-27"])
-        .arg(&chart)
-        .args(["--namespace", namespace])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let docs: Vec<Option<Value>> =
-        serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap();
-    docs.into_iter().flatten().collect()
+    tools
+        .helm_template(&chart, "docker-ferrol-1-27", namespace)
+        .unwrap()
 }
 
 async fn api(client: &kube::Client, api_version: &str, kind: &str, namespace: &str) -> Api<DynamicObject> {
