@@ -6,6 +6,10 @@
 //! and comes back; the periodic pass re-applies only what the watches cannot vouch for. An object put back
 //! again and again is held with back-off and reported (`fights`).
 //!
+//! While its Cluster is paused nothing is done to the workload cluster; `moving` takes a ClusterAddon through
+//! `clusterctl move` (blocks moves while the Cluster runs, records its status once paused, and a copy on the
+//! target adopts it).
+//!
 //! Shape: the reconcile reads its object, `decide::next_step` (pure) names the next step and the driver
 //! here carries it out (read the Cluster, connect to the workload cluster, fetch the release, render, apply
 //! through `crate::applier`) until nothing is left; `decide::conclude` (pure) turns what happened into
