@@ -157,13 +157,13 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     }
     // `clusterctl move`: while the Cluster is paused nothing is done to the workload cluster; a copy the move
     // made takes the status recorded on the source (see `moving`).
-    let cluster_paused = read_cluster(
+    let cluster = read_cluster(
         &ctx,
         &addon.namespace().unwrap_or_default(),
         &addon.cluster_name(),
     )
-    .await?
-    .is_some_and(|c| c.is_paused());
+    .await?;
+    let cluster_paused = cluster.as_ref().is_some_and(Cluster::is_paused);
     let addon = moving::act(
         &ctx.written,
         &api,
@@ -196,6 +196,8 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         drifted: None,
         applying_since: None,
     };
+    // Read once above, for the pause.
+    driver.observe_cluster(cluster, &mut progress);
     let intervals = Intervals {
         workload_retry: ctx.settings.workload_retry_interval,
         resync: ctx.settings.resync_interval,
@@ -330,27 +332,33 @@ struct Driver<'a> {
 }
 
 impl Driver<'_> {
+    /// Takes the ClusterAddon's Cluster as read (`None`: gone) into what the decisions know.
+    fn observe_cluster(&mut self, cluster: Option<Cluster>, progress: &mut Progress) {
+        let namespace = self.addon.namespace().unwrap_or_default();
+        let cluster_name = self.addon.cluster_name();
+        progress.cluster = match &cluster {
+            None => {
+                // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does its client.
+                self.ctx.workloads.forget(&namespace, &cluster_name);
+                ClusterState::Gone
+            }
+            Some(cluster) => match cluster.stack_release() {
+                Some((id, _)) => ClusterState::Uses(id),
+                None => ClusterState::NotOurs {
+                    cluster: cluster_name,
+                },
+            },
+        };
+        self.cluster = cluster;
+    }
+
     async fn run(&mut self, step: Step, progress: &mut Progress) -> Result<(), Error> {
         let namespace = self.addon.namespace().unwrap_or_default();
         let cluster_name = self.addon.cluster_name();
         match step {
             Step::ReadCluster => {
                 let cluster = read_cluster(self.ctx, &namespace, &cluster_name).await?;
-                progress.cluster = match &cluster {
-                    None => {
-                        // The Cluster is gone; its ClusterAddon goes with it (owner reference), and so does
-                        // its client.
-                        self.ctx.workloads.forget(&namespace, &cluster_name);
-                        ClusterState::Gone
-                    }
-                    Some(cluster) => match cluster.stack_release() {
-                        Some((id, _)) => ClusterState::Uses(id),
-                        None => ClusterState::NotOurs {
-                            cluster: cluster_name,
-                        },
-                    },
-                };
-                self.cluster = cluster;
+                self.observe_cluster(cluster, progress);
             }
             Step::ConnectWorkload => {
                 // Cluster API sets the endpoint once the infrastructure is provisioned; the control plane, its

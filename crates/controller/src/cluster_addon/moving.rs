@@ -74,7 +74,8 @@ pub(crate) fn next_move_step(addon: &ClusterAddon, cluster_paused: bool) -> Move
     }
 }
 
-/// Carries out `step` on `addon`; returns the ClusterAddon as written (the adopted status in place).
+/// Carries out `step` on `addon`; returns the ClusterAddon as written (the adopted status in place: the answer
+/// to the metadata patch, written after it, carries it).
 pub(crate) async fn act(
     written: &Written,
     api: &Api<ClusterAddon>,
@@ -89,11 +90,7 @@ pub(crate) async fn act(
             let status = adopted.status.clone().unwrap_or_default();
             patch::status(written, api, &adopted, addon.status.as_ref(), &status).await?;
             tracing::info!(cluster_addon = %addon.name_any(), namespace = ?addon.namespace(), "ClusterAddon moved here: its recorded status adopted");
-            let adopted = annotate(written, api, &adopted, json!({ MOVED_STATUS_ANNOTATION: null })).await?;
-            return Ok(ClusterAddon {
-                status: Some(status),
-                ..adopted
-            });
+            return annotate(written, api, &adopted, json!({ MOVED_STATUS_ANNOTATION: null })).await;
         }
         MoveStep::Release(record) => {
             tracing::info!(cluster_addon = %addon.name_any(), namespace = ?addon.namespace(), "Cluster paused: ClusterAddon ready to be moved");
@@ -101,9 +98,7 @@ pub(crate) async fn act(
         }
         MoveStep::Block => json!({ BLOCK_MOVE_ANNOTATION: "", MOVED_STATUS_ANNOTATION: null }),
     };
-    let status = addon.status.clone();
-    let annotated = annotate(written, api, addon, annotations).await?;
-    Ok(ClusterAddon { status, ..annotated })
+    annotate(written, api, addon, annotations).await
 }
 
 /// Merges `annotations` (a `null` removes one) into `addon`'s.
