@@ -170,6 +170,14 @@ async fn releases_kept(client: &Client, ns: &str) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// How many objects `api` lists; `None` when it cannot list them now.
+async fn count<K>(api: Api<K>) -> Option<usize>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Some(api.list(&ListParams::default()).await.ok()?.items.len())
+}
+
 /// The uid and resourceVersion of every object in `addon`'s inventories (of its last apply and of its stages)
 /// as the workload cluster has them, by `kind namespace/name`.
 async fn versions_of(workload: &Client, addon: &ClusterAddon) -> BTreeMap<String, (String, String)> {
@@ -479,43 +487,19 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
 
     // On the source, nothing left in the namespace; the workload cluster's addons are still there.
     wait_for("nothing left on the source", PHASE, || async {
-        let left = Api::<ClusterStack>::namespaced(from.clone(), &ns)
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .len()
-            + Api::<ClusterStackRelease>::namespaced(from.clone(), &ns)
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .len()
-            + Api::<ClusterAddon>::namespaced(from.clone(), &ns)
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .len()
-            + source_clusters
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .len()
-            + api(
+        let left = count(Api::<ClusterStack>::namespaced(from.clone(), &ns)).await?
+            + count(Api::<ClusterStackRelease>::namespaced(from.clone(), &ns)).await?
+            + count(Api::<ClusterAddon>::namespaced(from.clone(), &ns)).await?
+            + count(source_clusters.clone()).await?
+            + count(api(
                 &from,
                 "cluster.x-k8s.io",
                 "v1beta2",
                 "ClusterClass",
                 "clusterclasses",
                 Some(&ns),
-            )
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .len();
+            ))
+            .await?;
         (left == 0).then_some(())
     })
     .await;
