@@ -51,17 +51,20 @@ use crate::{
     ClusterDiscovery,
     discovery::{DiscoveryError, ResolvedKind},
     inventory::{self, ObjectKey, to_prune},
+    managed_fields::FieldOwners,
 };
 
 /// The field manager of the operator's server-side applies.
 pub const DEFAULT_FIELD_MANAGER: &str = "cluster-stack-operator";
 const CRD_ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(30);
-/// Whether objects are read before their first apply to take them over from another field manager
-/// ([`ApplyEngine::taking_over_from`]).
+/// Whether the objects this engine has not applied yet (in this process) are read before their first apply:
+/// to take them over from another field manager ([`ApplyEngine::taking_over_from`]) and to leave unwritten
+/// what an apply of the same content left as it is ([`ApplyEngine::would_leave_unwritten`]), whichever
+/// process (this one before a restart, an operator on the management cluster a Cluster moved from) made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TakeOver {
     Check,
-    /// Nobody applied anything for this owner before ([`ApplyEngine::apply_first`]).
+    /// Nobody applied anything for this owner before ([`ApplyEngine::apply_first`]): nothing to read.
     Skip,
 }
 
@@ -93,6 +96,7 @@ pub struct ApplyReport {
     /// The new inventory (for `status.resources`): every rendered object, synced or not, plus pruning
     /// failures, which stay recorded until they succeed.
     pub resources: Vec<Resource>,
+    /// Rendered objects applied without failure, written or left unwritten (`unchanged`).
     pub applied: usize,
     pub pruned: Vec<ObjectKey>,
     /// Objects in the old inventory that are gone or no longer carry the operator's label, and Namespaces
@@ -108,8 +112,8 @@ pub struct ApplyReport {
     /// Objects this engine had applied before and found recreated (another uid) or with a spec someone else
     /// changed (another generation): drift this apply corrected.
     pub drift_corrected: Vec<ObjectKey>,
-    /// Objects left unwritten because they were as the same content's last apply left them (engines made
-    /// `ApplyEngine::writing_only_changes` only).
+    /// Objects of `applied` left unwritten because they were as an apply of the same content left them
+    /// (read before applying: see `TakeOver`).
     pub unchanged: usize,
     /// How long the apply (with pruning) took.
     pub duration: Duration,
@@ -368,14 +372,15 @@ impl ApplyEngine {
         ApplyEngine::new(discovery, DEFAULT_FIELD_MANAGER).writing_only_changes()
     }
 
-    /// Each object gets the annotation `clusterstack.x-k8s.io/applied-digest` (a digest of the content
-    /// applied) and is read before it is applied: when the live object, in the version applied, carries the
-    /// same digest and still holds every field the apply sets ([`holds`]), it is not written. A server-side
-    /// apply of unchanged content is a no-op for most kinds, but not for one served through a conversion that
-    /// does not round-trip (Cluster API 1.14's `v1beta1` ClusterClass: each apply moves its generation and
-    /// resourceVersion). The record lives on the object, so it holds across restarts. It costs a read per
-    /// object, so the management cluster's engine uses it (a release's class and templates, per resync); the
-    /// workload clusters' engines, applying many more objects of kinds that round-trip, do not.
+    /// Every object is read before each apply, not only before this engine's first ([`TakeOver`]): when the
+    /// live object carries the digest of the same content (`clusterstack.x-k8s.io/applied-digest`, which every
+    /// engine annotates its objects with) and still holds every field the apply sets
+    /// ([`ApplyEngine::would_leave_unwritten`]), it is not written. A server-side apply of unchanged content is
+    /// a no-op for most kinds, but not for one served through a conversion that does not round-trip (Cluster
+    /// API 1.14's `v1beta1` ClusterClass: each apply moves its generation and resourceVersion). It costs a
+    /// read per object and apply, so the management cluster's engine uses it (a release's class and
+    /// templates, per resync); the workload clusters' engines, applying many more objects of kinds that
+    /// round-trip, read only before their first apply of an object.
     fn writing_only_changes(mut self) -> Self {
         self.write_only_changes = true;
         self
@@ -675,9 +680,7 @@ impl ApplyEngine {
         if has_pod_template(&key.group, &key.kind) {
             label_pod_template(&mut object);
         }
-        if self.write_only_changes {
-            annotate_digest(&mut object);
-        }
+        annotate_digest(&mut object);
         Prepared {
             key,
             version: version.to_owned(),
@@ -799,10 +802,9 @@ impl ApplyEngine {
         self
     }
 
-    async fn take_over(&self, api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
-        let Some(live) = api.get_opt(name).await? else {
-            return Ok(());
-        };
+    /// Renames the Apply entry of a manager in `take_over_from` on `live` to ours, unless ours is there.
+    async fn take_over(&self, api: &Api<DynamicObject>, live: DynamicObject) -> Result<(), kube::Error> {
+        let name = kube::ResourceExt::name_any(&live);
         let entries = live.metadata.managed_fields.unwrap_or_default();
         let is_apply = |e: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
             e.operation.as_deref() == Some("Apply")
@@ -833,48 +835,61 @@ impl ApplyEngine {
         }
         let patch: json_patch::Patch =
             serde_json::from_value(Value::Array(ops)).map_err(kube::Error::SerdeError)?;
-        api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
             .await?;
-        tracing::info!(object = name, from = ?self.take_over_from, "took over field ownership");
+        tracing::info!(object = %name, from = ?self.take_over_from, "took over field ownership");
         Ok(())
     }
 
     async fn apply_one(&self, mut item: Prepared, take_over: TakeOver) -> Prepared {
         let Some(kind) = &item.kind else { return item };
         let api = self.api(kind, &item.key.namespace);
-        // Once applied by this engine, the object's Apply entry is ours: no further read needed.
+        // Once applied by this engine, the object is as `observed` says: no further read needed.
         let applied_before = self
             .observed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(&item.key);
-        if !self.take_over_from.is_empty()
-            && take_over == TakeOver::Check
-            && !applied_before
-            && let Err(e) = self.take_over(&api, &item.key.name).await
-        {
-            item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
-            return item;
-        }
-        if self.write_only_changes
-            && let Some(live) = self.live_if_unchanged(&api, &item).await
-        {
-            tracing::debug!(object = %item.key, "as our last apply of this content left it: not written");
-            let seen = LiveMeta::of(&live.metadata);
-            self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                item.key.clone(),
-                Observed {
-                    content: Sha256::digest(item.object.to_string()).into(),
-                    writes: seen.writes,
-                    ours: seen.ours,
-                    resource_version: live.metadata.resource_version,
-                    uid: live.metadata.uid,
-                    generation: live.metadata.generation,
-                    left_out: Vec::new(),
-                },
-            );
-            item.unchanged = true;
-            return item;
+        let first_here = take_over == TakeOver::Check && !applied_before;
+        if self.write_only_changes || first_here {
+            let live = match api.get_opt(&item.key.name).await {
+                Ok(live) => live,
+                Err(e) if first_here && !self.take_over_from.is_empty() => {
+                    item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
+                    return item;
+                }
+                Err(e) => {
+                    tracing::debug!(object = %item.key, error = %api_error(&e), "not read before applying");
+                    None
+                }
+            };
+            if let Some(live) = live {
+                if self.would_leave_unwritten(&live, &item) {
+                    tracing::debug!(object = %item.key, "as an apply of this content left it: not written");
+                    let seen = LiveMeta::of(&live.metadata);
+                    self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                        item.key.clone(),
+                        Observed {
+                            content: Sha256::digest(item.object.to_string()).into(),
+                            writes: seen.writes,
+                            ours: seen.ours,
+                            resource_version: live.metadata.resource_version,
+                            uid: live.metadata.uid,
+                            generation: live.metadata.generation,
+                            left_out: Vec::new(),
+                        },
+                    );
+                    item.unchanged = true;
+                    return item;
+                }
+                if first_here
+                    && !self.take_over_from.is_empty()
+                    && let Err(e) = self.take_over(&api, live).await
+                {
+                    item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
+                    return item;
+                }
+            }
         }
         let known = self
             .observed
@@ -974,23 +989,26 @@ impl ApplyEngine {
         })
     }
 
-    /// The live object, when it carries the digest `item` is annotated with and holds every field of it;
-    /// `None` when it differs, is missing or cannot be read (then the apply goes ahead and tells).
-    async fn live_if_unchanged(&self, api: &Api<DynamicObject>, item: &Prepared) -> Option<DynamicObject> {
-        let live = match api.get_opt(&item.key.name).await {
-            Ok(live) => live?,
-            Err(e) => {
-                tracing::debug!(object = %item.key, error = %api_error(&e), "not read before applying");
-                return None;
-            }
-        };
-        self.would_leave_unwritten(&live, item).then_some(live)
-    }
-
-    /// Whether this engine leaves `item` unwritten, `live` being the object as it is: the rule of
-    /// `ApplyEngine::writing_only_changes`, which the apply and the plan share.
+    /// Whether `item` is left unwritten, `live` being the object as it is: an apply of the same content (the
+    /// digest `item` is annotated with) with this engine's field manager left it, and it still holds every
+    /// field of it ([`first_unheld`]). The rule the apply (of an object read before it, see [`TakeOver`] and
+    /// `ApplyEngine::writing_only_changes`) and the plan share.
     pub(crate) fn would_leave_unwritten(&self, live: &DynamicObject, item: &Prepared) -> bool {
-        self.write_only_changes && serde_json::to_value(live).is_ok_and(|live| holds(&live, &item.object))
+        let entries = live.metadata.managed_fields.as_deref().unwrap_or_default();
+        let owners = FieldOwners::of(entries, &self.field_manager);
+        if !owners.has_ours() {
+            return false;
+        }
+        let Ok(live) = serde_json::to_value(live) else {
+            return false;
+        };
+        match first_unheld(&live, &item.object, &owners) {
+            None => true,
+            Some(field) => {
+                tracing::debug!(object = %item.key, field = %field, "not as an apply of this content left it");
+                false
+            }
+        }
     }
 
     /// Whether `key`, as `live` shows it (a watch event), is as this engine's last apply of it left it (see
@@ -1273,24 +1291,51 @@ fn annotate_digest(object: &mut Value) {
     annotations[APPLIED_DIGEST_ANNOTATION] = Value::String(digest);
 }
 
-/// Whether `live` holds every field `applied` sets, with the same value: objects key by key, lists item by
-/// item (the same length), scalars equal (numbers by value). What the server added (defaults, status,
-/// `metadata.uid`, other managers' fields) does not count; a field the apply sets to `null` holds when
-/// the live object lacks it. Applied with the digest annotation, it tells that the live object is as the
-/// apply of that very content left it: no one changed a field the apply owns since.
-fn holds(live: &Value, applied: &Value) -> bool {
+/// Whether the API server leaves `value` out of the objects it stores when it is set (Kubernetes' own kinds
+/// omit empty fields: `readOnly: false`, `initialDelaySeconds: 0`, `resources: {}`): `null`, `false`, `0`,
+/// `""`, `{}` and `[]`.
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
+}
+
+/// The first field (`.spec.replicas`, `.spec.ports[0].port`) where `live` does not hold what `applied` sets;
+/// `None` when `live` holds every field `applied` sets, with the same value: objects key by key, lists item
+/// by item (the same length), scalars equal (numbers by value). What the server added (defaults, status,
+/// `metadata.uid`, other managers' fields) does not count; a field the apply sets to an empty value
+/// ([`is_zero`]) holds when the live object lacks it, and a field with another value holds when the
+/// operator's apply owns it alone (`owners`, see [`FieldOwners::ours_alone`]). Applied with the digest
+/// annotation, it tells that the live object is as the apply of that very content left it: no one changed a
+/// field the apply owns since.
+fn first_unheld(live: &Value, applied: &Value, owners: &FieldOwners) -> Option<String> {
     match (live, applied) {
-        (Value::Object(live), Value::Object(applied)) => {
-            applied.iter().all(|(key, value)| match live.get(key) {
-                Some(live) => holds(live, value),
-                None => value.is_null(),
+        (Value::Object(live), Value::Object(applied)) => applied.iter().find_map(|(key, value)| {
+            let at = |inner: String| format!(".{key}{inner}");
+            if key == "creationTimestamp" && value.is_null() {
+                // Set by the API server whatever the apply says (charts render it as `null`).
+                return None;
+            }
+            match live.get(key) {
+                Some(live) => first_unheld(live, value, &owners.field(key)).map(at),
+                None => (!is_zero(value)).then(|| at(String::new())),
+            }
+        }),
+        (Value::Array(live), Value::Array(applied)) if live.len() == applied.len() => {
+            live.iter().zip(applied).enumerate().find_map(|(index, (l, a))| {
+                first_unheld(l, a, &owners.item(l, index)).map(|inner| format!("[{index}]{inner}"))
             })
         }
-        (Value::Array(live), Value::Array(applied)) => {
-            live.len() == applied.len() && live.iter().zip(applied).all(|(l, a)| holds(l, a))
-        }
-        (Value::Number(live), Value::Number(applied)) => live.as_f64() == applied.as_f64(),
-        (live, applied) => live == applied,
+        (Value::Number(live), Value::Number(applied)) if live.as_f64() == applied.as_f64() => None,
+        (live, applied) if live == applied => None,
+        // Another value than applied, which the API server gave it: applying again gives it again.
+        _ if owners.ours_alone() => None,
+        _ => Some(String::new()),
     }
 }
 
@@ -1385,37 +1430,145 @@ mod tests {
     #[test]
     fn a_live_object_holds_what_was_applied_when_each_applied_field_is_there_unchanged() {
         let applied = json!({
-            "metadata": {"name": "c", "labels": {"a": "1"}, "annotations": {"d": "x"}},
-            "spec": {"replicas": 2, "ports": [{"port": 80}], "gone": null},
+            "metadata": {"name": "c", "creationTimestamp": null, "labels": {"a": "1"}, "annotations": {"d": "x"}},
+            "spec": {"replicas": 2, "ports": [{"port": 80}], "gone": null,
+                     "readOnly": false, "delay": 0, "prefix": "", "resources": {}, "args": []},
         });
         let live = json!({
-            "metadata": {"name": "c", "uid": "u", "labels": {"a": "1", "other": "2"}, "annotations": {"d": "x"}},
+            "metadata": {"name": "c", "uid": "u", "creationTimestamp": "2026-11-29T12:00:00Z",
+                         "labels": {"a": "1", "other": "2"}, "annotations": {"d": "x"}},
             "spec": {"replicas": 2.0, "ports": [{"port": 80, "protocol": "TCP"}], "defaulted": true},
             "status": {"ready": true},
         });
-        assert!(
-            holds(&live, &applied),
-            "defaults, status and others' fields added"
+        assert_eq!(
+            first_unheld(&live, &applied, &FieldOwners::default()),
+            None,
+            "defaults, status and others' fields added; empty values the API server does not store left out; \
+             the creation time set"
         );
         let cases = [
-            ("/metadata/labels/a", json!("2"), "a label we set changed"),
-            ("/metadata/annotations/d", json!("y"), "the digest changed"),
-            ("/spec/replicas", json!(3), "a spec field we set changed"),
-            ("/spec/ports", json!([{"port": 80}, {"port": 81}]), "a list grew"),
-            ("/spec/ports/0/port", json!("80"), "a number turned string"),
-            ("/spec/gone", json!(1), "a field we clear came back"),
+            (
+                "/metadata/labels/a",
+                json!("2"),
+                ".metadata.labels.a",
+                "a label we set changed",
+            ),
+            (
+                "/metadata/annotations/d",
+                json!("y"),
+                ".metadata.annotations.d",
+                "the digest changed",
+            ),
+            (
+                "/spec/replicas",
+                json!(3),
+                ".spec.replicas",
+                "a spec field we set changed",
+            ),
+            (
+                "/spec/ports",
+                json!([{"port": 80}, {"port": 81}]),
+                ".spec.ports",
+                "a list grew",
+            ),
+            (
+                "/spec/ports/0/port",
+                json!("80"),
+                ".spec.ports[0].port",
+                "a number turned string",
+            ),
+            ("/spec/gone", json!(1), ".spec.gone", "a field we clear came back"),
+            (
+                "/spec/readOnly",
+                json!(true),
+                ".spec.readOnly",
+                "an empty value we set, set by another",
+            ),
         ];
-        for (pointer, value, why) in cases {
+        for (pointer, value, field, why) in cases {
             let mut changed = live.clone();
-            match changed.pointer_mut(pointer) {
-                Some(slot) => *slot = value,
-                None => changed["spec"]["gone"] = value,
-            }
-            assert!(!holds(&changed, &applied), "{why}");
+            let (parent, field_name) = pointer.rsplit_once('/').unwrap();
+            changed.pointer_mut(parent).unwrap()[field_name] = value;
+            assert_eq!(
+                first_unheld(&changed, &applied, &FieldOwners::default()).as_deref(),
+                Some(field),
+                "{why}"
+            );
         }
         let mut removed = live.clone();
         removed["metadata"]["labels"].as_object_mut().unwrap().remove("a");
-        assert!(!holds(&removed, &applied), "a label we set removed");
+        assert_eq!(
+            first_unheld(&removed, &applied, &FieldOwners::default()).as_deref(),
+            Some(".metadata.labels.a"),
+            "a label we set removed"
+        );
+    }
+
+    #[test]
+    fn a_value_the_api_server_gave_a_field_only_the_operators_apply_owns_holds() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let entry = |manager: &str, operation: &str, fields: Value| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..ManagedFieldsEntry::default()
+        };
+        let ours = json!({"f:spec": {"f:schedulerName": {}, "f:args": {},
+            "f:containers": {"k:{\"name\":\"app\"}": {".": {}, "f:name": {}, "f:cpu": {}}}}});
+        let applied = json!({"spec": {"schedulerName": "", "args": ["-v"],
+            "containers": [{"name": "app", "cpu": "1000m"}]}});
+        // Defaulted and normalised by the API server.
+        let live = json!({"spec": {"schedulerName": "default-scheduler", "args": ["-v"],
+            "containers": [{"name": "app", "cpu": "1"}]}});
+        let alone = [entry(DEFAULT_FIELD_MANAGER, "Apply", ours.clone())];
+        assert_eq!(
+            first_unheld(&live, &applied, &FieldOwners::of(&alone, DEFAULT_FIELD_MANAGER)),
+            None
+        );
+        assert_eq!(
+            first_unheld(&live, &applied, &FieldOwners::default()).as_deref(),
+            Some(".spec.containers[0].cpu"),
+            "without the operator's entry another value never holds"
+        );
+        let cases = [
+            (
+                json!({"f:spec": {"f:schedulerName": {}}}),
+                ".spec.schedulerName",
+                "a scheduler set by kubectl",
+            ),
+            (
+                json!({"f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {"f:cpu": {}}}}}),
+                ".spec.containers[0].cpu",
+                "a container's field another manager took",
+            ),
+        ];
+        for (theirs, field, why) in cases {
+            let shared = [
+                entry(DEFAULT_FIELD_MANAGER, "Apply", ours.clone()),
+                entry("kubectl", "Update", theirs),
+            ];
+            assert_eq!(
+                first_unheld(&live, &applied, &FieldOwners::of(&shared, DEFAULT_FIELD_MANAGER)).as_deref(),
+                Some(field),
+                "{why}"
+            );
+        }
+        let mut edited = live.clone();
+        edited["spec"]["args"] = json!(["-v", "-x"]);
+        let atomic = [
+            entry(DEFAULT_FIELD_MANAGER, "Apply", ours.clone()),
+            entry("kubectl", "Update", json!({"f:spec": {"f:args": {}}})),
+        ];
+        assert_eq!(
+            first_unheld(
+                &edited,
+                &applied,
+                &FieldOwners::of(&atomic, DEFAULT_FIELD_MANAGER)
+            )
+            .as_deref(),
+            Some(".spec.args"),
+            "an atomic list another manager replaced"
+        );
     }
 
     #[test]

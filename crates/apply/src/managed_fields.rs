@@ -348,3 +348,77 @@ mod tests {
         assert_eq!(object, after);
     }
 }
+
+/// Who owns one field of an object (and, walking down, the fields below it), by its `fieldsV1` sets: the
+/// operator's own Apply entry and every other entry. A field owned as a whole (an atomic list, a map set
+/// with `.`) owns everything below it.
+#[derive(Clone, Debug, Default)]
+pub struct FieldOwners<'a> {
+    ours: Option<&'a Value>,
+    others: Vec<&'a Value>,
+}
+
+impl<'a> FieldOwners<'a> {
+    /// The owners of the whole object: `manager`'s Apply entry is ours, every other entry another's.
+    pub fn of(entries: &'a [ManagedFieldsEntry], manager: &str) -> Self {
+        let mut owners = FieldOwners::default();
+        for entry in entries {
+            let Some(fields) = entry.fields_v1.as_ref().map(|f| &f.0) else {
+                continue;
+            };
+            if entry.manager.as_deref() == Some(manager) && entry.operation.as_deref() == Some("Apply") {
+                owners.ours = Some(fields);
+            } else {
+                owners.others.push(fields);
+            }
+        }
+        owners
+    }
+
+    /// The owners of the field `name` below this one.
+    pub fn field(&self, name: &str) -> Self {
+        self.below(|set| set.get(&format!("f:{name}")))
+    }
+
+    /// The owners of the list item `item` (at `index`) below this one: by its keys (`k:{"name":"x"}`), its
+    /// value (`v:"a"`) or its index (`i:0`).
+    pub fn item(&self, item: &Value, index: usize) -> Self {
+        self.below(|set| {
+            set.iter().find_map(|(key, child)| {
+                let found = match key.split_once(':') {
+                    Some(("k", keys)) => serde_json::from_str::<serde_json::Map<String, Value>>(keys)
+                        .is_ok_and(|keys| keys.iter().all(|(k, v)| item.get(k) == Some(v))),
+                    Some(("v", value)) => serde_json::from_str::<Value>(value).is_ok_and(|v| &v == item),
+                    Some(("i", at)) => at.parse() == Ok(index),
+                    _ => false,
+                };
+                found.then_some(child)
+            })
+        })
+    }
+
+    /// Whether the operator has an Apply entry here: it applied the object (or this field).
+    pub fn has_ours(&self) -> bool {
+        self.ours.is_some()
+    }
+
+    /// Whether the operator's Apply entry owns this field and no other entry does: a value of it that is not
+    /// the one applied is the API server's (defaulted, normalised, set by an admission webhook at the apply),
+    /// as any other writer that changes a field takes it over.
+    pub fn ours_alone(&self) -> bool {
+        self.ours.is_some() && self.others.is_empty()
+    }
+
+    fn below(&self, child: impl Fn(&'a serde_json::Map<String, Value>) -> Option<&'a Value>) -> Self {
+        let step = |set: &'a Value| match set.as_object() {
+            // Owned as a whole: so is everything below.
+            Some(children) if children.is_empty() => Some(set),
+            Some(children) => child(children),
+            None => None,
+        };
+        FieldOwners {
+            ours: self.ours.and_then(step),
+            others: self.others.iter().copied().filter_map(step).collect(),
+        }
+    }
+}

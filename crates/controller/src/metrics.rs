@@ -694,7 +694,9 @@ impl Metrics {
         let labels = TargetLabels {
             target: target.as_str().to_owned(),
         };
-        self.applied.get_or_create(&labels).inc_by(report.applied as u64);
+        self.applied
+            .get_or_create(&labels)
+            .inc_by(report.applied.saturating_sub(report.unchanged) as u64);
         self.pruned
             .get_or_create(&labels)
             .inc_by(report.pruned.len() as u64);

@@ -1100,6 +1100,12 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
     })
     .await;
     operator.stop().await;
+    // While no operator runs, the ClusterRole loses the operator's label once more.
+    roles
+        .patch(&role, &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .unwrap();
+    let writes_before_restart = workload_writes(&workload).await;
     let readyz_asked = |metrics: String| {
         counter(
             &metrics,
@@ -1109,8 +1115,9 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
     };
     let readyz_before_restart = readyz_asked(workload_metrics(&workload).await);
 
-    // Restarted with a periodic pass every 2 s: the first pass applies (a new process vouches for nothing it
-    // did not apply), and from then on every pass finds all as applied and writes nothing.
+    // Restarted with a periodic pass every 2 s: the first pass reads each object it has not applied in this
+    // process and writes only the one that is not as an apply of the same content left it (the ClusterRole);
+    // from then on every pass finds all as applied and writes nothing.
     let source = Arc::new(cso_release::source::local::LocalSource::new(
         dir.path().join("cluster-stacks"),
     ));
@@ -1119,12 +1126,37 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
     });
     let metrics = parts.metrics.clone();
     let operator = RunningOperator::run(parts, renderer).await;
-    eventually("the first pass re-applied", CONVERGE, || async {
-        (counter(&metrics.encode(), "cso_objects_applied_total", &[]) > 0.0).then_some(())
-    })
+    eventually(
+        "the first pass put the ClusterRole's label back",
+        CONVERGE,
+        || async {
+            let role = roles.get(&role).await.unwrap();
+            (role.labels().get(owned.0).map(String::as_str) == Some(owned.1)).then_some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let writes = workload_writes(&workload).await;
+    let written: BTreeMap<&String, f64> = writes
+        .iter()
+        .map(|(request, count)| {
+            (
+                request,
+                count - writes_before_restart.get(request).copied().unwrap_or(0.0),
+            )
+        })
+        .filter(|(_, count)| *count > 0.0)
+        .collect();
+    assert_eq!(
+        written,
+        BTreeMap::from([(&"APPLY clusterroles".to_owned(), 1.0)]),
+        "the restarted operator wrote only the object changed while it was away"
+    );
+    assert_eq!(
+        counter(&metrics.encode(), "cso_objects_applied_total", &[]),
+        1.0,
+        "the metric counts the one object written"
+    );
     let readyz = readyz_asked(workload_metrics(&workload).await);
     assert!(
         readyz > readyz_before_restart,
