@@ -26,11 +26,6 @@ pub const STAGE_INVENTORY_ANNOTATION: &str = "clusterstack.x-k8s.io/stage-invent
 /// are rendered and applied again.
 pub const APPLIED_INPUTS_ANNOTATION: &str = "clusterstack.x-k8s.io/applied-inputs";
 
-/// Annotation with the status of a ClusterAddon whose Cluster is paused for `clusterctl move` (JSON: the
-/// ClusterAddon's `uid` and its `status`): the move copies metadata and spec but not the status, so the
-/// copy on the target management cluster (another UID) takes its inventory, stages and readiness from here.
-pub const MOVED_STATUS_ANNOTATION: &str = "clusterstack.x-k8s.io/moved-status";
-
 /// What the name of a Cluster's ClusterAddon begins with (the Go operator's convention).
 const NAME_PREFIX: &str = "cluster-addon-";
 

@@ -289,7 +289,8 @@ pub struct WaveStatus {
     /// The failing Clusters (`namespace/name`, at most five) and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failing_clusters: Vec<FailingCluster>,
-    /// Since when every Cluster of the wave is done or skipped (the bake starts then).
+    /// Since when every Cluster of the wave is done or skipped (the bake starts then); kept while one of them is
+    /// only in progress again, cleared when one fails. The bake ends with every Cluster done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub finished_at: Option<DateTime<Utc>>,

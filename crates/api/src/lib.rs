@@ -37,6 +37,12 @@ pub const OWNED_LABEL: (&str, &str) = ("clusterstack.x-k8s.io/instance", "owned"
 pub fn owned_selector() -> String {
     format!("{}={}", OWNED_LABEL.0, OWNED_LABEL.1)
 }
-/// Annotation on the management cluster's objects the operator applied: a digest of the content applied,
-/// so that an unchanged object is not written again, also after a restart.
+
+/// Annotation on every object the operator applies (management and workload clusters): a digest of the
+/// content applied, so that an unchanged object is not written again, also after a restart or a move.
 pub const APPLIED_DIGEST_ANNOTATION: &str = "clusterstack.x-k8s.io/applied-digest";
+
+/// Annotation with the status of an object (a ClusterAddon, a ClusterStackRollout) whose Clusters are paused
+/// for `clusterctl move` (JSON: the object's `uid` and its `status`): the move copies metadata and spec but
+/// not the status, so the copy on the target management cluster (another UID) takes its status from here.
+pub const MOVED_STATUS_ANNOTATION: &str = "clusterstack.x-k8s.io/moved-status";

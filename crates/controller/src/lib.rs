@@ -18,6 +18,7 @@ mod filter;
 mod fleet_status;
 mod in_use;
 pub mod metrics;
+mod moving;
 mod patch;
 pub mod preflight;
 pub mod preview;

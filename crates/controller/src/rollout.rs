@@ -226,6 +226,20 @@ async fn reconcile_object(
     let Some(rollout) = crate::patch::current(&ctx, &api, rollout.as_ref()).await? else {
         return Ok(Action::await_change());
     };
+    // Before anything else, `clusterctl move` (see `crate::moving`): a rollout blocks moves while the Clusters of
+    // its namespace run, and does nothing once they are all paused (a namespace without Clusters blocks none).
+    let clusters = clusters_of(&ctx, &namespace).await?;
+    let all_paused = clusters.iter().all(Cluster::is_paused);
+    let rollout = crate::moving::act(
+        &ctx.written,
+        &api,
+        &rollout,
+        crate::moving::next_move_step(&rollout, all_paused),
+    )
+    .await?;
+    if all_paused && !clusters.is_empty() {
+        return Ok(Action::await_change());
+    }
     let before = rollout.status.clone();
     let now = chrono::Utc::now();
 
@@ -247,7 +261,6 @@ async fn reconcile_object(
     };
     let target_class = plan.target.cluster_class_name();
 
-    let clusters = clusters_of(&ctx, &namespace).await?;
     let addons = addons_of(&ctx).await?;
     let candidates: Vec<Candidate> = clusters
         .iter()

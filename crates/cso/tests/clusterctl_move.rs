@@ -5,23 +5,23 @@
 //! workload API server both reach.
 //!
 //! A Cluster of the test stack (`docker-capi-1-33`) gets its addons and one finished upgrade (v1 → v2, with
-//! stages at `BeforeClusterUpgrade` and `AfterClusterUpgrade`) on the source; then `clusterctl move
-//! --namespace <ns>`:
-//! - on the target, the ClusterStack, its releases (with their provenance), their ClusterClasses, the Cluster
-//!   and its ClusterAddon, the ClusterAddon with the same spec, inventory, stages and readiness (its status
-//!   recorded on the source once the Cluster was paused, adopted by the copy), blocking moves again;
-//! - the workload API server's write count unchanged across the move and the target's periodic passes, and no
-//!   hook answered nor stage started by either operator meanwhile;
+//! stages at `BeforeClusterUpgrade` and `AfterClusterUpgrade`) by a ClusterStackRollout, which stays in
+//! progress (its second wave bakes for an hour); then `clusterctl move --namespace <ns>`:
+//! - on the target, the ClusterStack, its releases (with their provenance), their ClusterClasses, the Cluster,
+//!   its ClusterAddon and the rollout; the ClusterAddon with the same spec, inventory, stages and readiness,
+//!   the rollout with the same moves and waves (both statuses recorded on the source once the Cluster was
+//!   paused, adopted by the copies), both blocking moves again;
+//! - not one write request to the workload API server across the move and the target's periodic passes, and
+//!   no hook answered nor stage started by either operator meanwhile;
 //! - on the source nothing left in the namespace;
-//! - an upgrade on the target (v2 → v3) then runs its stages as before the move.
+//! - an upgrade on the target (v2 → v3, by hand) then runs its stages as before the move.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use cso_api::{
-    ClusterAddon, ClusterStack, ClusterStackRelease,
-    capi::BLOCK_MOVE_ANNOTATION,
-    cluster_addon::{MOVED_STATUS_ANNOTATION, STAGE_INVENTORY_ANNOTATION},
+    ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollout, MOVED_STATUS_ANNOTATION,
+    capi::BLOCK_MOVE_ANNOTATION, cluster_addon::STAGE_INVENTORY_ANNOTATION,
 };
 use cso_testenv::{
     ControlPlane, Tools,
@@ -208,13 +208,42 @@ async fn versions_of(workload: &Client, addon: &ClusterAddon) -> BTreeMap<String
     versions
 }
 
-/// Moves Cluster `c1` in `ns` to `class` at `version` and waits until Cluster API has finished the upgrade
-/// (the hook answers in the operator's `log`).
+/// `object` with the labels `labels`.
+fn labelled(mut object: Value, labels: Value) -> Value {
+    object["metadata"]["labels"] = labels;
+    object
+}
+
+/// How Cluster `c1` is moved to another class.
+enum Move {
+    /// By hand: a patch of its class and version.
+    ByHand,
+    /// By a ClusterStackRollout of stack `capi-1-33`: its first wave takes `c1` (labelled `ring: 1`), and
+    /// its second wave, empty, starts only after an hour's bake, so the rollout stays in progress.
+    ByRollout,
+}
+
+/// The rollout of [`Move::ByRollout`] to `version` of the stack.
+fn baking_rollout(ns: &str, version: &str) -> ClusterStackRollout {
+    serde_json::from_value(json!({
+        "apiVersion": "clusterstack.x-k8s.io/v1alpha1", "kind": "ClusterStackRollout",
+        "metadata": {"name": format!("to-{version}"), "namespace": ns},
+        "spec": {
+            "clusterStack": "capi-1-33", "version": version,
+            "waves": [{"name": "first", "clusterSelector": {"matchLabels": {"ring": "1"}}}, {"name": "rest"}],
+            "bakeTime": "1h"
+        }
+    }))
+    .unwrap()
+}
+
+/// Moves Cluster `c1` in `ns` to `class` (release `version` of the stack) at Kubernetes `kubernetes` and
+/// waits until Cluster API has finished the upgrade (the hook answers in the operator's `log`).
 async fn upgrade(
     client: &Client,
     ns: &str,
-    class: &str,
-    version: &str,
+    (class, version, kubernetes): (&str, &str, &str),
+    how: Move,
     log: &Path,
     cluster_api: &ClusterApi,
 ) {
@@ -226,15 +255,25 @@ async fn upgrade(
         "clusters",
         Some(ns),
     );
-    clusters
-        .patch(
-            "c1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"topology": {
-                "classRef": {"name": class, "namespace": ns}, "version": version}}})),
-        )
-        .await
-        .unwrap();
+    match how {
+        Move::ByHand => {
+            clusters
+                .patch(
+                    "c1",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"topology": {
+                        "classRef": {"name": class, "namespace": ns}, "version": kubernetes}}})),
+                )
+                .await
+                .unwrap();
+        }
+        Move::ByRollout => {
+            Api::<ClusterStackRollout>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &baking_rollout(ns, version))
+                .await
+                .unwrap();
+        }
+    }
     let control_planes = api(
         client,
         "controlplane.cluster.x-k8s.io",
@@ -247,7 +286,7 @@ async fn upgrade(
         &clusters,
         &control_planes,
         &format!("{ns}/c1"),
-        version,
+        kubernetes,
         log,
         &format!("the upgrade to {class}"),
         cluster_api,
@@ -319,7 +358,11 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
     source_clusters
         .create(
             &PostParams::default(),
-            &serde_json::from_value(cluster(&ns, "c1", "docker-capi-1-33-v1", &ns, "v1.33.4")).unwrap(),
+            &serde_json::from_value(labelled(
+                cluster(&ns, "c1", "docker-capi-1-33-v1", &ns, "v1.33.4"),
+                json!({"ring": "1"}),
+            ))
+            .unwrap(),
         )
         .await
         .unwrap_or_else(|e| panic!("Cluster API refused the Cluster: {e}"));
@@ -332,8 +375,8 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
     upgrade(
         &from,
         &ns,
-        "docker-capi-1-33-v2",
-        "v1.33.5",
+        ("docker-capi-1-33-v2", "v2", "v1.33.5"),
+        Move::ByRollout,
         &a.log,
         &source.cluster_api,
     )
@@ -357,6 +400,30 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         "a ClusterAddon blocks moves while its Cluster runs"
     );
     let source_releases = releases_kept(&from, &ns).await;
+    let rollout_before = wait_for(
+        "the rollout baking on the source (c1 moved, its wave finished) and blocking moves",
+        PHASE,
+        || async {
+            let rollout = Api::<ClusterStackRollout>::namespaced(from.clone(), &ns)
+                .get_opt("to-v2")
+                .await
+                .ok()??;
+            let status = rollout.status.as_ref()?;
+            (status
+                .moves
+                .iter()
+                .any(|m| m.cluster == format!("{ns}/c1") && m.outcome == "Moved")
+                && status.waves.first()?.finished_at.is_some()
+                && rollout.annotations().contains_key(BLOCK_MOVE_ANNOTATION))
+            .then_some(rollout)
+        },
+    )
+    .await;
+    let rollout_status_before = rollout_before.status.clone().unwrap();
+    assert_eq!(
+        rollout_status_before.phase, "Progressing",
+        "{rollout_status_before:?}"
+    );
 
     // The target's operator and stand-in run before the move, as a site would have them.
     let b = start_operator(
@@ -381,12 +448,14 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         .await
         .unwrap_or_else(|e| panic!("clusterctl move failed: {e}"));
     eprintln!("clusterctl move:\n{output}");
-    assert!(
-        log_lines(&a.log)
-            .iter()
-            .any(|l| l["message"] == "Cluster paused: ClusterAddon ready to be moved"),
-        "the source's operator released the ClusterAddon once its Cluster was paused"
-    );
+    for kind in ["ClusterAddon", "ClusterStackRollout"] {
+        assert!(
+            log_lines(&a.log)
+                .iter()
+                .any(|l| l["message"] == "its Clusters paused: ready to be moved" && l["kind"] == kind),
+            "the source's operator released the {kind} once the Cluster was paused"
+        );
+    }
 
     // On the target: everything, the ClusterAddon as it was, blocking moves again.
     let after = wait_for(
@@ -440,6 +509,36 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
     })
     .await;
     assert_eq!(stack.spec.versions, ["v1", "v2", "v3"]);
+    // The rollout goes on where it was: its memory of c1's move kept (the Clusters' generations are the
+    // source's, so they are dropped), its first wave finished at the same time, the second one still baking.
+    let mut expected_moves = rollout_status_before.moves.clone();
+    for record in &mut expected_moves {
+        record.generation = None;
+    }
+    let rollout_after = wait_for(
+        "the rollout adopted on the target, blocking moves, where it was on the source",
+        PHASE,
+        || async {
+            let rollout = Api::<ClusterStackRollout>::namespaced(to.clone(), &ns)
+                .get_opt("to-v2")
+                .await
+                .ok()??;
+            let annotations = rollout.annotations();
+            let status = rollout.status.as_ref()?;
+            (annotations.contains_key(BLOCK_MOVE_ANNOTATION)
+                && !annotations.contains_key(MOVED_STATUS_ANNOTATION)
+                && status.moves == expected_moves
+                && status.waves == rollout_status_before.waves)
+                .then_some(rollout)
+        },
+    )
+    .await;
+    assert_ne!(rollout_after.uid(), rollout_before.uid(), "a copy");
+    let rollout_status_after = rollout_after.status.clone().unwrap();
+    assert_eq!(
+        (&rollout_status_after.phase, &rollout_status_after.current_wave),
+        (&rollout_status_before.phase, &rollout_status_before.current_wave),
+    );
 
     // Nothing written to the workload cluster, across the move and the target's periodic passes.
     let passes = |port: u16| async move {
@@ -485,6 +584,7 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         let left = count(Api::<ClusterStack>::namespaced(from.clone(), &ns)).await?
             + count(Api::<ClusterStackRelease>::namespaced(from.clone(), &ns)).await?
             + count(Api::<ClusterAddon>::namespaced(from.clone(), &ns)).await?
+            + count(Api::<ClusterStackRollout>::namespaced(from.clone(), &ns)).await?
             + count(source_clusters.clone()).await?
             + count(api(
                 &from,
@@ -517,8 +617,8 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
     upgrade(
         &to,
         &ns,
-        "docker-capi-1-33-v3",
-        "v1.33.6",
+        ("docker-capi-1-33-v3", "v3", "v1.33.6"),
+        Move::ByHand,
         &b.log,
         &target.cluster_api,
     )

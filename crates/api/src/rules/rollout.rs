@@ -491,15 +491,22 @@ pub fn assess(
         };
         let moved = count(&|s| matches!(s, State::InProgress | State::Failing(_) | State::Done));
         let finished = members.iter().all(|(_, _, s)| s.finished());
-        let finished_at = finished.then(|| {
-            previous_waves
-                .iter()
-                .find(|w| w.name == wave.name)
-                .and_then(|w| w.finished_at)
-                .unwrap_or(now)
-        });
+        let finished_before = previous_waves
+            .iter()
+            .find(|w| w.name == wave.name)
+            .and_then(|w| w.finished_at);
+        // A wave finished before keeps its bake's start while a Cluster of it is only not done for now (in
+        // progress: its addons re-applied, Cluster API catching up after a `clusterctl move`); the bake ends only
+        // with every Cluster done, and starts again after one failed.
+        let failing_now = members.iter().any(|(_, _, s)| matches!(s, State::Failing(_)));
+        let finished_at = match (finished, finished_before) {
+            (true, before) => Some(before.unwrap_or(now)),
+            (false, Some(before)) if !failing_now => Some(before),
+            (false, _) => None,
+        };
         let baked = match finished_at {
             None => false,
+            Some(_) if !finished => false,
             Some(_) if moved == 0 || plan.bake_time.is_zero() => true,
             Some(at) => {
                 let bake_end =

@@ -22,7 +22,6 @@ pub mod decision;
 mod fights;
 mod health;
 mod inputs;
-mod moving;
 mod staged;
 pub(crate) mod stages;
 
@@ -164,11 +163,11 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     )
     .await?;
     let cluster_paused = cluster.as_ref().is_some_and(Cluster::is_paused);
-    let addon = moving::act(
+    let addon = crate::moving::act(
         &ctx.written,
         &api,
         &addon,
-        moving::next_move_step(&addon, cluster_paused),
+        crate::moving::next_move_step(&addon, cluster_paused),
     )
     .await?;
     if cluster_paused {

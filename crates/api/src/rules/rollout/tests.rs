@@ -268,6 +268,33 @@ fn the_first_wave_moves_first_and_the_next_waits_for_it_to_be_done_and_baked() {
 }
 
 #[test]
+fn a_finished_wave_keeps_its_bake_through_a_cluster_briefly_not_done_and_starts_it_again_after_a_failure() {
+    let plan = three_waves();
+    let mut clusters = fleet();
+    let moves = [moved("a", "canary", 100)];
+    let baking = [finished("canary", 120)];
+    // Baking since 120; the canary in progress again (Cluster API catching up after a `clusterctl move`):
+    // the bake keeps its start, and the next wave does not start meanwhile.
+    clusters[0] = cluster("a", "v2", "canary");
+    let a = assess(&plan, &clusters, &moves, &baking, t(200));
+    assert_eq!(state_of(&a, "a"), Some(&State::InProgress));
+    assert_eq!(a.waves[0].finished_at, Some(t(120)));
+    assert_eq!((a.current_wave, a.to_move.len()), (Some(0), 0));
+    // Done again: the bake ends when it would have (120 + 10 minutes).
+    clusters[0] = done(cluster("a", "v2", "canary"));
+    let a = assess(&plan, &clusters, &moves, &baking, t(720));
+    assert_eq!(a.current_wave, Some(1));
+    // Not done past its deadline (100 + 5 minutes): failing, and the bake starts over once it is done.
+    clusters[0] = cluster("a", "v2", "canary");
+    let a = assess(&plan, &clusters, &moves, &baking, t(500));
+    assert!(matches!(state_of(&a, "a"), Some(State::Failing(_))));
+    assert_eq!(a.waves[0].finished_at, None);
+    clusters[0] = done(cluster("a", "v2", "canary"));
+    let a = assess(&plan, &clusters, &moves, &a.waves, t(600));
+    assert_eq!(a.waves[0].finished_at, Some(t(600)));
+}
+
+#[test]
 fn a_wave_that_moved_nothing_needs_no_bake_and_the_last_wave_done_completes() {
     let plan = three_waves();
     // No canary at all: the first wave is empty, finished at once, and the second starts.
