@@ -7,8 +7,9 @@
 //! once they are paused, its reconcile (one at a time per object, so after any work in flight) records its
 //! status in `clusterstack.x-k8s.io/moved-status` and stops blocking, in one write; nothing else is done while
 //! they are paused. The copy on the target has another UID: it takes its status (a ClusterAddon's inventory,
-//! stages and readiness; a rollout's moves and waves) from that record, so nothing is applied, run or moved
-//! again there, and, once its Clusters run, blocks moves again and drops the record. The pure
+//! stages and readiness; a rollout's moves and waves) and the record from it, so nothing is applied, run or
+//! moved again there, and, once its Clusters run (the move is over), blocks moves again and drops the record.
+//! While an object carries a record of its own, its move is under way: it does nothing else. The pure
 //! [`next_move_step`] decides; [`act`] writes.
 
 use cso_api::{
@@ -86,7 +87,7 @@ struct MovedStatus<S> {
 pub(crate) enum MoveStep<S> {
     /// Nothing: the reconcile goes on, or stops if the Clusters are paused.
     Nothing,
-    /// A copy made by a move: take the recorded status as its own and drop the record.
+    /// A copy made by a move: take the recorded status as its own, and the record too.
     Adopt(Box<S>),
     /// The Clusters are paused and the object still blocks a move: record its status and stop blocking.
     Release(String),
@@ -125,6 +126,12 @@ pub(crate) fn next_move_step<K: Moving>(object: &K, clusters_paused: bool) -> Mo
     }
 }
 
+/// Whether `object`'s move is under way: it carries a record (released on the source, adopted on the target
+/// before its Clusters run).
+pub(crate) fn under_way<K: Moving>(object: &K) -> bool {
+    object.annotations().contains_key(MOVED_STATUS_ANNOTATION)
+}
+
 /// Carries out `step` on `object`; returns the object as written (the adopted status in place: the answer to
 /// the metadata patch, written after it, carries it).
 pub(crate) async fn act<K: Moving>(
@@ -143,7 +150,14 @@ pub(crate) async fn act<K: Moving>(
             patch::status(written, api, &adopted, object.status(), &status).await?;
             tracing::info!(%kind, name = %object.name_any(), namespace = ?object.namespace(),
                 "moved here: its recorded status adopted");
-            return annotate(written, api, &adopted, json!({ MOVED_STATUS_ANNOTATION: null })).await;
+            // The record stays, as its own, until the Clusters run (`Block` drops it): the move is not over
+            // before, and what is not here yet (the Clusters of a rollout) must not count as gone.
+            let record = MovedStatus {
+                uid: object.uid().unwrap_or_default(),
+                status,
+            };
+            let record = serde_json::to_string(&record).unwrap_or_default();
+            return annotate(written, api, &adopted, json!({ MOVED_STATUS_ANNOTATION: record })).await;
         }
         MoveStep::Release(record) => {
             tracing::info!(%kind, name = %object.name_any(), namespace = ?object.namespace(),
@@ -234,6 +248,9 @@ mod tests {
     // The copy on the target (another UID, no status): adopts, paused or not.
     #[case::copy_paused(addon("b", &[(MOVED_STATUS_ANNOTATION, record("a"))], None), true, MoveStep::Adopt(Box::new(ready())))]
     #[case::copy_running(addon("b", &[(MOVED_STATUS_ANNOTATION, record("a"))], None), false, MoveStep::Adopt(Box::new(ready())))]
+    // The copy, adopted (the record its own now): nothing while the move is under way, then blocks and drops it.
+    #[case::adopted_paused(addon("b", &[(MOVED_STATUS_ANNOTATION, record("b"))], Some(ready())), true, MoveStep::Nothing)]
+    #[case::adopted_running(addon("b", &[(MOVED_STATUS_ANNOTATION, record("b"))], Some(ready())), false, MoveStep::Block)]
     // A record nobody can read: not adopted, dropped once the Cluster runs.
     #[case::garbled(addon("b", &[(MOVED_STATUS_ANNOTATION, "{".into())], None), false, MoveStep::Block)]
     #[case::garbled_paused(addon("b", &[(MOVED_STATUS_ANNOTATION, "{".into())], None), true, MoveStep::Nothing)]

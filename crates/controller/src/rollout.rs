@@ -227,7 +227,8 @@ async fn reconcile_object(
         return Ok(Action::await_change());
     };
     // Before anything else, `clusterctl move` (see `crate::moving`): a rollout blocks moves while the Clusters of
-    // its namespace run, and does nothing once they are all paused (a namespace without Clusters blocks none).
+    // its namespace run (a namespace without Clusters blocks none), and does nothing once they are all paused
+    // nor while its move is under way (on the target, its Clusters may not be there yet).
     let clusters = clusters_of(&ctx, &namespace).await?;
     let all_paused = clusters.iter().all(Cluster::is_paused);
     let rollout = crate::moving::act(
@@ -237,7 +238,7 @@ async fn reconcile_object(
         crate::moving::next_move_step(&rollout, all_paused),
     )
     .await?;
-    if all_paused && !clusters.is_empty() {
+    if (all_paused && !clusters.is_empty()) || crate::moving::under_way(&rollout) {
         return Ok(Action::await_change());
     }
     let before = rollout.status.clone();
