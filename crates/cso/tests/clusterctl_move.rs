@@ -152,6 +152,14 @@ async fn cluster_addon(client: &Client, ns: &str) -> Option<ClusterAddon> {
         .unwrap()
 }
 
+/// The rollout of c1 to v2 ([`baking_rollout`]), if it is there.
+async fn rollout(client: &Client, ns: &str) -> Option<ClusterStackRollout> {
+    Api::<ClusterStackRollout>::namespaced(client.clone(), ns)
+        .get_opt("to-v2")
+        .await
+        .unwrap()
+}
+
 /// The release statuses by name: readiness and provenance.
 async fn releases_kept(client: &Client, ns: &str) -> BTreeMap<String, Value> {
     Api::<ClusterStackRelease>::namespaced(client.clone(), ns)
@@ -404,10 +412,7 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         "the rollout baking on the source (c1 moved, its wave finished) and blocking moves",
         PHASE,
         || async {
-            let rollout = Api::<ClusterStackRollout>::namespaced(from.clone(), &ns)
-                .get_opt("to-v2")
-                .await
-                .ok()??;
+            let rollout = rollout(&from, &ns).await?;
             let status = rollout.status.as_ref()?;
             (status
                 .moves
@@ -519,10 +524,7 @@ async fn clusterctl_move_takes_stacks_releases_and_addons_along_and_applies_noth
         "the rollout adopted on the target, blocking moves, where it was on the source",
         PHASE,
         || async {
-            let rollout = Api::<ClusterStackRollout>::namespaced(to.clone(), &ns)
-                .get_opt("to-v2")
-                .await
-                .ok()??;
+            let rollout = rollout(&to, &ns).await?;
             let annotations = rollout.annotations();
             let status = rollout.status.as_ref()?;
             (annotations.contains_key(BLOCK_MOVE_ANNOTATION)
