@@ -996,7 +996,16 @@ impl ApplyEngine {
     pub(crate) fn would_leave_unwritten(&self, live: &DynamicObject, item: &Prepared) -> bool {
         let entries = live.metadata.managed_fields.as_deref().unwrap_or_default();
         let owners = FieldOwners::of(entries, &self.field_manager);
-        if !owners.has_ours() {
+        // The digest first, and strictly: only an apply of this very content can have given the fields it
+        // owns alone other values than this content has.
+        let applied_digest = item.object["metadata"]["annotations"][APPLIED_DIGEST_ANNOTATION].as_str();
+        let live_digest = live
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(APPLIED_DIGEST_ANNOTATION))
+            .map(String::as_str);
+        if !owners.has_ours() || applied_digest.is_none() || live_digest != applied_digest {
             return false;
         }
         let Ok(live) = serde_json::to_value(live) else {

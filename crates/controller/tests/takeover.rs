@@ -35,7 +35,8 @@ struct Applied {
     gvk: GroupVersionKind,
     namespace: Option<String>,
     uid: String,
-    generation: Option<i64>,
+    /// Its spec (`null` for kinds without one).
+    spec: Value,
 }
 
 /// The status entry the Go operator records for a rendered object: the namespace as rendered (empty when
@@ -58,7 +59,7 @@ fn go_conditions(types: &[&str]) -> Value {
     )
 }
 
-/// Applies `manifests` as the Go operator does and remembers each object's uid and generation.
+/// Applies `manifests` as the Go operator does and remembers each object's uid and spec.
 async fn go_apply_all(client: &Client, namespace: &str, manifests: &[Manifest]) -> Vec<Applied> {
     let mut applied = Vec::new();
     for manifest in manifests {
@@ -74,7 +75,7 @@ async fn go_apply_all(client: &Client, namespace: &str, manifests: &[Manifest]) 
             gvk: GroupVersionKind::gvk(group, version, manifest.kind()),
             namespace: object.metadata.namespace.clone(),
             uid: object.metadata.uid.clone().unwrap(),
-            generation: object.metadata.generation,
+            spec: object.data["spec"].clone(),
         });
     }
     applied
@@ -94,16 +95,18 @@ async fn live(client: &Client, applied: &Applied) -> Option<DynamicObject> {
 }
 
 /// What changed since the Go operator applied: objects deleted (gone, or recreated with another uid), and
-/// objects whose spec changed (another generation; for a Deployment or DaemonSet, its pod template).
+/// objects whose spec changed (for a Deployment or DaemonSet, its pod template among it).
 async fn changes(client: &Client, objects: &[Applied]) -> (Vec<String>, Vec<String>) {
     let (mut deleted, mut changed) = (Vec::new(), Vec::new());
     for applied in objects {
         match live(client, applied).await {
             Some(object) if object.metadata.uid.as_deref() == Some(applied.uid.as_str()) => {
-                if object.metadata.generation != applied.generation {
+                // (Not by its generation: a Deployment counts changes of its annotations too, and the operator
+                // adds its digest.)
+                if object.data["spec"] != applied.spec {
                     changed.push(format!(
-                        "{} (generation {:?} -> {:?})",
-                        applied.name, applied.generation, object.metadata.generation
+                        "{} (spec {} -> {})",
+                        applied.name, applied.spec, object.data["spec"]
                     ));
                 }
             }
