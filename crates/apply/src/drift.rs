@@ -615,6 +615,14 @@ impl KindFollower {
         WatchEnd::Closed
     }
 
+    /// Whether an event of `key` at `version` is history the engine's record of the object already covers: a
+    /// watch resumes from the earliest record of its kind, so it replays what happened to objects recorded
+    /// later (after a restart, the reads of the first pass) up to their records, changes put back since
+    /// among it.
+    fn stale(&self, key: &ObjectKey, version: Option<&str>) -> bool {
+        version.is_some_and(|version| self.engine.recorded_since(key, version))
+    }
+
     /// Takes in one event line; `Some` ends the watch.
     fn event(&self, line: &[u8], last: &mut String) -> Option<WatchEnd> {
         let event = match parse_event(line) {
@@ -626,6 +634,12 @@ impl KindFollower {
                 let key = self.key_of(&object.metadata);
                 let live = LiveMeta::of(&object.metadata);
                 let version = object.metadata.resource_version.clone();
+                if let Some(version) = &version {
+                    last.clone_from(version);
+                }
+                if self.stale(&key, version.as_deref()) {
+                    return None;
+                }
                 // Asked before the judgement: `None` then means any write of the object is recorded already.
                 let written = self.engine.written(&key);
                 let drifted = self.engine.has_applied(&key) && !self.engine.left_as_applied(&key, &live);
@@ -637,9 +651,6 @@ impl KindFollower {
                 self.cache
                     .objects()
                     .insert((key.namespace.clone(), key.name.clone()), live.clone());
-                if let Some(version) = &version {
-                    last.clone_from(version);
-                }
                 if drifted {
                     match written {
                         // Written by this engine now: the event may be the write's own, come before its record,
@@ -663,6 +674,12 @@ impl KindFollower {
             }
             WatchEvent::Deleted(object) => {
                 let key = self.key_of(&object.metadata);
+                if self.stale(&key, object.metadata.resource_version.as_deref()) {
+                    if let Some(version) = object.metadata.resource_version {
+                        *last = version;
+                    }
+                    return None;
+                }
                 self.cache
                     .objects()
                     .remove(&(key.namespace.clone(), key.name.clone()));
