@@ -615,12 +615,12 @@ impl KindFollower {
         WatchEnd::Closed
     }
 
-    /// Whether an event of `key` at `version` is history the engine's record of the object already covers: a
-    /// watch resumes from the earliest record of its kind, so it replays what happened to objects recorded
-    /// later (after a restart, the reads of the first pass) up to their records, changes put back since
-    /// among it.
+    /// Whether an event of `key` at `version` is history the engine's record of the object already covers (a
+    /// version before the record's): a watch resumes from the earliest record of its kind, so it replays what
+    /// happened to objects recorded later (after a restart, the reads of the first pass) up to their records,
+    /// changes put back since among it. The event of the recorded version itself is taken in.
     fn stale(&self, key: &ObjectKey, version: Option<&str>) -> bool {
-        version.is_some_and(|version| self.engine.recorded_since(key, version))
+        version.is_some_and(|version| self.engine.recorded_later_than(key, version))
     }
 
     /// Takes in one event line; `Some` ends the watch.

@@ -1047,15 +1047,23 @@ impl ApplyEngine {
         })
     }
 
+    /// Whether this engine's record of `key` is of a later version than `resource_version` (numbers, as the
+    /// API server gives them): an event of that version is history the record covers.
+    pub fn recorded_later_than(&self, key: &ObjectKey, resource_version: &str) -> bool {
+        matches!((self.recorded_version(key), resource_version.parse::<u64>()), (Some(recorded), Ok(version)) if version < recorded)
+    }
+
+    /// The resourceVersion of this engine's record of `key`, as a number.
+    fn recorded_version(&self, key: &ObjectKey) -> Option<u64> {
+        let observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        observed.get(key)?.resource_version.as_deref()?.parse().ok()
+    }
+
     /// Whether this engine's record of `key` is of `resource_version` or later: an event of that version shows
     /// the object as it was before (or at) the recorded write. `false` when either version is not the decimal
     /// number every kube-apiserver gives, so that they cannot be ordered.
     pub fn recorded_since(&self, key: &ObjectKey, resource_version: &str) -> bool {
-        let observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-        let recorded = observed
-            .get(key)
-            .and_then(|o| o.resource_version.as_deref()?.parse::<u64>().ok());
-        matches!((recorded, resource_version.parse::<u64>()), (Some(recorded), Ok(version)) if version <= recorded)
+        matches!((self.recorded_version(key), resource_version.parse::<u64>()), (Some(recorded), Ok(version)) if version <= recorded)
     }
 
     /// Whether this engine applied `key` (and has not pruned it since).

@@ -3,7 +3,8 @@
 //! manager's edit afterwards is told; a kind watched before anything of it was applied (a restarted operator)
 //! is listed first, and its verdict follows the applies from then on; a deletion behind a long outage is
 //! told within seconds of the server's return, not when the watches' back-off next tries; the events of the
-//! engine's own writes are never told, even when they come before the write's answer.
+//! engine's own writes are never told, even when they come before the write's answer; nor is the history a
+//! new process's watch replays up to its records.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{
@@ -217,6 +218,65 @@ async fn a_kind_watched_before_any_apply_is_listed_first() {
         (told.load(Ordering::SeqCst) >= 1).then_some(())
     })
     .await;
+}
+
+/// A new process's engine reads what an earlier one applied and records each object as it is; its watch
+/// resumes from the earliest record of the kind, so it replays what happened to the objects recorded later: an
+/// edit the earlier process put back is history, not drift.
+#[tokio::test]
+async fn history_a_resumed_watch_replays_is_not_told() {
+    let (client, _tally) = counted_client().await;
+    let ns = cso_testenv::namespace(&client, "drift-history").await.unwrap();
+    let earlier = engine(&client);
+    let first = earlier
+        .apply_first(&config_maps(&ns, &["a", "b"]), &ns, &BTreeMap::new())
+        .await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let edit = serde_json::json!({"data": {"k": "edited"}});
+    api.patch("b", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    let put_back = earlier
+        .apply(
+            &config_maps(&ns, &["a", "b"]),
+            &ns,
+            &BTreeMap::new(),
+            &first.resources,
+        )
+        .await;
+    assert!(put_back.is_complete(), "{}", put_back.failure_summary());
+
+    // The new process writes neither; b's record is newer than a's, the edit and its correction between.
+    let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
+    let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER);
+    let report = engine
+        .apply(
+            &config_maps(&ns, &["a", "b"]),
+            &ns,
+            &BTreeMap::new(),
+            &put_back.resources,
+        )
+        .await;
+    assert_eq!((report.applied, report.unchanged), (2, 2), "read, not written");
+    let (watch, told) = drift_watch(&engine, discovery);
+    watch.watch(&report.resources).await;
+    eventually("the watch request is open", || async {
+        watch.streaming().then_some(())
+    })
+    .await;
+    // A delete after the replay: told, and alone (one watch per kind takes its events in order).
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    eventually("the delete is told", || async {
+        (told.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(told.load(Ordering::SeqCst), 1, "only the delete is told");
+    assert_eq!(
+        watch.verdict(&report.resources),
+        Verdict::Drifted(vec![config_map_key(&ns, "a")]),
+        "b as applied"
+    );
 }
 
 /// A deletion made while the API server could not be reached for 40 s is told within seconds of its return.
