@@ -1011,7 +1011,8 @@ impl ApplyEngine {
         let Ok(live) = serde_json::to_value(live) else {
             return false;
         };
-        match first_unheld(&live, &item.object, &owners) {
+        let stored = as_stored(&item.key, &item.object);
+        match first_unheld(&live, stored.as_ref().unwrap_or(&item.object), &owners) {
             None => true,
             Some(field) => {
                 tracing::debug!(object = %item.key, field = %field, "not as an apply of this content left it");
@@ -1308,6 +1309,30 @@ fn annotate_digest(object: &mut Value) {
     annotations[APPLIED_DIGEST_ANNOTATION] = Value::String(digest);
 }
 
+/// `applied` as the API server stores it, where that differs: a Secret's write-only `stringData` goes into
+/// its `data`, base64-encoded (and wins over `data` for the same key).
+fn as_stored(key: &ObjectKey, applied: &Value) -> Option<Value> {
+    use base64::Engine;
+    let string_data = applied.get("stringData")?.as_object()?;
+    if !(key.group.is_empty() && key.kind == "Secret") {
+        return None;
+    }
+    let mut stored = applied.clone();
+    let object = stored.as_object_mut()?;
+    object.remove("stringData");
+    let data = object
+        .entry("data")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !data.is_object() {
+        *data = Value::Object(Default::default());
+    }
+    for (name, value) in string_data {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(value.as_str().unwrap_or_default());
+        data[name.as_str()] = Value::String(encoded);
+    }
+    Some(stored)
+}
+
 /// Whether the API server leaves `value` out of the objects it stores when it is set (Kubernetes' own kinds
 /// omit empty fields: `readOnly: false`, `initialDelaySeconds: 0`, `resources: {}`): `null`, `false`, `0`,
 /// `""`, `{}` and `[]`.
@@ -1586,6 +1611,27 @@ mod tests {
             Some(".spec.args"),
             "an atomic list another manager replaced"
         );
+    }
+
+    #[test]
+    fn a_secrets_string_data_is_held_by_its_data() {
+        let key = |kind: &str| ObjectKey {
+            group: String::new(),
+            kind: kind.into(),
+            namespace: "kube-system".into(),
+            name: "cloud-config".into(),
+        };
+        let applied = json!({"metadata": {"name": "cloud-config"}, "stringData": {"cloud.conf": "[Global]"}});
+        let live = json!({"metadata": {"name": "cloud-config"}, "data": {"cloud.conf": "W0dsb2JhbF0="}});
+        let stored = as_stored(&key("Secret"), &applied).unwrap();
+        assert_eq!(first_unheld(&live, &stored, &FieldOwners::default()), None);
+        let mut edited = live.clone();
+        edited["data"]["cloud.conf"] = json!("e30=");
+        assert_eq!(
+            first_unheld(&edited, &stored, &FieldOwners::default()).as_deref(),
+            Some(".data.cloud.conf")
+        );
+        assert_eq!(as_stored(&key("ConfigMap"), &applied), None, "only a Secret's");
     }
 
     #[test]
