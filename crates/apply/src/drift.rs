@@ -674,18 +674,16 @@ impl KindFollower {
             }
             WatchEvent::Deleted(object) => {
                 let key = self.key_of(&object.metadata);
-                if self.stale(&key, object.metadata.resource_version.as_deref()) {
-                    if let Some(version) = object.metadata.resource_version {
-                        *last = version;
-                    }
+                let stale = self.stale(&key, object.metadata.resource_version.as_deref());
+                if let Some(version) = object.metadata.resource_version {
+                    *last = version;
+                }
+                if stale {
                     return None;
                 }
                 self.cache
                     .objects()
                     .remove(&(key.namespace.clone(), key.name.clone()));
-                if let Some(version) = object.metadata.resource_version {
-                    *last = version;
-                }
                 if self.engine.has_applied(&key) {
                     self.teller
                         .tell("deleted or unlabelled", &key, Some(DriftCause::Gone));

@@ -212,6 +212,23 @@ struct Observed {
     left_out: Vec<String>,
 }
 
+impl Observed {
+    /// The record of applying `content`, the object being as `metadata` (the apply's answer, or the read that
+    /// found it as an apply of `content` left it) shows it.
+    fn of(content: &Value, metadata: kube::api::ObjectMeta, left_out: Vec<String>) -> Self {
+        let seen = LiveMeta::of(&metadata);
+        Observed {
+            content: Sha256::digest(content.to_string()).into(),
+            writes: seen.writes,
+            ours: seen.ours,
+            resource_version: metadata.resource_version,
+            uid: metadata.uid,
+            generation: metadata.generation,
+            left_out,
+        }
+    }
+}
+
 /// What a watch (or a read) shows of an object: which object it is, the version of its spec, and who wrote
 /// its other fields when.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -866,18 +883,9 @@ impl ApplyEngine {
             if let Some(live) = live {
                 if self.would_leave_unwritten(&live, &item) {
                     tracing::debug!(object = %item.key, "as an apply of this content left it: not written");
-                    let seen = LiveMeta::of(&live.metadata);
                     self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
                         item.key.clone(),
-                        Observed {
-                            content: Sha256::digest(item.object.to_string()).into(),
-                            writes: seen.writes,
-                            ours: seen.ours,
-                            resource_version: live.metadata.resource_version,
-                            uid: live.metadata.uid,
-                            generation: live.metadata.generation,
-                            left_out: Vec::new(),
-                        },
+                        Observed::of(&item.object, live.metadata, Vec::new()),
                     );
                     item.unchanged = true;
                     return item;
@@ -907,16 +915,7 @@ impl ApplyEngine {
             }) => {
                 tracing::debug!(object = %item.key, "applied");
                 let learned = left_out.len() > known.len();
-                let seen = LiveMeta::of(&applied.metadata);
-                let now = Observed {
-                    content: Sha256::digest(item.object.to_string()).into(),
-                    writes: seen.writes,
-                    ours: seen.ours,
-                    resource_version: applied.metadata.resource_version,
-                    uid: applied.metadata.uid,
-                    generation: applied.metadata.generation,
-                    left_out,
-                };
+                let now = Observed::of(&item.object, applied.metadata, left_out);
                 let before = self
                     .observed
                     .lock()

@@ -126,6 +126,16 @@ pub(crate) fn next_move_step<K: Moving>(object: &K, clusters_paused: bool) -> Mo
     }
 }
 
+/// Takes `object` through its move step ([`next_move_step`], then [`act`]); its Clusters are paused or not.
+pub(crate) async fn take_part<K: Moving>(
+    written: &Written,
+    api: &Api<K>,
+    object: &K,
+    clusters_paused: bool,
+) -> Result<K, Error> {
+    act(written, api, object, next_move_step(object, clusters_paused)).await
+}
+
 /// Whether `object`'s move is under way: it carries a record (released on the source, adopted on the target
 /// before its Clusters run).
 pub(crate) fn under_way<K: Moving>(object: &K) -> bool {

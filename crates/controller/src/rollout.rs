@@ -231,13 +231,7 @@ async fn reconcile_object(
     // nor while its move is under way (on the target, its Clusters may not be there yet).
     let clusters = clusters_of(&ctx, &namespace).await?;
     let all_paused = clusters.iter().all(Cluster::is_paused);
-    let rollout = crate::moving::act(
-        &ctx.written,
-        &api,
-        &rollout,
-        crate::moving::next_move_step(&rollout, all_paused),
-    )
-    .await?;
+    let rollout = crate::moving::take_part(&ctx.written, &api, &rollout, all_paused).await?;
     if (all_paused && !clusters.is_empty()) || crate::moving::under_way(&rollout) {
         return Ok(Action::await_change());
     }

@@ -163,13 +163,7 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
     )
     .await?;
     let cluster_paused = cluster.as_ref().is_some_and(Cluster::is_paused);
-    let addon = crate::moving::act(
-        &ctx.written,
-        &api,
-        &addon,
-        crate::moving::next_move_step(&addon, cluster_paused),
-    )
-    .await?;
+    let addon = crate::moving::take_part(&ctx.written, &api, &addon, cluster_paused).await?;
     if cluster_paused {
         return Ok(Action::await_change());
     }
