@@ -64,8 +64,19 @@ const CRD_ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TakeOver {
     Check,
+    /// Every object is read, those applied in this process too ([`ApplyEngine::apply_checking`]).
+    CheckAll,
     /// Nobody applied anything for this owner before ([`ApplyEngine::apply_first`]): nothing to read.
     Skip,
+}
+
+/// What the read before an apply found ([`ApplyEngine::read_first`]).
+enum ReadFirst {
+    /// As an apply of the same content left it: not written; its metadata as read.
+    Unchanged(Box<kube::api::ObjectMeta>),
+    Write,
+    /// The take-over the read was for failed: the object is not applied.
+    Failed(String),
 }
 
 /// Objects of one apply phase sent at once (the client's rate limit still applies).
@@ -417,6 +428,34 @@ impl ApplyEngine {
         labels: &BTreeMap<String, String>,
         previous: &[Resource],
     ) -> ApplyReport {
+        self.apply_unless_held(manifests, default_namespace, labels, previous, TakeOver::Check)
+            .await
+    }
+
+    /// [`ApplyEngine::apply`] that reads every object first, those this engine applied before too, and writes
+    /// only those an apply of the same content did not leave as they are ([`ApplyEngine::would_leave_unwritten`]):
+    /// for a pass that looks for changes nobody told of (a periodic pass the drift watches cannot vouch for).
+    /// An object someone else changed or deleted is written as by `apply`; one as applied costs a read and no
+    /// write.
+    pub async fn apply_checking(
+        &self,
+        manifests: &[Manifest],
+        default_namespace: &str,
+        labels: &BTreeMap<String, String>,
+        previous: &[Resource],
+    ) -> ApplyReport {
+        self.apply_unless_held(manifests, default_namespace, labels, previous, TakeOver::CheckAll)
+            .await
+    }
+
+    async fn apply_unless_held(
+        &self,
+        manifests: &[Manifest],
+        default_namespace: &str,
+        labels: &BTreeMap<String, String>,
+        previous: &[Resource],
+        take_over: TakeOver,
+    ) -> ApplyReport {
         // Normalising only merges entries, so only an inventory the raw count would hold is normalised (the
         // Go operator may name one object twice); the common apply reads no discovery for it here.
         let held = match inventory::shrink_held(previous, manifests.len()) {
@@ -439,7 +478,7 @@ impl ApplyEngine {
             default_namespace,
             labels,
             previous,
-            Removal::Prune(TakeOver::Check),
+            Removal::Prune(take_over),
         )
         .await
     }
@@ -861,42 +900,22 @@ impl ApplyEngine {
     async fn apply_one(&self, mut item: Prepared, take_over: TakeOver) -> Prepared {
         let Some(kind) = &item.kind else { return item };
         let api = self.api(kind, &item.key.namespace);
-        // Once applied by this engine, the object is as `observed` says: no further read needed.
-        let applied_before = self
-            .observed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&item.key);
-        let first_here = take_over == TakeOver::Check && !applied_before;
-        if self.write_only_changes || first_here {
-            let live = match api.get_opt(&item.key.name).await {
-                Ok(live) => live,
-                Err(e) if first_here && !self.take_over_from.is_empty() => {
-                    item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
-                    return item;
-                }
-                Err(e) => {
-                    tracing::debug!(object = %item.key, error = %api_error(&e), "not read before applying");
-                    None
-                }
-            };
-            if let Some(live) = live {
-                if self.would_leave_unwritten(&live, &item) {
+        if let Some(read) = self.read_first(&api, &item, take_over).await {
+            match read {
+                ReadFirst::Unchanged(metadata) => {
                     tracing::debug!(object = %item.key, "as an apply of this content left it: not written");
                     self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
                         item.key.clone(),
-                        Observed::of(&item.object, live.metadata, Vec::new()),
+                        Observed::of(&item.object, *metadata, Vec::new()),
                     );
                     item.unchanged = true;
                     return item;
                 }
-                if first_here
-                    && !self.take_over_from.is_empty()
-                    && let Err(e) = self.take_over(&api, live).await
-                {
-                    item.error = Some(format!("failed to take over field ownership: {}", api_error(&e)));
+                ReadFirst::Failed(error) => {
+                    item.error = Some(error);
                     return item;
                 }
+                ReadFirst::Write => {}
             }
         }
         let known = self
@@ -940,6 +959,57 @@ impl ApplyEngine {
             }
         }
         item
+    }
+
+    /// The read before an apply, when one is due: of every object for an engine that writes only changes
+    /// ([`ApplyEngine::writing_only_changes`]) and for [`TakeOver::CheckAll`], else of an object this engine
+    /// has not applied in this process ([`TakeOver::Check`]), where it also takes the object over from the
+    /// managers the engine replaces. `None`: no read was due.
+    async fn read_first(
+        &self,
+        api: &Api<DynamicObject>,
+        item: &Prepared,
+        take_over: TakeOver,
+    ) -> Option<ReadFirst> {
+        // Once applied by this engine, the object is as `observed` says: no further read needed.
+        let applied_before = self
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&item.key);
+        let first_here = take_over != TakeOver::Skip && !applied_before;
+        if !(self.write_only_changes || take_over == TakeOver::CheckAll || first_here) {
+            return None;
+        }
+        let live = match api.get_opt(&item.key.name).await {
+            Ok(live) => live,
+            Err(e) if first_here && !self.take_over_from.is_empty() => {
+                return Some(ReadFirst::Failed(format!(
+                    "failed to take over field ownership: {}",
+                    api_error(&e)
+                )));
+            }
+            Err(e) => {
+                tracing::debug!(object = %item.key, error = %api_error(&e), "not read before applying");
+                None
+            }
+        };
+        let Some(live) = live else {
+            return Some(ReadFirst::Write);
+        };
+        if self.would_leave_unwritten(&live, item) {
+            return Some(ReadFirst::Unchanged(Box::new(live.metadata)));
+        }
+        if first_here
+            && !self.take_over_from.is_empty()
+            && let Err(e) = self.take_over(api, live).await
+        {
+            return Some(ReadFirst::Failed(format!(
+                "failed to take over field ownership: {}",
+                api_error(&e)
+            )));
+        }
+        Some(ReadFirst::Write)
     }
 
     /// Server-side applies `item` without the fields `left_out` (see [`Observed::left_out`]), first without

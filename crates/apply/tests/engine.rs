@@ -337,6 +337,62 @@ async fn an_addon_upgrade_updates_changed_objects_and_prunes_removed_ones() {
 }
 
 #[tokio::test]
+async fn a_checking_apply_writes_only_what_someone_changed() {
+    let (client, ns, engine) = setup("checking").await;
+    let labels = release_label("docker-ferrol-1-27-v1");
+    let v1 = render_ferrol_addon("docker-ferrol-1-27-v1", "v1", &ns, "v1").await;
+    let first = engine.apply(&v1, &ns, &labels, &[]).await;
+    assert!(first.is_complete(), "{}", first.failure_summary());
+
+    let again = engine.apply_checking(&v1, &ns, &labels, &first.resources).await;
+    assert!(again.is_complete(), "{}", again.failure_summary());
+    assert_eq!(
+        (again.unchanged, again.applied),
+        (v1.len(), v1.len()),
+        "every object is as the apply left it: read, none written"
+    );
+
+    // Someone edits one object and deletes another.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments
+        .patch(
+            "metrics-server",
+            &kube::api::PatchParams::apply("someone").force(),
+            &kube::api::Patch::Apply(serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "metrics-server", "labels": {"clusterAddonVersion": "edited"}},
+            })),
+        )
+        .await
+        .unwrap();
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    accounts
+        .delete("metrics-server", &Default::default())
+        .await
+        .unwrap();
+
+    let checked = engine.apply_checking(&v1, &ns, &labels, &again.resources).await;
+    assert!(checked.is_complete(), "{}", checked.failure_summary());
+    assert_eq!(
+        checked.unchanged,
+        v1.len() - 2,
+        "only the two changed objects are written"
+    );
+    let label = deployments
+        .get("metrics-server")
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(label.get("clusterAddonVersion").map(String::as_str), Some("v1"));
+    accounts
+        .get("metrics-server")
+        .await
+        .expect("the deleted ServiceAccount is back");
+}
+
+#[tokio::test]
 async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
     let (client, ns, engine) = setup("namespaces").await;
     let other = cso_testenv::namespace(&client, "other").await.unwrap();

@@ -46,10 +46,12 @@ impl Target<'_> {
 
 /// What one [`Work::run`] does.
 enum Job<'a> {
-    /// Apply a render, pruning what the inventory `previous` has and it does not.
+    /// Apply a render, pruning what the inventory `previous` has and it does not; `checking`: reading every
+    /// object first ([`ApplyEngine::apply_checking`]).
     Apply {
         manifests: &'a [Manifest],
         previous: &'a [Resource],
+        checking: bool,
     },
     /// Apply a render for an owner nothing was ever applied for.
     ApplyFirst { manifests: &'a [Manifest] },
@@ -66,14 +68,22 @@ pub(crate) struct Work<'a, K> {
 }
 
 impl<K: Subject> Work<'_, K> {
-    /// Applies `manifests` and prunes what `previous` has and they do not.
+    /// Applies `manifests` and prunes what `previous` has and they do not; `checking`: a pass that only looks
+    /// for drift nobody told of, which reads every object first and writes only what differs
+    /// ([`ApplyEngine::apply_checking`]).
     pub(crate) async fn apply(
         &self,
         ctx: &Context,
         manifests: &[Manifest],
         previous: &[Resource],
+        checking: bool,
     ) -> ApplyReport {
-        self.run(ctx, Job::Apply { manifests, previous }).await
+        let job = Job::Apply {
+            manifests,
+            previous,
+            checking,
+        };
+        self.run(ctx, job).await
     }
 
     /// Applies `manifests` for an owner that nothing was ever applied for, by this operator or the one it
@@ -93,7 +103,20 @@ impl<K: Subject> Work<'_, K> {
         let engine = self.target.engine(ctx);
         let namespace = self.target.default_namespace();
         let report = match job {
-            Job::Apply { manifests, previous } => engine.apply(manifests, namespace, &labels, previous).await,
+            Job::Apply {
+                manifests,
+                previous,
+                checking: false,
+            } => engine.apply(manifests, namespace, &labels, previous).await,
+            Job::Apply {
+                manifests,
+                previous,
+                checking: true,
+            } => {
+                engine
+                    .apply_checking(manifests, namespace, &labels, previous)
+                    .await
+            }
             Job::ApplyFirst { manifests } => engine.apply_first(manifests, namespace, &labels).await,
             Job::Delete { objects } => engine.delete(objects, namespace).await,
         };

@@ -41,6 +41,7 @@
 //! | `CSO_BENCH_HELM_RUNS` | sequential `helm template` runs of the reference | `50` |
 //! | `CSO_BENCH_BINARY` | another `cso` binary to run (e.g. a release build of an older commit, to compare) | this package's |
 //! | `CSO_BENCH_MOVE` | `all`: the upgrade patches every Cluster's class at once; `rollout`: a ClusterStackRollout moves them in 3 waves (the Clusters labelled `wave=w0,w1,w2` round robin), each started when the one before is done; measured until it is `Completed` (issue 30) | `all` |
+//! | `CSO_BENCH_ADDRESSES` | `cluster`: each Cluster's kubeconfig names an address of its own, a loopback port forwarded to its workload API server (`cso_testenv::proxy::ApiProxy`), as at a site, where no two Clusters share a server and so no connection can be shared; `server`: the kubeconfigs name the workload API servers themselves (the rows before issue 42) | `cluster` |
 //! | `CSO_BENCH_SHARDS` | `1`: one `cso run` as above; `3`: three (the default shard, `--shard=a`, `--shard=b`, each with `--leader-elect=true`, its own ports, release directory and log), the Clusters labelled `clusterstack.x-k8s.io/shard` round robin none/a/b at creation, and the cost reported per process and summed (issue 18) | `1` |
 //!
 //! With `CSO_BENCH_HOSTS=cluster` and more Clusters than workload API servers, Clusters sharing a server write
@@ -103,6 +104,8 @@ struct Settings {
     binary: PathBuf,
     /// `CSO_BENCH_SHARDS`: 1 or 3 `cso run` processes.
     shards: usize,
+    /// `CSO_BENCH_ADDRESSES=cluster`: each Cluster's kubeconfig names a loopback port of its own.
+    own_addresses: bool,
     /// `CSO_BENCH_MOVE=rollout`: the upgrade moves the Clusters by a ClusterStackRollout in 3 waves instead of
     /// patching every Cluster at once.
     rollout: bool,
@@ -172,6 +175,11 @@ impl Settings {
                 None | Some("1") => 1,
                 Some("3") => 3,
                 Some(other) => panic!("CSO_BENCH_SHARDS={other}: `1` or `3`"),
+            },
+            own_addresses: match var("CSO_BENCH_ADDRESSES").as_deref() {
+                None | Some("cluster") => true,
+                Some("server") => false,
+                Some(other) => panic!("CSO_BENCH_ADDRESSES={other}: `cluster` or `server`"),
             },
             rollout: match var("CSO_BENCH_MOVE").as_deref() {
                 None | Some("all") => false,
@@ -1166,11 +1174,32 @@ async fn measure(
     let secrets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &secret);
     let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &cluster);
     let stand_in = tokio::spawn(capi_status_stand_in(clusters.clone()));
-    let kubeconfigs: Vec<String> = env
+    let servers: Vec<String> = env
         .workloads
         .iter()
         .map(|p| p.kubeconfig_yaml().to_owned())
         .collect();
+    // Kept until the run ends: they carry every connection to the workload servers.
+    let (kubeconfigs, _addresses) = if settings.own_addresses {
+        let mut proxies = Vec::with_capacity(n);
+        let mut kubeconfigs = Vec::with_capacity(n);
+        for i in 0..n {
+            let server = &env.workloads[i % env.workloads.len()];
+            let proxy = cso_testenv::proxy::ApiProxy::start(server.server_url())
+                .await
+                .unwrap();
+            kubeconfigs.push(
+                server
+                    .kubeconfig_yaml()
+                    .replace(server.server_url(), &proxy.url()),
+            );
+            proxies.push(proxy);
+        }
+        (kubeconfigs, proxies)
+    } else {
+        let kubeconfigs = (0..n).map(|i| servers[i % servers.len()].clone()).collect();
+        (kubeconfigs, Vec::new())
+    };
     // A fresh API server prepares a kind's write path (field management for its schema) at its first write,
     // which took 2 s for the Cluster CRD here: one dry-run create of each beforehand, outside the timing.
     let warm = Instant::now();
@@ -1179,7 +1208,7 @@ async fn measure(
         ..PostParams::default()
     };
     secrets
-        .create(&dry_run, &kubeconfig_secret("warm-up", &kubeconfigs[0]))
+        .create(&dry_run, &kubeconfig_secret("warm-up", &servers[0]))
         .await
         .unwrap();
     clusters
@@ -1203,7 +1232,7 @@ async fn measure(
             let name = format!("c{i}");
             let host = host(settings, i);
             async move {
-                let secret = kubeconfig_secret(&name, &kubeconfigs[i % kubeconfigs.len()]);
+                let secret = kubeconfig_secret(&name, &kubeconfigs[i]);
                 secrets.create(&PostParams::default(), &secret).await?;
                 clusters
                     .create(&PostParams::default(), &cluster_object(&name, &host, shard, i))

@@ -80,6 +80,15 @@ impl Progress {
             Drift::Unknown => self.resync_due,
         }
     }
+
+    /// Whether a re-apply is due only because the periodic pass is: the values give what the addons were
+    /// rendered from and the drift watches cannot tell whether anything changed (not applied in this process
+    /// yet, after a restart or a `clusterctl move`; a watch not listed yet). Such a pass reads each object
+    /// and writes only what an apply would change (`ApplyEngine::apply_checking`): nothing, when the objects
+    /// are as applied.
+    pub(crate) fn only_the_clock(&self) -> bool {
+        self.resync_due && !self.inputs.changed() && self.drift == Drift::Unknown
+    }
 }
 
 /// The Cluster of the ClusterAddon.
@@ -145,7 +154,11 @@ pub(crate) enum Step {
     /// Template the release's values files over the Cluster's data (see [`super::inputs`]).
     TemplateValues,
     Render,
-    Apply,
+    /// Apply the render; `checking`: the pass only looks for drift nobody told of
+    /// ([`Progress::only_the_clock`]), so each object is read first and only what differs is written.
+    Apply {
+        checking: bool,
+    },
     /// Read the applied objects with a health rule (see [`super::health`]); `settle`: running workloads count
     /// only once their containers have stayed up (`--addon-settle-time`, [`health::settling`]).
     CheckHealth {
@@ -216,7 +229,9 @@ pub(crate) fn next_step(progress: &Progress, addon: &ClusterAddon) -> Step {
     match (decision, &progress.rendered, &progress.applied) {
         (Decision::RecordOnly, _, _) => Step::Conclude,
         (Decision::Apply { .. }, None, _) => Step::Render,
-        (Decision::Apply { .. }, Some(Ok(_)), None) => Step::Apply,
+        (Decision::Apply { upgrade }, Some(Ok(_)), None) => Step::Apply {
+            checking: !upgrade && progress.only_the_clock(),
+        },
         (Decision::Apply { upgrade }, Some(Ok(_)), Some(report))
             if report.is_complete() && progress.health_gates && progress.health.is_none() =>
         {
@@ -695,6 +710,37 @@ mod tests {
     }
 
     #[rstest]
+    #[case::only_the_periodic_pass("v2", Drift::Unknown, false, true)]
+    #[case::drift_told_of("v2", Drift::Found, false, false)]
+    #[case::drift_told_of_in_part("v2", Drift::FoundInPart, false, false)]
+    #[case::values_changed("v2", Drift::Unknown, true, false)]
+    #[case::an_upgrade("v3", Drift::Unknown, false, false)]
+    fn a_pass_only_the_clock_asked_for_reads_before_it_writes(
+        #[case] addon_version: &str,
+        #[case] drift: Drift,
+        #[case] values_changed: bool,
+        #[case] checking: bool,
+    ) {
+        let progress = with(ready("docker-ferrol-1-27-v3", addon_version, false), |p| {
+            p.resync_due = true;
+            p.drift = drift;
+            p.rendered = Some(Ok(2));
+            p.inputs = Inputs::Templated {
+                digest: DIGEST.into(),
+                changed: values_changed,
+            };
+        });
+        assert_eq!(
+            progress.only_the_clock(),
+            !values_changed && drift == Drift::Unknown
+        );
+        assert_eq!(
+            next_step(&progress, &addon("docker-ferrol-1-27-v2", "v2", true)),
+            Step::Apply { checking }
+        );
+    }
+
+    #[rstest]
     #[case::nothing_known(Progress::default(), Step::ReadCluster)]
     #[case::cluster_gone(Progress { cluster: ClusterState::Gone, ..Progress::default() }, Step::Conclude)]
     #[case::not_a_stack_class(
@@ -716,7 +762,7 @@ mod tests {
     )]
     #[case::release_unknown(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.release = ReleaseState::Unknown), Step::FetchRelease)]
     #[case::first_install_renders(ready("docker-ferrol-1-27-v1", "v1", false), Step::Render)]
-    #[case::rendered_applies(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.rendered = Some(Ok(2))), Step::Apply)]
+    #[case::rendered_applies(with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.rendered = Some(Ok(2))), Step::Apply { checking: false })]
     #[case::render_failed(
         with(ready("docker-ferrol-1-27-v1", "v1", false), |p| p.rendered = Some(Err((reason::TEMPLATE_NEW_CLUSTER_STACK_FAILED, "x".into())))),
         Step::Conclude

@@ -222,6 +222,9 @@ async fn reconcile_object(queued: Arc<ClusterAddon>, ctx: Arc<AddonContext>) -> 
         mut outcome,
         applied_all,
     } = conclusion;
+    tracing::debug!(cluster_addon = %addon.name_any(), resync_due = progress.resync_due, vouch = driver.vouch,
+        drift = ?progress.drift, inputs = ?progress.inputs, applied = progress.applied.as_ref().map(|r| r.applied),
+        health = ?progress.health, applied_all, outcome = ?outcome, "pass concluded");
     if applied_all {
         ctx.own.clock.applied(&key);
     }
@@ -282,18 +285,21 @@ fn nothing_applied_yet(addon: &ClusterAddon) -> bool {
 }
 
 /// Applies `manifests` of `addon` through `work`, pruning what `previous` has and they do not; without the
-/// take-over reads when nothing was ever applied for it ([`nothing_applied_yet`]).
+/// take-over reads when nothing was ever applied for it ([`nothing_applied_yet`]); `checking`: reading every
+/// object first and writing only what differs (a pass that only looks for drift, see
+/// [`decide::Progress::only_the_clock`]).
 pub(crate) async fn apply_addon_objects(
     work: &Work<'_, ClusterAddon>,
     ctx: &Context,
     addon: &ClusterAddon,
     manifests: &[Manifest],
     previous: &[cso_api::common::Resource],
+    checking: bool,
 ) -> cso_apply::ApplyReport {
     if nothing_applied_yet(addon) {
         work.apply_first(ctx, manifests).await
     } else {
-        work.apply(ctx, manifests, previous).await
+        work.apply(ctx, manifests, previous, checking).await
     }
 }
 
@@ -477,7 +483,7 @@ impl Driver<'_> {
                     count
                 }));
             }
-            Step::Apply => {
+            Step::Apply { checking } => {
                 self.applying_since = Some(Instant::now());
                 let (_, workload, release) = self.parts()?;
                 let previous = self
@@ -492,7 +498,8 @@ impl Driver<'_> {
                     target: Target::Workload(workload),
                 };
                 let report =
-                    apply_addon_objects(&work, self.ctx, self.addon, &self.manifests, &previous).await;
+                    apply_addon_objects(&work, self.ctx, self.addon, &self.manifests, &previous, checking)
+                        .await;
                 if let Some(watch) = &workload.drift {
                     watch.watch(&report.resources).await;
                 }

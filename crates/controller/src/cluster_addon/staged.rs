@@ -179,7 +179,14 @@ impl StagedRun<'_> {
                 }
                 StageStep::Work(i) => {
                     let work = self
-                        .work(addon, &stages[i], &charts, &inventory, kube_version.as_deref())
+                        .work(
+                            addon,
+                            &stages[i],
+                            &charts,
+                            &inventory,
+                            kube_version.as_deref(),
+                            false,
+                        )
                         .await;
                     stages::after_stage_work(
                         addon,
@@ -282,7 +289,8 @@ impl StagedRun<'_> {
             .enumerate()
             .filter(|(_, s)| stages::applies(s))
         {
-            let work = self.work(addon, stage, &charts, &inventory, None).await;
+            let checking = self.progress.only_the_clock();
+            let work = self.work(addon, stage, &charts, &inventory, None, checking).await;
             let flow = stages::after_stage_work(
                 addon,
                 index,
@@ -368,7 +376,7 @@ impl StagedRun<'_> {
     }
 
     /// Renders stage `stage` (for `kube_version`, the release's when `None`) and applies or deletes its
-    /// objects.
+    /// objects (`checking`: reading each first, see [`super::apply_addon_objects`]).
     async fn work(
         &self,
         addon: &ClusterAddon,
@@ -376,6 +384,7 @@ impl StagedRun<'_> {
         charts: &Path,
         inventory: &StageInventory,
         kube_version: Option<&str>,
+        checking: bool,
     ) -> StageWork {
         let (chart, values) = rendering::stage_chart(charts, stage);
         if !chart.is_dir() {
@@ -404,9 +413,15 @@ impl StagedRun<'_> {
         match stage.action {
             StageAction::Apply => {
                 let previous = inventory.get(&stage.name).cloned().unwrap_or_default();
-                let report =
-                    super::apply_addon_objects(&self.target(addon), self.ctx, addon, &manifests, &previous)
-                        .await;
+                let report = super::apply_addon_objects(
+                    &self.target(addon),
+                    self.ctx,
+                    addon,
+                    &manifests,
+                    &previous,
+                    checking,
+                )
+                .await;
                 if let Some(watch) = &self.workload.drift {
                     watch.watch(&report.resources).await;
                 }

@@ -189,7 +189,7 @@ impl Driver<'_> {
                 let previous = self.recorded();
                 progress.applied = Some(
                     self.work(&namespace)
-                        .apply(self.ctx, &self.manifests, &previous)
+                        .apply(self.ctx, &self.manifests, &previous, false)
                         .await,
                 );
             }
