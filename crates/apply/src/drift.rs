@@ -460,7 +460,8 @@ impl KindFollower {
         loop {
             let version = match from.take() {
                 Some(version) => version,
-                None => match self.relist().await {
+                // Boxed for the same reason as the watch's request (see `watch_from`).
+                None => match Box::pin(self.relist()).await {
                     Ok(version) => version,
                     Err(error) => {
                         failures = failures.saturating_add(1);
@@ -522,6 +523,23 @@ impl KindFollower {
         last_writer(entries, &self.engine.field_manager).map(DriftCause::Written)
     }
 
+    /// The watch request of the kind's objects of ours (metadata only, no bookmarks) from `last`.
+    fn watch_request(
+        &self,
+        last: &str,
+    ) -> Result<http::Request<kube::client::Body>, kube::core::request::Error> {
+        let params = WatchParams::default()
+            .labels(&cso_api::owned_selector())
+            .timeout(WATCH_TIMEOUT_SECONDS)
+            .disable_bookmarks();
+        let mut request = self.request().watch_metadata(&params, last)?;
+        request.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("identity"),
+        );
+        Ok(request.map(kube::client::Body::from))
+    }
+
     /// Lists the kind's objects of ours (metadata only) into the cache, tells what changed while no watch
     /// ran (each object this engine applied that the list shows missing or changed), and returns the list's
     /// version.
@@ -565,19 +583,14 @@ impl KindFollower {
 
     /// One watch request from `last`, which follows the events.
     async fn watch_from(&self, last: &mut String) -> WatchEnd {
-        let params = WatchParams::default()
-            .labels(&cso_api::owned_selector())
-            .timeout(WATCH_TIMEOUT_SECONDS)
-            .disable_bookmarks();
-        let mut request = match self.request().watch_metadata(&params, last) {
+        let request = match self.watch_request(last) {
             Ok(request) => request,
             Err(e) => return WatchEnd::Failed(e.to_string()),
         };
-        request.headers_mut().insert(
-            http::header::ACCEPT_ENCODING,
-            http::HeaderValue::from_static("identity"),
-        );
-        let response = match self.client.send(request.map(kube::client::Body::from)).await {
+        // Boxed, and so freed once answered: the request's future is several times the size of what the
+        // stream needs, and a task's future keeps the size of its largest state for as long as the watch lasts
+        // (nine watches per workload cluster).
+        let response = match Box::pin(self.client.send(request)).await {
             Ok(response) => response,
             Err(e) => return WatchEnd::Failed(e.to_string()),
         };

@@ -159,8 +159,9 @@ impl ApplyReport {
 #[derive(Clone, Debug)]
 pub struct ApplyEngine {
     discovery: Arc<ClusterDiscovery>,
-    pub(crate) field_manager: String,
-    take_over_from: Vec<String>,
+    /// Shared by the clones (each drift watch of a cluster holds one).
+    pub(crate) field_manager: Arc<str>,
+    take_over_from: Arc<[String]>,
     /// Read each object before applying it and leave it unwritten when it is as our last apply of the same
     /// content left it (see `ApplyEngine::writing_only_changes`).
     write_only_changes: bool,
@@ -386,8 +387,8 @@ impl ApplyEngine {
     pub fn new(discovery: Arc<ClusterDiscovery>, field_manager: impl Into<String>) -> Self {
         ApplyEngine {
             discovery,
-            field_manager: field_manager.into(),
-            take_over_from: Vec::new(),
+            field_manager: Arc::from(field_manager.into()),
+            take_over_from: Arc::from([]),
             write_only_changes: false,
             observed: Arc::default(),
             writing: Arc::default(),
@@ -867,7 +868,7 @@ impl ApplyEngine {
         };
         if entries
             .iter()
-            .any(|e| is_apply(e) && e.manager.as_deref() == Some(self.field_manager.as_str()))
+            .any(|e| is_apply(e) && e.manager.as_deref() == Some(&*self.field_manager))
         {
             return Ok(());
         }
@@ -881,7 +882,7 @@ impl ApplyEngine {
                     .as_ref()
                     .is_some_and(|m| self.take_over_from.contains(m))
             {
-                ops.push(serde_json::json!({"op": "replace", "path": format!("/metadata/managedFields/{index}/manager"), "value": self.field_manager}));
+                ops.push(serde_json::json!({"op": "replace", "path": format!("/metadata/managedFields/{index}/manager"), "value": &*self.field_manager}));
                 // One Apply entry per manager: the first found becomes ours.
                 break;
             }

@@ -82,6 +82,9 @@ pub struct Settings {
     /// `--addon-settle-time`: while applied addons are waited for, how long every container of a running
     /// workload's pods must have been up for the workload to count as running ([`cso_apply::health::unsettled`]).
     pub addon_settle_time: Duration,
+    /// `--drift-watches`: each workload cluster's applied objects are watched for drift; off, the periodic pass
+    /// alone finds it.
+    pub drift_watches: bool,
     /// `--shard`: the Clusters this replica handles (see [`cso_api::shard`]). A named shard runs only the
     /// ClusterAddonCreate and ClusterAddon controllers, over the Clusters and ClusterAddons labelled with its
     /// name (its watches select them, so it neither lists nor caches others); the default shard runs every
@@ -111,6 +114,7 @@ impl Default for Settings {
             stage_timeout: Duration::from_secs(600),
             addon_health_checks: true,
             addon_settle_time: Duration::from_secs(15),
+            drift_watches: true,
             shard: cso_api::shard::Shard::Default,
             shard_grace: Duration::from_secs(120),
             lease_namespace: None,
@@ -183,20 +187,22 @@ impl Context {
         let discovery = Arc::new(ClusterDiscovery::new(client.clone()));
         let engine = ApplyEngine::for_management(discovery.clone()).taking_over_from(take_over_from.clone());
         let (drift_sender, drifted) = tokio::sync::mpsc::unbounded_channel();
-        let workloads =
+        let mut workloads =
             WorkloadClients::new(client.clone(), WORKLOAD_CONNECT_TIMEOUT, WORKLOAD_REQUEST_TIMEOUT)?
                 .taking_over_from(take_over_from)
-                .with_limits(settings.client_limits)
-                .watching_drift(Arc::new(
-                    move |namespace: &str, cluster: &str, object: &cso_apply::ObjectKey| {
-                        let _ = drift_sender.send(DriftTold {
-                            namespace: namespace.to_owned(),
-                            cluster: cluster.to_owned(),
-                            object: object.clone(),
-                            at: std::time::Instant::now(),
-                        });
-                    },
-                ));
+                .with_limits(settings.client_limits);
+        if settings.drift_watches {
+            workloads = workloads.watching_drift(Arc::new(
+                move |namespace: &str, cluster: &str, object: &cso_apply::ObjectKey| {
+                    let _ = drift_sender.send(DriftTold {
+                        namespace: namespace.to_owned(),
+                        cluster: cluster.to_owned(),
+                        object: object.clone(),
+                        at: std::time::Instant::now(),
+                    });
+                },
+            ));
+        }
         metrics.watch_cache(releases.clone());
         let renderer: Arc<dyn ChartRenderer> = Arc::new(MeteredRenderer::new(renderer, metrics.clone()));
         let reporter = Reporter {

@@ -122,6 +122,9 @@ where
         let logged_kind = kind.clone();
         let events = watcher(api, config)
             .backoff(backoff())
+            // Nothing reads who owns which field of these objects; the list of it is often the largest part of
+            // an object's metadata, and the store keeps every object of the kind.
+            .modify(|object| object.meta_mut().managed_fields = None)
             .reflect(writer)
             .filter_map(move |event| {
                 std::future::ready(match event {

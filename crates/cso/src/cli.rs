@@ -207,6 +207,13 @@ pub struct RunArgs {
     /// applied, as the Go operator has it.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true")]
     pub addon_health_checks: bool,
+    /// Watch what was applied to each workload cluster (metadata only, one watch per kind over the cluster's one
+    /// connection), so that drift is put back within seconds and a periodic pass writes nothing when nothing
+    /// drifted. `false`: drift is found by the periodic pass only (`--resync-interval`: each object read, what
+    /// differs written), as the Go operator has it (it re-applies everything); it saves the watches' memory, about
+    /// a quarter of what each workload cluster costs (docs/benchmarks.md).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true")]
+    pub drift_watches: bool,
     /// With the health checks: while addons are waited for after an apply, a Deployment, DaemonSet or
     /// StatefulSet counts as running only once every container of its pods has been up this long, so that a
     /// container that exits at start (Ready for a moment after each start when it has no readiness probe) is

@@ -1,7 +1,9 @@
 //! Identical inputs render once: a renderer that remembers outputs by (chart content digest, release,
 //! namespace, values, kube version, API versions, CRD flag, target). Besides saving Helm runs, this keeps
 //! renders stable for charts that mint secrets on every render (Cilium's Hubble server certificate): the
-//! same output is re-applied, so nothing changes on the cluster. Bounded by the total size of outputs.
+//! same output is re-applied, so nothing changes on the cluster. Outputs are kept compressed (manifests are
+//! repetitive YAML: a ferrol addon render of 25 KiB keeps about 4 KiB), and the cache is bounded by their
+//! total compressed size: with a kubeconfig of its own per Cluster, each Cluster's render is an entry.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -14,12 +16,13 @@ use sha2::{Digest, Sha256};
 
 use crate::{ChartRenderer, RenderError, RenderRequest};
 
-/// Default bound of the cached outputs.
+/// Default bound of the cached outputs (compressed).
 pub const DEFAULT_CAPACITY_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Default)]
 struct Entries {
-    outputs: HashMap<[u8; 32], Arc<String>>,
+    /// Deflated outputs.
+    outputs: HashMap<[u8; 32], Arc<[u8]>>,
     order: VecDeque<[u8; 32]>,
     bytes: usize,
     hits: u64,
@@ -88,16 +91,27 @@ impl<R: ChartRenderer> ChartRenderer for CachingRenderer<R> {
             };
             {
                 let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(output) = entries.outputs.get(&key).cloned() {
-                    entries.hits += 1;
-                    return Ok(output.as_ref().clone());
+                let cached = entries.outputs.get(&key).cloned();
+                match cached.as_deref().map(inflate) {
+                    Some(Some(output)) => {
+                        entries.hits += 1;
+                        return Ok(output);
+                    }
+                    // Cannot happen (deflated here); rendered again, as a miss.
+                    Some(None) => {
+                        entries.outputs.remove(&key);
+                        entries.misses += 1;
+                    }
+                    None => entries.misses += 1,
                 }
-                entries.misses += 1;
             }
             let output = self.inner.render(request).await?;
+            let Some(deflated) = deflate(&output) else {
+                return Ok(output);
+            };
             let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-            if output.len() <= self.capacity_bytes && !entries.outputs.contains_key(&key) {
-                while entries.bytes + output.len() > self.capacity_bytes {
+            if deflated.len() <= self.capacity_bytes && !entries.outputs.contains_key(&key) {
+                while entries.bytes + deflated.len() > self.capacity_bytes {
                     let Some(oldest) = entries.order.pop_front() else {
                         break;
                     };
@@ -105,13 +119,29 @@ impl<R: ChartRenderer> ChartRenderer for CachingRenderer<R> {
                         entries.bytes -= evicted.len();
                     }
                 }
-                entries.bytes += output.len();
+                entries.bytes += deflated.len();
                 entries.order.push_back(key);
-                entries.outputs.insert(key, Arc::new(output.clone()));
+                entries.outputs.insert(key, deflated.into());
             }
             Ok(output)
         })
     }
+}
+
+fn deflate(text: &str) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let mut encoder = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(text.as_bytes()).ok()?;
+    encoder.finish().ok()
+}
+
+fn inflate(bytes: &[u8]) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    flate2::read::DeflateDecoder::new(bytes)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 fn field(hasher: &mut Sha256, bytes: &[u8]) {
@@ -207,6 +237,33 @@ mod tests {
             "another chart content renders anew"
         );
         assert_eq!(renderer.stats(), (1, 3));
+    }
+
+    /// Renders the same long, repetitive manifest each time.
+    #[derive(Debug)]
+    struct Manifests;
+
+    impl ChartRenderer for Manifests {
+        fn render(&self, _: RenderRequest) -> BoxFuture<'_, Result<String, RenderError>> {
+            let manifest =
+                "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  namespace: kube-system\n";
+            Box::pin(async move { Ok(manifest.repeat(200)) })
+        }
+    }
+
+    #[tokio::test]
+    async fn outputs_are_kept_compressed_and_come_back_whole() {
+        let chart = chart();
+        let renderer = CachingRenderer::new(Manifests, 1 << 20);
+        let first = renderer.render(request(chart.path(), "a")).await.unwrap();
+        assert_eq!(renderer.render(request(chart.path(), "a")).await.unwrap(), first);
+        assert_eq!(renderer.stats(), (1, 1));
+        let kept = renderer.entries.lock().unwrap().bytes;
+        assert!(
+            kept * 10 < first.len(),
+            "{kept} bytes kept of a {}-byte output",
+            first.len()
+        );
     }
 
     #[tokio::test]

@@ -174,6 +174,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             reconcile_timeout: args.reconcile_timeout,
             stage_timeout: args.stage_timeout,
             addon_health_checks: args.addon_health_checks,
+            drift_watches: args.drift_watches,
             addon_settle_time: args.addon_settle_time,
             shard: args.shard.clone(),
             shard_grace: args.shard_grace,

@@ -1,0 +1,156 @@
+//! Memory per workload cluster (issue 42), measured as a site has it: `cso run` at its defaults (drift watches
+//! on) and 200 Clusters, each with a kubeconfig that names an address of its own (a loopback port forwarded to
+//! the shared workload API server, so that no two Clusters can share a connection). What the process's
+//! resident memory (`VmRSS` from `/proc`) grew by from the stack's release ready to every ClusterAddon ready
+//! with its drift watches open, divided by the Clusters, stays under [`BOUND_KIB`]. Not a benchmark (that is
+//! `benches/scale.rs`, docs/benchmarks.md): a bound with a margin, so that a regression is seen.
+#![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
+
+use std::time::Duration;
+
+use cso_api::{ClusterAddon, ClusterStack};
+use kube::{
+    Api, Client,
+    api::{DynamicObject, ListParams, PostParams},
+    core::GroupVersionKind,
+    discovery::ApiResource,
+};
+use serde_json::json;
+
+mod support;
+
+use support::*;
+
+const V1: &str = "docker-ferrol-1-27-v1";
+const CLUSTERS: usize = 200;
+const PHASE: Duration = Duration::from_secs(300);
+/// Resident memory per Cluster `cso` may gain, in KiB: this test's (debug) build measured 198 KiB, the release
+/// build about 150 KiB at N = 300 (docs/benchmarks.md, issue 42); the margin is for the allocator's moods.
+const BOUND_KIB: u64 = 256;
+
+async fn ready_addons(addons: &Api<ClusterAddon>) -> usize {
+    addons
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|a| a.spec.cluster_stack == V1 && a.status.as_ref().is_some_and(|s| s.ready))
+        .count()
+}
+
+/// The watches the API server of `client` has open (its `apiserver_longrunning_requests` of verb `WATCH`).
+async fn open_watches(client: &Client) -> f64 {
+    let text = cso_testenv::control_plane::api_server_metrics(client)
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Resident memory of process `pid` now, in KiB.
+fn resident_kib(pid: u32) -> u64 {
+    cso_testenv::usage::Usage::of(Some(pid)).unwrap().rss_kib
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_per_workload_cluster_stays_under_its_bound() {
+    let plane = cso_testenv::shared_management();
+    let client = plane.client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "memory").await.unwrap();
+    let workload = cso_testenv::shared_workload();
+    let workload_client = workload.client().await.unwrap();
+    let fake = github_with_ferrol().await;
+    let scratch = tempfile::Builder::new().prefix("cso-memory").tempdir().unwrap();
+    let certs = scratch.path().join("certs");
+    cso_testenv::pki::write_serving_certificate(&certs).unwrap();
+    let release_dir = scratch.path().join("releases");
+    std::fs::create_dir_all(&release_dir).unwrap();
+    let log = scratch.path().join("operator.log");
+    let instance = Instance::new(&certs, false);
+    let operator = start_operator(
+        plane.kubeconfig_path(),
+        &release_dir,
+        &ns,
+        fake.api_url(),
+        &log,
+        &instance,
+    );
+    let pid = operator.0.id();
+
+    Api::<ClusterStack>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &ferrol_stack(&ns, &["v1"]))
+        .await
+        .unwrap();
+    wait_for("the release ready", PHASE, || async {
+        (ready(&client, &ns).await.len() == 1).then_some(())
+    })
+    .await;
+    let watches_before = open_watches(&workload_client).await;
+    let before = resident_kib(pid);
+
+    // One address per Cluster, kept open until the end.
+    let mut addresses = Vec::with_capacity(CLUSTERS);
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster")),
+    );
+    for i in 0..CLUSTERS {
+        let name = format!("c-{i}");
+        let proxy = cso_testenv::proxy::ApiProxy::start(workload.server_url())
+            .await
+            .unwrap();
+        let kubeconfig = workload
+            .kubeconfig_yaml()
+            .replace(workload.server_url(), &proxy.url());
+        addresses.push(proxy);
+        cso_testenv::kubeconfig_secret(&client, &ns, &name, &kubeconfig)
+            .await
+            .unwrap();
+        let cluster: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "topology": {"class": V1, "version": "v1.27.3"},
+                "controlPlaneEndpoint": {"host": "shared.example.test", "port": 6443},
+            },
+        }))
+        .unwrap();
+        clusters.create(&PostParams::default(), &cluster).await.unwrap();
+    }
+    let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
+    wait_for("every Cluster's addons ready", PHASE, || async {
+        (ready_addons(&addons).await == CLUSTERS).then_some(())
+    })
+    .await;
+    // Every Cluster watches each kind it applied.
+    let kinds = {
+        let addon = addons.get("cluster-addon-c-0").await.unwrap();
+        let resources = addon.status.unwrap_or_default().resources;
+        resources
+            .iter()
+            .map(|r| (r.group.clone(), r.kind.clone()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    let expected = watches_before + (CLUSTERS * kinds) as f64;
+    wait_for("every Cluster's drift watches open", PHASE, || async {
+        (open_watches(&workload_client).await >= expected).then_some(())
+    })
+    .await;
+    let after = resident_kib(pid);
+
+    let per_cluster = after.saturating_sub(before) / CLUSTERS as u64;
+    eprintln!(
+        "cso resident memory: {before} KiB with the release ready, {after} KiB with {CLUSTERS} Clusters ready \
+         and {kinds} drift watches each: {per_cluster} KiB per Cluster (bound {BOUND_KIB} KiB)"
+    );
+    assert!(
+        per_cluster <= BOUND_KIB,
+        "{per_cluster} KiB per Cluster, above the bound of {BOUND_KIB} KiB"
+    );
+    drop(addresses);
+}
