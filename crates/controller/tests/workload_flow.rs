@@ -1190,3 +1190,65 @@ async fn drift_is_found_by_watching_and_an_idle_operator_writes_nothing() {
     );
     operator.stop().await;
 }
+
+/// `--drift-watches=false` (the Go operator's profile): no watch is opened in the workload cluster; the periodic
+/// pass reads each object and writes nothing while all is as applied, and puts back what was deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_drift_watches_the_periodic_pass_finds_drift_and_writes_only_it() {
+    let client = cso_testenv::shared_management().client().await.unwrap();
+    let ns = cso_testenv::namespace(&client, "no-watch").await.unwrap();
+    let workload_plane = workload_plane("no-watch").await;
+    let workload = workload_plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    local_releases(dir.path(), &["docker-ferrol-1-27-v1"]);
+    let source = Arc::new(cso_release::source::local::LocalSource::new(
+        dir.path().join("cluster-stacks"),
+    ));
+    let (parts, renderer) = support::operator(&client, &ns, dir.path(), source, |s| {
+        s.resync_interval = Duration::from_secs(2);
+        s.drift_watches = false;
+    });
+    let metrics = parts.metrics.clone();
+    let operator = RunningOperator::run(parts, renderer).await;
+    create_stack(&client, &ns, "ferrol", ferrol_spec(&["v1"])).await;
+    ready_release(&client, &ns, "docker-ferrol-1-27-v1").await;
+    cso_testenv::kubeconfig_secret(&client, &ns, "c1", workload_plane.kubeconfig_yaml())
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+    ready_addon(&client, &ns, "c1", "docker-ferrol-1-27-v1").await;
+
+    let passes = || {
+        counter(
+            &metrics.encode(),
+            "controller_runtime_reconcile_total",
+            &["controller=\"clusteraddon\""],
+        )
+    };
+    let writes = workload_writes(&workload).await;
+    let before = passes();
+    eventually("two periodic passes", CONVERGE, || async {
+        (passes() >= before + 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        workload_writes(&workload).await,
+        writes,
+        "periodic passes over objects as applied write nothing"
+    );
+    let watches = counter(
+        &workload_metrics(&workload).await,
+        "apiserver_longrunning_requests",
+        &["verb=\"WATCH\"", "resource=\"deployments\""],
+    );
+    assert_eq!(watches, 0.0, "no watch of the applied kinds");
+
+    let deployments: Api<Deployment> = Api::namespaced(workload.clone(), "kube-system");
+    deleted_and_made_again(
+        &deployments,
+        "metrics-server",
+        "the deleted metrics-server is made again by a periodic pass",
+    )
+    .await;
+    operator.stop().await;
+}
