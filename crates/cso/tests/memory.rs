@@ -11,9 +11,7 @@ use std::time::Duration;
 use cso_api::{ClusterAddon, ClusterStack};
 use kube::{
     Api, Client,
-    api::{DynamicObject, ListParams, PostParams},
-    core::GroupVersionKind,
-    discovery::ApiResource,
+    api::{ListParams, PostParams},
 };
 use serde_json::json;
 
@@ -93,11 +91,7 @@ async fn memory_per_workload_cluster_stays_under_its_bound() {
 
     // One address per Cluster, kept open until the end.
     let mut addresses = Vec::with_capacity(CLUSTERS);
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &ns,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster")),
-    );
+    let clusters = v1beta1_clusters(&client, &ns);
     for i in 0..CLUSTERS {
         let name = format!("c-{i}");
         let proxy = cso_testenv::proxy::ApiProxy::start(workload.server_url())
@@ -110,15 +104,7 @@ async fn memory_per_workload_cluster_stays_under_its_bound() {
         cso_testenv::kubeconfig_secret(&client, &ns, &name, &kubeconfig)
             .await
             .unwrap();
-        let cluster: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "topology": {"class": V1, "version": "v1.27.3"},
-                "controlPlaneEndpoint": {"host": "shared.example.test", "port": 6443},
-            },
-        }))
-        .unwrap();
+        let cluster = shared_endpoint_cluster(&ns, &name, V1, json!({}));
         clusters.create(&PostParams::default(), &cluster).await.unwrap();
     }
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);

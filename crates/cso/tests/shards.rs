@@ -15,10 +15,8 @@ use cso_api::{
     shard::SHARD_LABEL,
 };
 use kube::{
-    Api, Client, ResourceExt,
-    api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    core::GroupVersionKind,
-    discovery::ApiResource,
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
@@ -30,11 +28,6 @@ const V1: &str = "docker-ferrol-1-27-v1";
 const V2: &str = "docker-ferrol-1-27-v2";
 const CLUSTERS: usize = 30;
 const PHASE: Duration = Duration::from_secs(180);
-
-fn clusters_api(client: &Client, namespace: &str) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Cluster"));
-    Api::namespaced_with(client.clone(), namespace, &resource)
-}
 
 /// The shard of the `i`th Cluster: `a`, `b` and the default shard in turn.
 fn shard_of(i: usize) -> Option<&'static str> {
@@ -165,7 +158,7 @@ async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_r
     })
     .await;
 
-    let clusters = clusters_api(&client, &ns);
+    let clusters = v1beta1_clusters(&client, &ns);
     for i in 0..CLUSTERS {
         let name = format!("c-{i}");
         let workload = match i {
@@ -177,15 +170,7 @@ async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_r
             .await
             .unwrap();
         let labels = shard_of(i).map(|s| json!({SHARD_LABEL: s})).unwrap_or(json!({}));
-        let cluster: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
-            "metadata": {"name": name, "namespace": ns, "labels": labels},
-            "spec": {
-                "topology": {"class": V1, "version": "v1.27.3"},
-                "controlPlaneEndpoint": {"host": "shared.example.test", "port": 6443},
-            },
-        }))
-        .unwrap();
+        let cluster = shared_endpoint_cluster(&ns, &name, V1, labels);
         clusters.create(&PostParams::default(), &cluster).await.unwrap();
     }
 

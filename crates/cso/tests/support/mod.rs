@@ -329,3 +329,33 @@ pub fn log_lines(log: &Path) -> Vec<serde_json::Value> {
 pub fn logged(log: &Path, message: &str) -> Option<serde_json::Value> {
     log_lines(log).into_iter().find(|l| l["message"] == message)
 }
+
+/// The Clusters of `namespace`, as Cluster API `v1beta1` serves them (the tests without Cluster API's manager
+/// create them so).
+pub fn v1beta1_clusters(client: &Client, namespace: &str) -> Api<kube::api::DynamicObject> {
+    let resource = kube::discovery::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "cluster.x-k8s.io",
+        "v1beta1",
+        "Cluster",
+    ));
+    Api::namespaced_with(client.clone(), namespace, &resource)
+}
+
+/// Cluster `name` of `class` with `labels`, its control plane at `shared.example.test`: the addons of Clusters
+/// that share a workload cluster then render and apply the same objects there.
+pub fn shared_endpoint_cluster(
+    namespace: &str,
+    name: &str,
+    class: &str,
+    labels: serde_json::Value,
+) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "topology": {"class": class, "version": "v1.27.3"},
+            "controlPlaneEndpoint": {"host": "shared.example.test", "port": 6443},
+        },
+    }))
+    .unwrap()
+}
