@@ -9,10 +9,7 @@
 use std::time::Duration;
 
 use cso_api::{ClusterAddon, ClusterStack};
-use kube::{
-    Api, Client,
-    api::{ListParams, PostParams},
-};
+use kube::{Api, Client, api::PostParams};
 use serde_json::json;
 
 mod support;
@@ -25,17 +22,6 @@ const PHASE: Duration = Duration::from_secs(300);
 /// Resident memory per Cluster `cso` may gain, in KiB: this test's (debug) build measured 198 KiB, the release
 /// build about 150 KiB at N = 300 (docs/benchmarks.md, issue 42); the margin is for the allocator's moods.
 const BOUND_KIB: u64 = 256;
-
-async fn ready_addons(addons: &Api<ClusterAddon>) -> usize {
-    addons
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|a| a.spec.cluster_stack == V1 && a.status.as_ref().is_some_and(|s| s.ready))
-        .count()
-}
 
 /// The watches the API server of `client` has open (its `apiserver_longrunning_requests` of verb `WATCH`).
 async fn open_watches(client: &Client) -> f64 {
@@ -109,7 +95,7 @@ async fn memory_per_workload_cluster_stays_under_its_bound() {
     }
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), &ns);
     wait_for("every Cluster's addons ready", PHASE, || async {
-        (ready_addons(&addons).await == CLUSTERS).then_some(())
+        (ready_addons(&addons, V1).await == CLUSTERS).then_some(())
     })
     .await;
     // Every Cluster watches each kind it applied.

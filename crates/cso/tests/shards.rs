@@ -70,17 +70,6 @@ async fn before_upgrade(
         .unwrap()
 }
 
-async fn ready_addons(addons: &Api<ClusterAddon>, class: &str) -> usize {
-    addons
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|a| a.spec.cluster_stack == class && a.status.as_ref().is_some_and(|s| s.ready))
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_split_the_fleet_fail_over_hand_over_and_report_a_shard_without_replicas() {
     let plane = cso_testenv::shared_management();

@@ -359,3 +359,15 @@ pub fn shared_endpoint_cluster(
     }))
     .unwrap()
 }
+
+/// How many of the ClusterAddons of `addons` are ready on `class`.
+pub async fn ready_addons(addons: &Api<cso_api::ClusterAddon>, class: &str) -> usize {
+    addons
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|a| a.spec.cluster_stack == class && a.status.as_ref().is_some_and(|s| s.ready))
+        .count()
+}
