@@ -74,6 +74,7 @@ pub(crate) enum TakeOver {
 enum ReadFirst {
     /// As an apply of the same content left it: not written; its metadata as read.
     Unchanged(Box<kube::api::ObjectMeta>),
+    /// To be written: read and not as applied, gone, unreadable (the apply will tell), or not read at all.
     Write,
     /// The take-over the read was for failed: the object is not applied.
     Failed(String),
@@ -901,23 +902,21 @@ impl ApplyEngine {
     async fn apply_one(&self, mut item: Prepared, take_over: TakeOver) -> Prepared {
         let Some(kind) = &item.kind else { return item };
         let api = self.api(kind, &item.key.namespace);
-        if let Some(read) = self.read_first(&api, &item, take_over).await {
-            match read {
-                ReadFirst::Unchanged(metadata) => {
-                    tracing::debug!(object = %item.key, "as an apply of this content left it: not written");
-                    self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                        item.key.clone(),
-                        Observed::of(&item.object, *metadata, Vec::new()),
-                    );
-                    item.unchanged = true;
-                    return item;
-                }
-                ReadFirst::Failed(error) => {
-                    item.error = Some(error);
-                    return item;
-                }
-                ReadFirst::Write => {}
+        match self.read_first(&api, &item, take_over).await {
+            ReadFirst::Unchanged(metadata) => {
+                tracing::debug!(object = %item.key, "as an apply of this content left it: not written");
+                self.observed.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    item.key.clone(),
+                    Observed::of(&item.object, *metadata, Vec::new()),
+                );
+                item.unchanged = true;
+                return item;
             }
+            ReadFirst::Failed(error) => {
+                item.error = Some(error);
+                return item;
+            }
+            ReadFirst::Write => {}
         }
         let known = self
             .observed
@@ -965,13 +964,8 @@ impl ApplyEngine {
     /// The read before an apply, when one is due: of every object for an engine that writes only changes
     /// ([`ApplyEngine::writing_only_changes`]) and for [`TakeOver::CheckAll`], else of an object this engine
     /// has not applied in this process ([`TakeOver::Check`]), where it also takes the object over from the
-    /// managers the engine replaces. `None`: no read was due.
-    async fn read_first(
-        &self,
-        api: &Api<DynamicObject>,
-        item: &Prepared,
-        take_over: TakeOver,
-    ) -> Option<ReadFirst> {
+    /// managers the engine replaces. [`ReadFirst::Write`] also when no read was due.
+    async fn read_first(&self, api: &Api<DynamicObject>, item: &Prepared, take_over: TakeOver) -> ReadFirst {
         // Once applied by this engine, the object is as `observed` says: no further read needed.
         let applied_before = self
             .observed
@@ -980,15 +974,12 @@ impl ApplyEngine {
             .contains_key(&item.key);
         let first_here = take_over != TakeOver::Skip && !applied_before;
         if !(self.write_only_changes || take_over == TakeOver::CheckAll || first_here) {
-            return None;
+            return ReadFirst::Write;
         }
         let live = match api.get_opt(&item.key.name).await {
             Ok(live) => live,
             Err(e) if first_here && !self.take_over_from.is_empty() => {
-                return Some(ReadFirst::Failed(format!(
-                    "failed to take over field ownership: {}",
-                    api_error(&e)
-                )));
+                return ReadFirst::Failed(format!("failed to take over field ownership: {}", api_error(&e)));
             }
             Err(e) => {
                 tracing::debug!(object = %item.key, error = %api_error(&e), "not read before applying");
@@ -996,21 +987,18 @@ impl ApplyEngine {
             }
         };
         let Some(live) = live else {
-            return Some(ReadFirst::Write);
+            return ReadFirst::Write;
         };
         if self.would_leave_unwritten(&live, item) {
-            return Some(ReadFirst::Unchanged(Box::new(live.metadata)));
+            return ReadFirst::Unchanged(Box::new(live.metadata));
         }
         if first_here
             && !self.take_over_from.is_empty()
             && let Err(e) = self.take_over(api, live).await
         {
-            return Some(ReadFirst::Failed(format!(
-                "failed to take over field ownership: {}",
-                api_error(&e)
-            )));
+            return ReadFirst::Failed(format!("failed to take over field ownership: {}", api_error(&e)));
         }
-        Some(ReadFirst::Write)
+        ReadFirst::Write
     }
 
     /// Server-side applies `item` without the fields `left_out` (see [`Observed::left_out`]), first without
