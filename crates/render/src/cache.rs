@@ -48,8 +48,12 @@ impl<R: ChartRenderer> CachingRenderer<R> {
 
     /// (hits, misses) so far.
     pub fn stats(&self) -> (u64, u64) {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = self.lock();
         (entries.hits, entries.misses)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn key(request: &RenderRequest) -> std::io::Result<[u8; 32]> {
@@ -89,27 +93,32 @@ impl<R: ChartRenderer> ChartRenderer for CachingRenderer<R> {
                 // An unreadable chart: let the renderer report it.
                 Err(_) => return self.inner.render(request).await,
             };
+            // Inflated outside the lock: other renders need not wait for it.
+            let cached = self.lock().outputs.get(&key).cloned();
+            let output = cached.as_deref().and_then(inflate);
             {
-                let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-                let cached = entries.outputs.get(&key).cloned();
-                match cached.as_deref().map(inflate) {
-                    Some(Some(output)) => {
-                        entries.hits += 1;
-                        return Ok(output);
+                let mut entries = self.lock();
+                if output.is_some() {
+                    entries.hits += 1;
+                } else {
+                    entries.misses += 1;
+                    // A kept output that does not inflate (it cannot: it was deflated here) goes, so that the
+                    // render below takes its place.
+                    if cached.is_some()
+                        && let Some(dropped) = entries.outputs.remove(&key)
+                    {
+                        entries.bytes -= dropped.len();
                     }
-                    // Cannot happen (deflated here); rendered again, as a miss.
-                    Some(None) => {
-                        entries.outputs.remove(&key);
-                        entries.misses += 1;
-                    }
-                    None => entries.misses += 1,
                 }
+            }
+            if let Some(output) = output {
+                return Ok(output);
             }
             let output = self.inner.render(request).await?;
             let Some(deflated) = deflate(&output) else {
                 return Ok(output);
             };
-            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let mut entries = self.lock();
             if deflated.len() <= self.capacity_bytes && !entries.outputs.contains_key(&key) {
                 while entries.bytes + deflated.len() > self.capacity_bytes {
                     let Some(oldest) = entries.order.pop_front() else {
