@@ -282,6 +282,7 @@ impl StagedRun<'_> {
     async fn reapply(&self, addon: &mut ClusterAddon, hook: Hook, end: &mut StagedEnd) -> Result<(), Error> {
         let charts = self.charts(addon)?;
         let mut inventory = inventory_of(addon);
+        let checking = self.progress.only_the_clock();
         for (index, stage) in self
             .config
             .stages(hook)
@@ -289,7 +290,6 @@ impl StagedRun<'_> {
             .enumerate()
             .filter(|(_, s)| stages::applies(s))
         {
-            let checking = self.progress.only_the_clock();
             let work = self.work(addon, stage, &charts, &inventory, None, checking).await;
             let flow = stages::after_stage_work(
                 addon,
