@@ -11,7 +11,8 @@
 //! connection. A read timeout on a connection that carries watches would end it whenever they are quiet;
 //! this way one client serves requests and watches alike. A config with a proxy is left to kube's builder.
 //! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes). Each
-//! client keeps only a few TLS sessions for resumption (see [`TLS_SESSIONS_KEPT`]).
+//! client keeps only a few TLS sessions for resumption (see [`TLS_SESSIONS_KEPT`]). Whether a connection no
+//! request is using stays open is the caller's choice ([`IdleConnection`]).
 
 use std::time::Duration;
 
@@ -50,8 +51,36 @@ const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const TCP_KEEPALIVE_RETRIES: u32 = 3;
 
-/// A client builder for `config` whose connections speak HTTP/2 where the server offers it.
-pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, kube::Error> {
+/// What becomes of a client's connection while no request uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleConnection {
+    /// Kept for as long as it stays open, for a client whose watches ride it. A connection pool forgets an
+    /// HTTP/2 connection some time after its last new request, however long the watches on it last (hyper's
+    /// default: 90 s), and the next request then opens a second connection beside it: a client whose watches
+    /// last half an hour and whose other requests come every few minutes would hold two or three.
+    Kept,
+    /// Closed once no new request has come for this long (it is checked as often), opened again by the next:
+    /// for a client without watches, such as a workload cluster's when drift watches are off, whose
+    /// connection would otherwise sit idle between passes.
+    ReleasedAfter(Duration),
+}
+
+impl IdleConnection {
+    /// How long the connection pool keeps a connection after its last new request (`None`: for ever).
+    fn pool_timeout(self) -> Option<Duration> {
+        match self {
+            IdleConnection::Kept => None,
+            IdleConnection::ReleasedAfter(quiet) => Some(quiet),
+        }
+    }
+}
+
+/// A client builder for `config` whose connections speak HTTP/2 where the server offers it, and are kept or
+/// released when idle as `idle` says.
+pub(crate) fn builder(
+    config: kube::Config,
+    idle: IdleConnection,
+) -> Result<ClientBuilder<Service>, kube::Error> {
     if config.proxy_url.is_some() {
         return ClientBuilder::try_from(config);
     }
@@ -89,6 +118,8 @@ pub(crate) fn builder(config: kube::Config) -> Result<ClientBuilder<Service>, ku
             // No dynamic table for the headers the server sends: HPACK's table would keep up to 4 KiB per
             // connection (one per workload cluster) to save a few hundred bytes of each response's headers.
             .http2_header_table_size(0)
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(idle.pool_timeout())
             .build(connector);
 
     let service = ServiceBuilder::new()

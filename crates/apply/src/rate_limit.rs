@@ -12,6 +12,8 @@ use std::{
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
+use crate::IdleConnection;
+
 /// `--qps` and `--burst`. A `qps` of zero or less means no limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ClientLimits {
@@ -27,19 +29,34 @@ impl ClientLimits {
     }
 }
 
-/// Builds a client for `config` whose requests are limited by `limits`.
-pub fn limited_client(config: kube::Config, limits: ClientLimits) -> Result<kube::Client, kube::Error> {
-    observed_client(config, limits, None)
+/// Builds a client for `config` whose requests are limited by `limits` and whose connection is kept or
+/// released when idle as `idle` says.
+pub fn limited_client(
+    config: kube::Config,
+    limits: ClientLimits,
+    idle: IdleConnection,
+) -> Result<kube::Client, kube::Error> {
+    client_with(config, limits, None, idle)
 }
 
 /// Builds a client for `config` whose requests are limited by `limits` and, when given, told to `observer`
-/// as they are sent (after waiting for the rate limit).
+/// as they are sent (after waiting for the rate limit). Its connection is kept while idle: such a client
+/// carries watches.
 pub fn observed_client(
     config: kube::Config,
     limits: ClientLimits,
     observer: Option<crate::RequestObserver>,
 ) -> Result<kube::Client, kube::Error> {
-    let builder = crate::connection::builder(config)?;
+    client_with(config, limits, observer, IdleConnection::Kept)
+}
+
+fn client_with(
+    config: kube::Config,
+    limits: ClientLimits,
+    observer: Option<crate::RequestObserver>,
+    idle: IdleConnection,
+) -> Result<kube::Client, kube::Error> {
+    let builder = crate::connection::builder(config, idle)?;
     match (limits.enabled(), observer) {
         (true, Some(observer)) => Ok(builder
             .with_layer(&crate::request_tally::TallyLayer(observer))

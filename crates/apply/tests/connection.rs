@@ -1,12 +1,15 @@
 //! The operator's clients multiplex over HTTP/2: against a real kube-apiserver, a client with several open
 //! watches and many requests in flight holds one connection, where kube's default client (HTTP/1.1) holds a
-//! connection per watch. Counted from this process's own sockets (`/proc/self/fd` → `/proc/net/tcp`); this
-//! file has one test so that no other test's connections are counted.
+//! connection per watch; a client whose watches ride its connection keeps it through quiet spells, one
+//! without watches lets it go. Counted from this process's own sockets (`/proc/self/fd` → `/proc/net/tcp`),
+//! each test's to a loopback proxy of its own in front of the API server, so that no other test's
+//! connections are counted.
 #![allow(clippy::unwrap_used, reason = "a test file: a failed unwrap is a failed test")]
 
 use std::{collections::HashSet, time::Duration};
 
-use cso_apply::{ClientLimits, limited_client};
+use cso_apply::{ClientLimits, IdleConnection, limited_client};
+use cso_testenv::proxy::ApiProxy;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client, runtime::watcher};
@@ -67,35 +70,105 @@ async fn connections_while_busy(
     count
 }
 
+/// A proxy of its own in front of the shared management API server, its port, and a config for it.
+async fn behind_a_proxy() -> (ApiProxy, u16, kube::Config) {
+    let control_plane = cso_testenv::shared_management();
+    let proxy = ApiProxy::start(control_plane.server_url()).await.unwrap();
+    let port: u16 = proxy.url().rsplit(':').next().unwrap().parse().unwrap();
+    let yaml = control_plane
+        .kubeconfig_yaml()
+        .replace(control_plane.server_url(), &proxy.url());
+    let config = cso_testenv::config_from_yaml(&yaml).await.unwrap();
+    (proxy, port, config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_carries_every_watch_and_request_of_a_client() {
-    let control_plane = cso_testenv::shared_management();
-    let port: u16 = control_plane
-        .server_url()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let setup = control_plane.client().await.unwrap();
+    let setup = cso_testenv::shared_management().client().await.unwrap();
     let namespace = cso_testenv::namespace(&setup, "h2").await.unwrap();
-    let config = || async {
-        cso_testenv::config_from_yaml(control_plane.kubeconfig_yaml())
-            .await
-            .unwrap()
-    };
+    let (_proxy, port, config) = behind_a_proxy().await;
     let before = connections_to(port);
 
     // The operator's client: one connection for six watches and twenty requests at once.
-    let ours = limited_client(config().await, ClientLimits::UNLIMITED).unwrap();
+    let ours = limited_client(config.clone(), ClientLimits::UNLIMITED, IdleConnection::Kept).unwrap();
     let with_ours = connections_while_busy(ours, &namespace, port, 6, 20).await;
     assert_eq!(with_ours - before, 1, "connections of the operator's client");
 
     // kube's default client, for comparison: a connection per open watch at least.
-    let default = Client::try_from(config().await).unwrap();
+    let default = Client::try_from(config).unwrap();
     let with_default = connections_while_busy(default, &namespace, port, 6, 20).await;
     assert!(
         with_default >= before + 6,
         "kube's default client was expected to hold a connection per watch: {with_default} (before: {before})"
     );
+}
+
+/// Opens a watch of ConfigMaps in `namespace` with `client` and lets it settle on its watch request.
+async fn open_watch(client: Client, namespace: &str) -> tokio::task::JoinHandle<()> {
+    let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+    let stream = watcher(api, watcher::Config::default());
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    task
+}
+
+/// A GET of the ConfigMaps in `namespace` with `client`.
+async fn request(client: &Client, namespace: &str) {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    api.list(&kube::api::ListParams::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
+    let setup = cso_testenv::shared_management().client().await.unwrap();
+    let namespace = cso_testenv::namespace(&setup, "idle").await.unwrap();
+    let quiet = Duration::from_secs(1);
+
+    // Kept: a request after a quiet spell goes over the connection the watch is on.
+    let (_kept_proxy, kept_port, config) = behind_a_proxy().await;
+    let kept = limited_client(config, ClientLimits::UNLIMITED, IdleConnection::Kept).unwrap();
+    let watch = open_watch(kept.clone(), &namespace).await;
+    tokio::time::sleep(3 * quiet).await;
+    request(&kept, &namespace).await;
+    assert_eq!(
+        connections_to(kept_port),
+        1,
+        "a kept connection, with a watch on it"
+    );
+    watch.abort();
+
+    // Released after a quiet spell: the pool lets go of the connection the watch still holds open, and the
+    // next request opens a second (what Kept is for).
+    let (_released_proxy, released_port, config) = behind_a_proxy().await;
+    let released = limited_client(
+        config,
+        ClientLimits::UNLIMITED,
+        IdleConnection::ReleasedAfter(quiet),
+    )
+    .unwrap();
+    let watch = open_watch(released.clone(), &namespace).await;
+    tokio::time::sleep(3 * quiet).await;
+    request(&released, &namespace).await;
+    assert_eq!(
+        connections_to(released_port),
+        2,
+        "a released connection that a watch still holds, and the request's new one"
+    );
+    // Without the watch, nothing holds either once they are quiet: the client keeps no connection.
+    watch.abort();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while connections_to(released_port) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} connections left open by an idle client that lets them go",
+            connections_to(released_port)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And the next request opens one again.
+    request(&released, &namespace).await;
+    assert_eq!(connections_to(released_port), 1);
 }

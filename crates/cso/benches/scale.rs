@@ -977,6 +977,10 @@ struct Row {
 #[derive(Clone, Debug, Default)]
 struct IdleResult {
     window: Duration,
+    /// Connections open to the Clusters' own addresses at the window's end (none without them).
+    connections: Option<usize>,
+    /// The operator's resident memory at the window's end.
+    resident_kib: u64,
     cost: Cost,
     management_writes: f64,
     workload_writes: f64,
@@ -1180,7 +1184,7 @@ async fn measure(
         .map(|p| p.kubeconfig_yaml().to_owned())
         .collect();
     // Kept until the run ends: they carry every connection to the workload servers.
-    let (kubeconfigs, _addresses) = if settings.own_addresses {
+    let (kubeconfigs, addresses) = if settings.own_addresses {
         let mut proxies = Vec::with_capacity(n);
         let mut kubeconfigs = Vec::with_capacity(n);
         for i in 0..n {
@@ -1409,7 +1413,7 @@ async fn measure(
     if let Some(window) = settings.idle
         && operator.exited().is_none()
     {
-        row.idle = Some(idle(n, env, operator, settings, window).await);
+        row.idle = Some(idle(n, env, operator, settings, window, &addresses).await);
     }
     watch.abort();
     stand_in.abort();
@@ -1461,6 +1465,7 @@ async fn idle(
     operator: &mut Operator,
     settings: &Settings,
     window: Duration,
+    addresses: &[cso_testenv::proxy::ApiProxy],
 ) -> IdleResult {
     let resync = settings.resync.unwrap_or_default();
     // Let the last status writes and events of the upgrade land first.
@@ -1475,6 +1480,21 @@ async fn idle(
     operator.check_running();
     let after = snapshot(env, operator).await;
     let cost = cost(&before, &after);
+    // What the operator holds at the end of the window: connections to the Clusters' addresses (with an address
+    // per Cluster) and resident memory now, against the peak so far.
+    let connections = (!addresses.is_empty()).then(|| {
+        addresses
+            .iter()
+            .map(cso_testenv::proxy::ApiProxy::open_connections)
+            .sum::<usize>()
+    });
+    let resident_kib = after.cso.rss_kib;
+    println!(
+        "    at the end: {} connections to the Clusters' addresses; cso resident {:.1} MiB (peak so far {:.1} MiB)",
+        connections.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+        resident_kib as f64 / 1024.0,
+        after.cso.peak_rss_kib as f64 / 1024.0
+    );
     let writes = |changes: &[(String, f64)]| -> Vec<(String, f64)> {
         changes.iter().filter(|(k, _)| is_write(k)).cloned().collect()
     };
@@ -1561,6 +1581,8 @@ async fn idle(
     }
     IdleResult {
         window,
+        connections,
+        resident_kib,
         management_writes: total(&management_writes),
         workload_writes: total(&workload_writes),
         operator_writes: total(&operator_writes),
@@ -1695,14 +1717,14 @@ fn summary(rows: &[Row], helm: (Duration, Duration), settings: &Settings) -> Str
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| N | idle window | writes to management (operator's own) | writes to workloads (per Cluster) | cso CPU | cso-renderer CPU | deleted object back after |"
+            "| N | idle window | writes to management (operator's own) | writes to workloads (per Cluster) | cso CPU | cso-renderer CPU | deleted object back after | connections held at the end | cso resident at the end |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
         for row in rows {
             if let Some(idle) = &row.idle {
                 let _ = writeln!(
                     out,
-                    "| {} | {:.0} s (resync {} s) | {:.0} ({:.0}) | {:.0} ({:.1}) | {:.2} s | {:.2} s | {} |",
+                    "| {} | {:.0} s (resync {} s) | {:.0} ({:.0}) | {:.0} ({:.1}) | {:.2} s | {:.2} s | {} | {} | {:.1} MiB |",
                     row.n,
                     idle.window.as_secs_f64(),
                     settings.resync.unwrap_or_default().as_secs(),
@@ -1712,7 +1734,9 @@ fn summary(rows: &[Row], helm: (Duration, Duration), settings: &Settings) -> Str
                     idle.workload_writes / row.n.max(1) as f64,
                     idle.cost.cso_cpu.as_secs_f64(),
                     idle.cost.children_cpu.as_secs_f64(),
-                    secs(idle.restored)
+                    secs(idle.restored),
+                    idle.connections.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+                    idle.resident_kib as f64 / 1024.0
                 );
             }
         }

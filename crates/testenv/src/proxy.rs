@@ -4,7 +4,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -23,6 +23,8 @@ pub struct ApiProxy {
     /// takes effect only at its next pause, and bytes it read after the cut (an event of a change made behind
     /// the cut, say) must not reach the other side.
     cuts: Arc<AtomicU64>,
+    /// The connections being forwarded now.
+    forwarding: Arc<AtomicUsize>,
 }
 
 impl ApiProxy {
@@ -32,6 +34,7 @@ impl ApiProxy {
         let upstream = server_url.trim_start_matches("https://").to_owned();
         let (silent, _) = tokio::sync::watch::channel(false);
         let cuts = Arc::new(AtomicU64::new(0));
+        let forwarding = Arc::new(AtomicUsize::new(0));
         Ok(ApiProxy {
             port: listener.local_addr()?.port(),
             serving: Some(Self::serve(
@@ -39,11 +42,18 @@ impl ApiProxy {
                 upstream.clone(),
                 silent.clone(),
                 cuts.clone(),
+                forwarding.clone(),
             )),
             upstream,
             silent,
             cuts,
+            forwarding,
         })
+    }
+
+    /// The client connections open through the proxy now.
+    pub fn open_connections(&self) -> usize {
+        self.forwarding.load(Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {
@@ -88,6 +98,7 @@ impl ApiProxy {
             self.upstream.clone(),
             self.silent.clone(),
             self.cuts.clone(),
+            self.forwarding.clone(),
         ));
         Ok(())
     }
@@ -97,6 +108,7 @@ impl ApiProxy {
         upstream: String,
         silent: tokio::sync::watch::Sender<bool>,
         cuts: Arc<AtomicU64>,
+        forwarding: Arc<AtomicUsize>,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             // Dropped with the task when it is aborted: that closes every connection.
@@ -109,11 +121,13 @@ impl ApiProxy {
                 };
                 let upstream = upstream.clone();
                 let silent = silent.subscribe();
+                let counted = Forwarding::begin(forwarding.clone());
                 let open = Open {
                     cuts: cuts.clone(),
                     at: cuts.load(Ordering::SeqCst),
                 };
                 connections.spawn(async move {
+                    let _counted = counted;
                     let mut quiet = silent.clone();
                     if quiet.wait_for(|silent| !silent).await.is_err() {
                         return;
@@ -130,6 +144,22 @@ impl ApiProxy {
                 while connections.try_join_next().is_some() {}
             }
         })
+    }
+}
+
+/// Counts a connection as forwarded until dropped (with its task: it ends, or the proxy is cut).
+struct Forwarding(Arc<AtomicUsize>);
+
+impl Forwarding {
+    fn begin(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Forwarding(count)
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
