@@ -61,7 +61,7 @@ pub async fn real_nodes(dir: &Path, nodes: usize, images: &[std::path::PathBuf])
     }
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, cluster.control_plane.kubeconfig_yaml())?;
-    println!(
+    crate::announce(&format!(
         "ready in {:.1}s: {} node(s) ({}), slot {}, API server {}, kubeconfig {}",
         started.elapsed().as_secs_f64(),
         cluster.nodes().len(),
@@ -74,7 +74,7 @@ pub async fn real_nodes(dir: &Path, nodes: usize, images: &[std::path::PathBuf])
         cluster.slot(),
         cluster.control_plane.server_url(),
         kubeconfig.display()
-    );
+    ));
     tokio::select! {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
@@ -198,11 +198,11 @@ pub async fn up(dir: &Path, options: &UpOptions) -> anyhow::Result<()> {
         resident_mib(&management),
         resident_mib(workload.control_plane())
     );
-    println!(
+    crate::announce(&format!(
         "ready management={} workload={}",
         management_kubeconfig.display(),
         workload_kubeconfig.display()
-    );
+    ));
 
     let mut managers = cluster_api
         .as_ref()

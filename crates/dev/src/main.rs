@@ -152,3 +152,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo { dir, releases, nodes } => demo::demo(&dir, releases.as_deref(), nodes).await,
     }
 }
+
+/// Tells whoever started a long-running command (`up`, `nodes`) that it is ready, on stdout. A reader that
+/// reads only that line and closes the pipe must not stop the clusters: `println!` would panic on the closed
+/// pipe at the next write, so errors are ignored here, and the whole text goes out in one write.
+pub(crate) fn announce(text: &str) {
+    use std::io::Write as _;
+    let mut line = String::with_capacity(text.len() + 1);
+    line.push_str(text);
+    line.push('\n');
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(line.as_bytes());
+    let _ = stdout.flush();
+}

@@ -97,7 +97,7 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
 
     eprintln!("installing the chart with {}", image.display());
     helm_install(&helm, &management_kubeconfig, image, github.api_url())?;
-    println!(
+    crate::announce(&format!(
         "ready in {:.1}s: management={} workload={}; slot {}, releases {} on a GitHub stand-in at {}\n\
          kubectl --kubeconfig {} logs -n {NAMESPACE} deploy/cso-controller-manager -f",
         started.elapsed().as_secs_f64(),
@@ -107,7 +107,7 @@ pub async fn up_real_nodes(dir: &Path, image: &Path) -> anyhow::Result<()> {
         published.join(", "),
         github.api_url(),
         management_kubeconfig.display(),
-    );
+    ));
     // Until a signal, or until a process stops on its own (not restarted: `cso-dev up --help`).
     let mut cluster = cluster;
     let mut cluster_api = cluster_api;

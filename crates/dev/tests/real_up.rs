@@ -78,9 +78,12 @@ fn up_with_real_nodes_runs_the_operator_from_its_chart_and_cluster_api_calls_it(
     let stdout = cso_dev.child.stdout.take().unwrap();
     let (line_tx, line_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
         let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = reader.read_line(&mut line);
         let _ = line_tx.send(line);
+        // The pipe stays open for whatever else cso-dev prints: a closed stdout must not be what stops it.
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
     });
     let ready = line_rx.recv_timeout(TIMEOUT).unwrap_or_default();
     assert!(
