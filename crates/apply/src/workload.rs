@@ -30,11 +30,14 @@ pub const CAPI_SECRET_SELECTOR: &str = "type=cluster.x-k8s.io/secret";
 const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 /// How long an `ok` from a workload cluster's `/readyz` is taken as current.
 pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
-/// Without drift watches, how long a workload cluster's connection stays open after its last request: a
-/// pass's requests come within seconds of each other, the next pass minutes later (`--resync-interval`), and
-/// an idle connection per Cluster (TLS and HTTP/2 state, about 80 KiB) would be most of what the operator
-/// keeps per Cluster. Reopening one costs a TLS handshake (resumed where the server allows).
-const IDLE_CONNECTION_RELEASED_AFTER: Duration = Duration::from_secs(15);
+/// Without drift watches, how long a workload cluster's connection stays open after its last request (it is
+/// closed within twice that). Nothing needs it between passes (minutes apart: `--resync-interval`), and an open
+/// connection (TLS and HTTP/2 state and hyper's request channel, about 80 KiB) was most of what the operator
+/// kept per Cluster: with 2 s, only the Clusters of the last few seconds' passes hold one, which cut the peak
+/// at 1000 Clusters by a third (docs/benchmarks.md, issue 42); 15 s cut nothing, an install of 300 Clusters
+/// being over in 20 s. Reopening costs a TLS handshake, resumed where the server allows; a pass's requests
+/// seconds apart (a slow render) may reopen it within the pass.
+const IDLE_CONNECTION_RELEASED_AFTER: Duration = Duration::from_secs(2);
 
 /// The name of the Secret with the kubeconfig of Cluster `cluster`.
 pub fn kubeconfig_secret_name(cluster: &str) -> String {
