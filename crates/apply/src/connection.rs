@@ -25,11 +25,27 @@ use hyper_util::{
 };
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody, retry::RetryPolicy};
 use tower::{
-    BoxError, ServiceBuilder, ServiceExt, retry::RetryLayer, timeout::TimeoutLayer, util::BoxService,
+    BoxError, ServiceBuilder, ServiceExt,
+    retry::RetryLayer,
+    timeout::TimeoutLayer,
+    util::{BoxCloneSyncService, BoxService},
 };
 
-/// The service type of kube's own builder, so that layers and callers do not care which one was used.
+/// The service type of kube's own builder.
 pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
+/// This module's service: a clone shares its connection pool, so that clients made from it again and again
+/// (see [`crate::rate_limit::ClientMaker`]) share their connections.
+pub(crate) type SharedService = BoxCloneSyncService<Request<Body>, Response<Box<DynBody>>, BoxError>;
+
+/// The service under a client: this module's (shared by every client made from it), or, for a config with a
+/// proxy, kube's own builder.
+pub(crate) enum Stack {
+    Ours {
+        service: SharedService,
+        default_namespace: String,
+    },
+    Kube(ClientBuilder<Service>),
+}
 
 /// Interval of HTTP/2 keep-alive pings, and how long an answer may take before the connection is dropped: a
 /// connection that went silent (a partition: no reset, no FIN) is given up within 15 s, so its watches
@@ -75,14 +91,11 @@ impl IdleConnection {
     }
 }
 
-/// A client builder for `config` whose connections speak HTTP/2 where the server offers it, and are kept or
+/// The service for `config`, whose connections speak HTTP/2 where the server offers it, and are kept or
 /// released when idle as `idle` says.
-pub(crate) fn builder(
-    config: kube::Config,
-    idle: IdleConnection,
-) -> Result<ClientBuilder<Service>, kube::Error> {
+pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack, kube::Error> {
     if config.proxy_url.is_some() {
-        return ClientBuilder::try_from(config);
+        return ClientBuilder::try_from(config).map(Stack::Kube);
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -122,21 +135,25 @@ pub(crate) fn builder(
             .pool_idle_timeout(idle.pool_timeout())
             .build(connector);
 
-    let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(
-            config
-                .default_retry
-                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
-        )
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .option_layer(config.read_timeout.map(TimeoutLayer::new))
-        .map_err(BoxError::from)
-        .service(client)
-        .map_response(|response: Response<hyper::body::Incoming>| {
-            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
-        })
-        .boxed();
-    Ok(ClientBuilder::new(service, config.default_namespace))
+    let service = BoxCloneSyncService::new(
+        ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(
+                config
+                    .default_retry
+                    .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+            )
+            .option_layer(config.auth_layer()?)
+            .layer(config.extra_headers_layer()?)
+            .option_layer(config.read_timeout.map(TimeoutLayer::new))
+            .map_err(BoxError::from)
+            .service(client)
+            .map_response(|response: Response<hyper::body::Incoming>| {
+                response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+            }),
+    );
+    Ok(Stack::Ours {
+        service,
+        default_namespace: config.default_namespace,
+    })
 }

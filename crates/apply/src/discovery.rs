@@ -4,7 +4,10 @@
 //! object of any kind through it, named the way Cluster API references name objects. [`cluster_resource`]
 //! decides, once at start-up, which version of Cluster API `Cluster`s the operator reads.
 
-use std::{collections::HashMap, sync::RwLock};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, RwLock},
+};
 
 use cso_api::capi::{CAPI_GROUP, CLUSTER_VERSIONS, Cluster, FALLBACK_CLUSTER_VERSION, read_version};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
@@ -157,12 +160,71 @@ pub struct ResolvedKind {
     pub namespaced: bool,
 }
 
+/// Where a [`ClusterDiscovery`]'s client comes from.
+enum ClientSlot {
+    Kept(Client),
+    OnDemand(OnDemand),
+}
+
+/// A client made when asked for and dropped once not asked for during `idle`.
+struct OnDemand {
+    maker: crate::rate_limit::ClientMaker,
+    idle: std::time::Duration,
+    current: Arc<Mutex<Option<CurrentClient>>>,
+}
+
+struct CurrentClient {
+    client: Client,
+    last_asked: tokio::time::Instant,
+}
+
+impl OnDemand {
+    fn client(&self) -> Client {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(current) = current.as_mut() {
+            current.last_asked = tokio::time::Instant::now();
+            return current.client.clone();
+        }
+        let client = self.maker.make();
+        *current = Some(CurrentClient {
+            client: client.clone(),
+            last_asked: tokio::time::Instant::now(),
+        });
+        tokio::spawn(drop_when_idle(Arc::downgrade(&self.current), self.idle));
+        client
+    }
+
+    #[cfg(test)]
+    fn holds_a_client(&self) -> bool {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+}
+
+/// Drops the client in `slot` once it has not been asked for during `idle` (clones in use live on until
+/// their users are done); ends with it, or with the slot.
+async fn drop_when_idle(slot: std::sync::Weak<Mutex<Option<CurrentClient>>>, idle: std::time::Duration) {
+    let mut wait = idle;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(slot) = slot.upgrade() else { return };
+        let mut current = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(asked) = current.as_ref().map(|c| c.last_asked.elapsed()) else {
+            return;
+        };
+        if asked >= idle {
+            *current = None;
+            return;
+        }
+        wait = idle - asked;
+    }
+}
+
 /// How long a group's preferred version is trusted: an upgrade of Cluster API or a provider that changes it
 /// is seen within this time, and a reference naming only its group costs no discovery request otherwise.
 pub const PREFERRED_VERSION_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub struct ClusterDiscovery {
-    client: Client,
+    client: ClientSlot,
     kinds: RwLock<HashMap<GroupVersionKind, ResolvedKind>>,
     /// Each group's preferred version, and when it was asked.
     preferred: RwLock<HashMap<String, (String, std::time::Instant)>>,
@@ -180,7 +242,23 @@ impl std::fmt::Debug for ClusterDiscovery {
 }
 
 impl ClusterDiscovery {
+    /// Discovery through `client`, which it keeps.
     pub fn new(client: Client) -> Self {
+        Self::with_slot(ClientSlot::Kept(client))
+    }
+
+    /// Discovery through clients of `maker`, made when needed and dropped once unused for `idle`: a
+    /// client's request channel and the task serving it (a tokio block of 32 requests, 11 KiB, and more once
+    /// used) are not kept for a cluster that is talked to once in a while. What was discovered is kept.
+    pub fn on_demand(maker: crate::rate_limit::ClientMaker, idle: std::time::Duration) -> Self {
+        Self::with_slot(ClientSlot::OnDemand(OnDemand {
+            maker,
+            idle,
+            current: Arc::default(),
+        }))
+    }
+
+    fn with_slot(client: ClientSlot) -> Self {
         ClusterDiscovery {
             client,
             kinds: RwLock::default(),
@@ -189,8 +267,12 @@ impl ClusterDiscovery {
         }
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// The client to talk to the cluster with (a clone: cheap).
+    pub fn client(&self) -> Client {
+        match &self.client {
+            ClientSlot::Kept(client) => client.clone(),
+            ClientSlot::OnDemand(on_demand) => on_demand.client(),
+        }
     }
 
     /// The API resource of `gvk`, from the cache or, when unknown, from the cluster.
@@ -199,7 +281,7 @@ impl ClusterDiscovery {
             return Ok(kind.clone());
         }
         let (resource, capabilities): (ApiResource, ApiCapabilities) =
-            match kube::discovery::pinned_kind(&self.client, gvk).await {
+            match kube::discovery::pinned_kind(&self.client(), gvk).await {
                 Ok(found) => found,
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     return Err(DiscoveryError::UnknownKind(gvk.clone()));
@@ -268,7 +350,7 @@ impl ClusterDiscovery {
                 gvk: unversioned.clone(),
                 error: kube::Error::HttpError(e),
             })?;
-        match self.client.request(request).await {
+        match self.client().request(request).await {
             Ok(document) => Ok(document),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 Err(DiscoveryError::UnknownKind(unversioned))
@@ -372,11 +454,9 @@ impl ClusterDiscovery {
             }
         };
         let objects: Api<DynamicObject> = match (resolved.namespaced, namespace) {
-            (true, Some(namespace)) => {
-                Api::namespaced_with(self.client.clone(), namespace, &resolved.resource)
-            }
-            (true, None) => Api::default_namespaced_with(self.client.clone(), &resolved.resource),
-            (false, _) => Api::all_with(self.client.clone(), &resolved.resource),
+            (true, Some(namespace)) => Api::namespaced_with(self.client(), namespace, &resolved.resource),
+            (true, None) => Api::default_namespaced_with(self.client(), &resolved.resource),
+            (false, _) => Api::all_with(self.client(), &resolved.resource),
         };
         objects.get_opt(name).await.map_err(|error| GetObjectError::Read {
             kind: kind.to_owned(),
@@ -403,5 +483,46 @@ impl ClusterDiscovery {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(kind_group, _), _| kind_group != group);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{ClientLimits, IdleConnection, rate_limit::ClientMaker};
+
+    /// A client made on demand is kept while it is asked for, dropped once it was not asked for during the
+    /// idle time, and made again when asked for. (Making a client connects nowhere: no server is needed.)
+    #[tokio::test(start_paused = true)]
+    async fn an_on_demand_client_is_dropped_once_idle_and_made_again_when_asked_for() {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let maker = ClientMaker::new(
+            config,
+            ClientLimits::UNLIMITED,
+            None,
+            IdleConnection::ReleasedAfter(Duration::from_secs(1)),
+        )
+        .unwrap();
+        let idle = Duration::from_secs(2);
+        let discovery = ClusterDiscovery::on_demand(maker, idle);
+        let ClientSlot::OnDemand(slot) = &discovery.client else {
+            panic!("not on demand")
+        };
+        assert!(!slot.holds_a_client(), "made before it was asked for");
+
+        drop(discovery.client());
+        assert!(slot.holds_a_client());
+        // Asked for again within the idle time: kept past the first one's idle time.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        drop(discovery.client());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(slot.holds_a_client(), "dropped 1.5 s after it was asked for");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(!slot.holds_a_client(), "kept 2.5 s after it was last asked for");
+
+        drop(discovery.client());
+        assert!(slot.holds_a_client(), "not made again");
     }
 }

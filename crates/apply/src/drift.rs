@@ -261,7 +261,7 @@ impl DriftWatch {
     ) -> Self {
         DriftWatch {
             owner,
-            reach: Reach::new(discovery.client().clone()),
+            reach: Reach::new(discovery.client()),
             discovery,
             engine,
             notify,
@@ -320,7 +320,7 @@ impl DriftWatch {
                 since.resource_version
             });
             let follower = KindFollower {
-                client: self.discovery.client().clone(),
+                client: self.discovery.client(),
                 resource: resolved.resource,
                 group: group.to_owned(),
                 kind: kind.to_owned(),

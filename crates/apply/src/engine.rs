@@ -760,7 +760,7 @@ impl ApplyEngine {
         if SYSTEM_NAMESPACES.contains(&name) {
             return Ok(false);
         }
-        let namespaces: Api<Namespace> = Api::all(self.discovery.client().clone());
+        let namespaces: Api<Namespace> = Api::all(self.discovery.client());
         match namespaces.get_opt(name).await {
             Ok(None) => Ok(true),
             Ok(Some(live)) => Ok(is_owned(live.metadata.labels.as_ref())),
@@ -788,7 +788,7 @@ impl ApplyEngine {
     /// (what deleting the namespace would delete) without the operator's label. A kind the operator may not
     /// list counts as foreign (it cannot tell); a kind that vanished meanwhile is skipped.
     async fn foreign_object_in(&self, namespace: &str) -> Result<Option<String>, String> {
-        let client = self.discovery.client().clone();
+        let client = self.discovery.client();
         let discovery = match Discovery::new(client.clone()).run_aggregated().await {
             Ok(discovery) => discovery,
             Err(_) => Discovery::new(client.clone())
@@ -1158,7 +1158,7 @@ impl ApplyEngine {
     }
 
     pub(crate) fn api(&self, kind: &ResolvedKind, namespace: &str) -> Api<DynamicObject> {
-        let client = self.discovery.client().clone();
+        let client = self.discovery.client();
         if kind.namespaced {
             Api::namespaced_with(client, namespace, &kind.resource)
         } else {
@@ -1179,7 +1179,7 @@ impl ApplyEngine {
     }
 
     async fn wait_established(&self, name: &str) -> Result<(), String> {
-        let api: Api<CustomResourceDefinition> = Api::all(self.discovery.client().clone());
+        let api: Api<CustomResourceDefinition> = Api::all(self.discovery.client());
         let deadline = Instant::now() + CRD_ESTABLISHED_TIMEOUT;
         loop {
             let crd = api.get(name).await.map_err(|e| api_error(&e))?;

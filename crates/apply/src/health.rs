@@ -544,7 +544,7 @@ async fn pods_of(
 ) -> Option<Vec<Value>> {
     let query = selector_query(workload)?;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(discovery.client().clone(), namespace?);
+        kube::Api::namespaced(discovery.client(), namespace?);
     let list = pods
         .list(
             &kube::api::ListParams::default()

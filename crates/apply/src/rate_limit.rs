@@ -56,17 +56,99 @@ fn client_with(
     observer: Option<crate::RequestObserver>,
     idle: IdleConnection,
 ) -> Result<kube::Client, kube::Error> {
-    let builder = crate::connection::builder(config, idle)?;
+    Ok(ClientMaker::new(config, limits, observer, idle)?.make())
+}
+
+/// Makes clients for one config, each with its own rate limit and request channel, all sharing one connection
+/// pool: a client that is not needed for a while can be dropped (its channel and the task serving it with it)
+/// and another made when it is ([`crate::ClusterDiscovery::on_demand`]). For a config with a proxy (kube's own
+/// builder, whose service cannot be shared) it hands out clones of one client.
+pub struct ClientMaker {
+    source: Source,
+    limits: ClientLimits,
+    observer: Option<crate::RequestObserver>,
+}
+
+enum Source {
+    Shared {
+        service: crate::connection::SharedService,
+        default_namespace: String,
+    },
+    One(kube::Client),
+}
+
+impl std::fmt::Debug for ClientMaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientMaker")
+            .field("shared", &matches!(self.source, Source::Shared { .. }))
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientMaker {
+    /// Clients for `config` limited by `limits`, their requests told to `observer` when given, their
+    /// connections kept or released when idle as `idle` says.
+    pub fn new(
+        config: kube::Config,
+        limits: ClientLimits,
+        observer: Option<crate::RequestObserver>,
+        idle: IdleConnection,
+    ) -> Result<Self, kube::Error> {
+        let source = match crate::connection::stack(config, idle)? {
+            crate::connection::Stack::Ours {
+                service,
+                default_namespace,
+            } => Source::Shared {
+                service,
+                default_namespace,
+            },
+            crate::connection::Stack::Kube(builder) => {
+                Source::One(with_layers(builder, limits, observer.clone()))
+            }
+        };
+        Ok(ClientMaker {
+            source,
+            limits,
+            observer,
+        })
+    }
+
+    /// A client: a new one over the shared connections, or a clone of the one.
+    pub fn make(&self) -> kube::Client {
+        match &self.source {
+            Source::Shared {
+                service,
+                default_namespace,
+            } => with_layers(
+                kube::client::ClientBuilder::new(
+                    tower::util::BoxService::new(service.clone()),
+                    default_namespace.clone(),
+                ),
+                self.limits,
+                self.observer.clone(),
+            ),
+            Source::One(client) => client.clone(),
+        }
+    }
+}
+
+/// `builder`'s client, its requests told to `observer` and limited by `limits`.
+fn with_layers(
+    builder: kube::client::ClientBuilder<crate::connection::Service>,
+    limits: ClientLimits,
+    observer: Option<crate::RequestObserver>,
+) -> kube::Client {
     match (limits.enabled(), observer) {
-        (true, Some(observer)) => Ok(builder
+        (true, Some(observer)) => builder
             .with_layer(&crate::request_tally::TallyLayer(observer))
             .with_layer(&RateLimitLayer(limits))
-            .build()),
-        (true, None) => Ok(builder.with_layer(&RateLimitLayer(limits)).build()),
-        (false, Some(observer)) => Ok(builder
+            .build(),
+        (true, None) => builder.with_layer(&RateLimitLayer(limits)).build(),
+        (false, Some(observer)) => builder
             .with_layer(&crate::request_tally::TallyLayer(observer))
-            .build()),
-        (false, None) => Ok(builder.build()),
+            .build(),
+        (false, None) => builder.build(),
     }
 }
 

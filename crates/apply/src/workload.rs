@@ -38,6 +38,10 @@ pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
 /// being over in 20 s. Reopening costs a TLS handshake, resumed where the server allows; a pass's requests
 /// seconds apart (a slow render) may reopen it within the pass.
 const IDLE_CONNECTION_RELEASED_AFTER: Duration = Duration::from_secs(2);
+/// Without drift watches, how long a workload cluster's client (its request channel and the task serving it,
+/// 25 KiB per Cluster at an install's peak) is kept after it was last asked for; what its discovery found is
+/// kept.
+const IDLE_CLIENT_DROPPED_AFTER: Duration = Duration::from_secs(2);
 
 /// The name of the Secret with the kubeconfig of Cluster `cluster`.
 pub fn kubeconfig_secret_name(cluster: &str) -> String {
@@ -89,7 +93,8 @@ pub struct WorkloadCluster {
 }
 
 impl WorkloadCluster {
-    pub fn client(&self) -> &Client {
+    /// The client to talk to the cluster with (a clone: cheap).
+    pub fn client(&self) -> Client {
         self.discovery.client()
     }
 }
@@ -222,20 +227,24 @@ impl WorkloadClients {
         config.write_timeout = Some(self.request_timeout);
         // Bounds each response's start; the drift watches share the client and its one connection.
         config.read_timeout = Some(self.request_timeout);
-        // Drift watches ride the connection: it is kept. Without them, nothing needs it between passes.
-        let idle = if self.drift_notifier.is_some() {
-            crate::IdleConnection::Kept
+        // Drift watches ride the client and its connection: both are kept. Without them, nothing needs either
+        // between passes.
+        let discovery = if self.drift_notifier.is_some() {
+            let client = crate::limited_client(config, self.limits, crate::IdleConnection::Kept)
+                .map_err(|e| invalid(e.to_string()))?;
+            Arc::new(ClusterDiscovery::new(client))
         } else {
-            crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER)
+            let idle = crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER);
+            let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle)
+                .map_err(|e| invalid(e.to_string()))?;
+            Arc::new(ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER))
         };
-        let client = crate::limited_client(config, self.limits, idle).map_err(|e| invalid(e.to_string()))?;
         let kubeconfig_path = self
             .kubeconfigs
             .path()
             .join(format!("{namespace}_{cluster}.kubeconfig"));
         write_private(&kubeconfig_path, text.as_bytes())
             .map_err(|e| invalid(format!("failed to store it: {e}")))?;
-        let discovery = Arc::new(ClusterDiscovery::new(client));
         let engine = ApplyEngine::new(discovery.clone(), DEFAULT_FIELD_MANAGER)
             .taking_over_from(self.take_over_from.clone());
         let drift = self.drift_notifier.as_ref().map(|notifier| {
