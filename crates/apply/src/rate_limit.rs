@@ -1,7 +1,9 @@
 //! Client-side request rate limiting, as client-go's `--qps` and `--burst`: a token bucket that refills at
 //! `qps` tokens a second up to `burst`; each request takes one token, waiting when none is left. Applied to
 //! the management client and to every workload-cluster client (the Go operator sets the flags too late for
-//! its own manager; here they take effect).
+//! its own manager; here they take effect). The operator's clients are built here, with their limits and their
+//! request tally: one for good ([`limited_client`], [`observed_client`]), or again and again over one
+//! connection pool ([`ClientMaker`]), each client with a bucket of its own.
 
 use std::{
     pin::Pin,
