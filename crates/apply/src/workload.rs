@@ -229,16 +229,19 @@ impl WorkloadClients {
         config.read_timeout = Some(self.request_timeout);
         // Drift watches ride the client and its connection: both are kept. Without them, nothing needs either
         // between passes.
-        let discovery = if self.drift_notifier.is_some() {
-            let client = crate::limited_client(config, self.limits, crate::IdleConnection::Kept)
-                .map_err(|e| invalid(e.to_string()))?;
-            Arc::new(ClusterDiscovery::new(client))
+        let watching = self.drift_notifier.is_some();
+        let idle = if watching {
+            crate::IdleConnection::Kept
         } else {
-            let idle = crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER);
-            let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle)
-                .map_err(|e| invalid(e.to_string()))?;
-            Arc::new(ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER))
+            crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER)
         };
+        let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle)
+            .map_err(|e| invalid(e.to_string()))?;
+        let discovery = Arc::new(if watching {
+            ClusterDiscovery::new(maker.make())
+        } else {
+            ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER)
+        });
         let kubeconfig_path = self
             .kubeconfigs
             .path()

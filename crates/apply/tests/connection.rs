@@ -121,6 +121,35 @@ async fn request(client: &Client, namespace: &str) {
     api.list(&kube::api::ListParams::default()).await.unwrap();
 }
 
+/// A client of `idle` behind a proxy of its own, with a watch open, that sends a request after a quiet spell
+/// of three times `quiet`; the connections it then has open.
+struct AfterAQuietSpell {
+    _proxy: ApiProxy,
+    port: u16,
+    client: Client,
+    watch: tokio::task::JoinHandle<()>,
+    connections: usize,
+}
+
+async fn a_request_after_a_quiet_spell_beside_a_watch(
+    idle: IdleConnection,
+    namespace: &str,
+    quiet: Duration,
+) -> AfterAQuietSpell {
+    let (proxy, port, config) = behind_a_proxy().await;
+    let client = limited_client(config, ClientLimits::UNLIMITED, idle).unwrap();
+    let watch = open_watch(client.clone(), namespace).await;
+    tokio::time::sleep(3 * quiet).await;
+    request(&client, namespace).await;
+    AfterAQuietSpell {
+        _proxy: proxy,
+        port,
+        client,
+        watch,
+        connections: connections_to(port),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
     let setup = cso_testenv::shared_management().client().await.unwrap();
@@ -128,47 +157,31 @@ async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
     let quiet = Duration::from_secs(1);
 
     // Kept: a request after a quiet spell goes over the connection the watch is on.
-    let (_kept_proxy, kept_port, config) = behind_a_proxy().await;
-    let kept = limited_client(config, ClientLimits::UNLIMITED, IdleConnection::Kept).unwrap();
-    let watch = open_watch(kept.clone(), &namespace).await;
-    tokio::time::sleep(3 * quiet).await;
-    request(&kept, &namespace).await;
-    assert_eq!(
-        connections_to(kept_port),
-        1,
-        "a kept connection, with a watch on it"
-    );
-    watch.abort();
+    let kept = a_request_after_a_quiet_spell_beside_a_watch(IdleConnection::Kept, &namespace, quiet).await;
+    assert_eq!(kept.connections, 1, "a kept connection, with a watch on it");
+    kept.watch.abort();
 
     // Released after a quiet spell: the pool lets go of the connection the watch still holds open, and the
     // next request opens a second (what Kept is for).
-    let (_released_proxy, released_port, config) = behind_a_proxy().await;
-    let released = limited_client(
-        config,
-        ClientLimits::UNLIMITED,
-        IdleConnection::ReleasedAfter(quiet),
-    )
-    .unwrap();
-    let watch = open_watch(released.clone(), &namespace).await;
-    tokio::time::sleep(3 * quiet).await;
-    request(&released, &namespace).await;
+    let released =
+        a_request_after_a_quiet_spell_beside_a_watch(IdleConnection::ReleasedAfter(quiet), &namespace, quiet)
+            .await;
     assert_eq!(
-        connections_to(released_port),
-        2,
+        released.connections, 2,
         "a released connection that a watch still holds, and the request's new one"
     );
     // Without the watch, nothing holds either once they are quiet: the client keeps no connection.
-    watch.abort();
+    released.watch.abort();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while connections_to(released_port) > 0 {
+    while connections_to(released.port) > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{} connections left open by an idle client that lets them go",
-            connections_to(released_port)
+            connections_to(released.port)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // And the next request opens one again.
-    request(&released, &namespace).await;
-    assert_eq!(connections_to(released_port), 1);
+    request(&released.client, &namespace).await;
+    assert_eq!(connections_to(released.port), 1);
 }

@@ -45,10 +45,15 @@ fn resident_kib(pid: u32) -> u64 {
     cso_testenv::usage::Usage::of(Some(pid)).unwrap().rss_kib
 }
 
-/// The resident memory `cso run` (with `extra` flags) gained per Cluster, in KiB, from the release ready to
-/// [`CLUSTERS`] Clusters ready and `settled`: with drift watches, each Cluster's watches open; without, no
+/// The resident memory `cso run` gained per Cluster, in KiB, from the release ready to [`CLUSTERS`] Clusters
+/// ready and settled: with `drift_watches`, each Cluster's watches open; without (`--drift-watches=false`), no
 /// Cluster's connection left open.
-async fn memory_per_cluster(extra: &[&str], drift_watches: bool) -> u64 {
+async fn memory_per_cluster(drift_watches: bool) -> u64 {
+    let extra: &[&str] = if drift_watches {
+        &[]
+    } else {
+        &["--drift-watches=false"]
+    };
     // One at a time: both apply the same objects into the one workload API server.
     static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _turn = ONE_AT_A_TIME.lock().await;
@@ -148,7 +153,7 @@ async fn memory_per_cluster(extra: &[&str], drift_watches: bool) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_per_workload_cluster_with_drift_watches_stays_under_its_bound() {
-    let per_cluster = memory_per_cluster(&[], true).await;
+    let per_cluster = memory_per_cluster(true).await;
     assert!(
         per_cluster <= BOUND_KIB,
         "{per_cluster} KiB per Cluster, above the bound of {BOUND_KIB} KiB"
@@ -157,7 +162,7 @@ async fn memory_per_workload_cluster_with_drift_watches_stays_under_its_bound() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_per_workload_cluster_without_drift_watches_stays_under_its_bound() {
-    let per_cluster = memory_per_cluster(&["--drift-watches=false"], false).await;
+    let per_cluster = memory_per_cluster(false).await;
     assert!(
         per_cluster <= BOUND_WITHOUT_WATCHES_KIB,
         "{per_cluster} KiB per Cluster, above the bound of {BOUND_WITHOUT_WATCHES_KIB} KiB"

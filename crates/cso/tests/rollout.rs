@@ -81,14 +81,10 @@ async fn classes(client: &Client, namespace: &str) -> BTreeMap<String, String> {
 /// The Clusters whose ClusterAddon is ready with the addons of `class`.
 async fn addons_on(client: &Client, namespace: &str, class: &str) -> Vec<String> {
     let addons: Api<ClusterAddon> = Api::namespaced(client.clone(), namespace);
-    let mut names: Vec<String> = addons
-        .list(&Default::default())
+    let mut names: Vec<String> = addons_ready_on(&addons, class)
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|a| a.spec.cluster_stack == class && a.status.as_ref().is_some_and(|s| s.ready))
-        .map(|a| a.spec.cluster_ref.name.clone().unwrap_or_default())
+        .map(|a| a.spec.cluster_ref.name.unwrap_or_default())
         .collect();
     names.sort();
     names

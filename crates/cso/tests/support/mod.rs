@@ -360,14 +360,19 @@ pub fn shared_endpoint_cluster(
     .unwrap()
 }
 
-/// How many of the ClusterAddons of `addons` are ready on `class`.
-pub async fn ready_addons(addons: &Api<cso_api::ClusterAddon>, class: &str) -> usize {
+/// The ClusterAddons of `addons` that are ready on `class`.
+pub async fn addons_ready_on(addons: &Api<cso_api::ClusterAddon>, class: &str) -> Vec<cso_api::ClusterAddon> {
     addons
         .list(&Default::default())
         .await
         .unwrap()
         .items
-        .iter()
+        .into_iter()
         .filter(|a| a.spec.cluster_stack == class && a.status.as_ref().is_some_and(|s| s.ready))
-        .count()
+        .collect()
+}
+
+/// How many of the ClusterAddons of `addons` are ready on `class`.
+pub async fn ready_addons(addons: &Api<cso_api::ClusterAddon>, class: &str) -> usize {
+    addons_ready_on(addons, class).await.len()
 }
