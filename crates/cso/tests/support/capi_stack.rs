@@ -188,6 +188,23 @@ pub fn answers(log: &Path, cluster: &str) -> Vec<Answer> {
         .collect()
 }
 
+/// The calls of a phase after a Cluster's creation, without repeats of AfterControlPlaneInitialized.
+///
+/// Cluster API may call that hook again later: it tracks the call in a pending-hooks annotation it patches
+/// without a resourceVersion, so marking an upgrade hook pending from a stale cached Cluster writes the
+/// already-called hook back (the Runtime SDK asks extensions to be idempotent for this reason). A repeat is
+/// not part of the upgrade's order, but it must be let through: the operator never holds it.
+pub fn after_creation(phase: Vec<Answer>) -> Vec<Answer> {
+    let (repeats, rest): (Vec<Answer>, Vec<Answer>) = phase
+        .into_iter()
+        .partition(|a| a.hook == "AfterControlPlaneInitialized");
+    assert!(
+        repeats.iter().all(|a| a.result == "success"),
+        "a repeated AfterControlPlaneInitialized is let through: {repeats:?}"
+    );
+    rest
+}
+
 /// The hooks that were let through (answered `success`), each (hook, version) once, in the order of their
 /// first success.
 pub fn passed(answers: &[Answer]) -> Vec<(String, String)> {
