@@ -18,7 +18,7 @@
 //
 // Loaded charts are kept in memory, keyed by their path and a stamp of their files (sizes and modification
 // times); each render works on a copy of the parts Helm changes while it renders (metadata, values,
-// dependencies). Kubeconfigs are read once per path and stamp.
+// dependencies). Kubeconfigs are read once per path and stamp; the most recently used few are kept.
 package main
 
 import (
@@ -158,12 +158,19 @@ type cachedChart struct {
 type cachedConfig struct {
 	stamp  string
 	config *rest.Config
+	used   uint64 // the request count when last handed out: the least recently used goes first
 }
+
+// maxCachedConfigs bounds the kubeconfigs kept: each Cluster has one of its own, so an unbounded map grows with
+// the Clusters (about 13 KiB of heap each, twice that resident under the collector's goal), while only the
+// Clusters being rendered now (cso renders a few at a time) gain from it.
+const maxCachedConfigs = 32
 
 type server struct {
 	mu      sync.Mutex
 	charts  map[string]cachedChart
 	configs map[string]cachedConfig
+	uses    uint64
 	helper  *chart.Chart
 }
 
@@ -400,10 +407,14 @@ func (s *server) restConfig(path string, timeout time.Duration) (*rest.Config, e
 	key := path + "\x00" + timeout.String()
 	s.mu.Lock()
 	cached, ok := s.configs[key]
-	s.mu.Unlock()
 	if ok && cached.stamp == stamp {
+		s.uses++
+		cached.used = s.uses
+		s.configs[key] = cached
+		s.mu.Unlock()
 		return cached.config, nil
 	}
+	s.mu.Unlock()
 	kubeconfig := path
 	flags := genericclioptions.NewConfigFlags(false)
 	flags.KubeConfig = &kubeconfig
@@ -421,8 +432,18 @@ func (s *server) restConfig(path string, timeout time.Duration) (*rest.Config, e
 		return nil, err
 	}
 	s.mu.Lock()
-	s.configs[key] = cachedConfig{stamp: stamp, config: config}
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if _, replaced := s.configs[key]; !replaced && len(s.configs) >= maxCachedConfigs {
+		oldest := ""
+		for k, c := range s.configs {
+			if oldest == "" || c.used < s.configs[oldest].used {
+				oldest = k
+			}
+		}
+		delete(s.configs, oldest)
+	}
+	s.uses++
+	s.configs[key] = cachedConfig{stamp: stamp, config: config, used: s.uses}
 	return config, nil
 }
 

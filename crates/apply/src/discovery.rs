@@ -1,8 +1,9 @@
 //! One discovery cache per cluster: kinds are resolved once and asked again only when unknown (a CRD that
-//! was just installed, or a kind the cluster does not serve); a group's preferred version is kept for
-//! [`PREFERRED_VERSION_TTL`]. [`ClusterDiscovery::get_object`] reads one
-//! object of any kind through it, named the way Cluster API references name objects. [`cluster_resource`]
-//! decides, once at start-up, which version of Cluster API `Cluster`s the operator reads.
+//! was just installed, or a kind the cluster does not serve), and held once for all clusters that serve a
+//! kind alike; a group's preferred version is kept for [`PREFERRED_VERSION_TTL`].
+//! [`ClusterDiscovery::get_object`] reads one object of any kind through it, named the way Cluster API
+//! references name objects. [`cluster_resource`] decides, once at start-up, which version of Cluster API
+//! `Cluster`s the operator reads.
 
 use std::{
     collections::HashMap,
@@ -154,10 +155,36 @@ const CLUSTER_DISCOVERY_ATTEMPTS: u32 = 4;
 const CLUSTER_DISCOVERY_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How the operator addresses one kind.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ResolvedKind {
     pub resource: ApiResource,
     pub namespaced: bool,
+}
+
+/// A kind as one cluster serves it.
+type KnownKind = (GroupVersionKind, ResolvedKind);
+
+/// The kinds the clusters serve, each held once for every cluster that serves it alike: the workload clusters
+/// of a fleet serve the same kinds (a deployment's, a CRD's), and each [`ClusterDiscovery`] holds its kinds
+/// (about 4 KiB of names per cluster) through these. A kind no cluster holds any more is let go.
+static KINDS_SERVED: std::sync::LazyLock<Mutex<HashMap<GroupVersionKind, Vec<std::sync::Weak<KnownKind>>>>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// The shared copy of `known`.
+fn shared_kind(known: KnownKind) -> Arc<KnownKind> {
+    let mut served = KINDS_SERVED.lock().unwrap_or_else(|p| p.into_inner());
+    let alike = served.entry(known.0.clone()).or_default();
+    alike.retain(|kind| kind.strong_count() > 0);
+    if let Some(shared) = alike
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .find(|kind| **kind == known)
+    {
+        return shared;
+    }
+    let shared = Arc::new(known);
+    alike.push(Arc::downgrade(&shared));
+    shared
 }
 
 /// Where a [`ClusterDiscovery`]'s client comes from.
@@ -225,7 +252,8 @@ pub const PREFERRED_VERSION_TTL: std::time::Duration = std::time::Duration::from
 
 pub struct ClusterDiscovery {
     client: ClientSlot,
-    kinds: RwLock<HashMap<GroupVersionKind, ResolvedKind>>,
+    /// The kinds resolved so far (a few: a linear search finds one).
+    kinds: RwLock<Vec<Arc<KnownKind>>>,
     /// Each group's preferred version, and when it was asked.
     preferred: RwLock<HashMap<String, (String, std::time::Instant)>>,
     /// The version each kind named by group alone is read in (group, kind), and when it was found.
@@ -277,8 +305,14 @@ impl ClusterDiscovery {
 
     /// The API resource of `gvk`, from the cache or, when unknown, from the cluster.
     pub async fn resolve(&self, gvk: &GroupVersionKind) -> Result<ResolvedKind, DiscoveryError> {
-        if let Some(kind) = self.kinds.read().unwrap_or_else(|p| p.into_inner()).get(gvk) {
-            return Ok(kind.clone());
+        if let Some(known) = self
+            .kinds
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|known| known.0 == *gvk)
+        {
+            return Ok(known.1.clone());
         }
         let (resource, capabilities): (ApiResource, ApiCapabilities) =
             match kube::discovery::pinned_kind(&self.client(), gvk).await {
@@ -298,10 +332,10 @@ impl ClusterDiscovery {
             resource,
             namespaced: capabilities.scope == Scope::Namespaced,
         };
-        self.kinds
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(gvk.clone(), kind.clone());
+        let shared = shared_kind((gvk.clone(), kind.clone()));
+        let mut kinds = self.kinds.write().unwrap_or_else(|p| p.into_inner());
+        kinds.retain(|known| known.0 != *gvk);
+        kinds.push(shared);
         Ok(kind)
     }
 
@@ -469,7 +503,10 @@ impl ClusterDiscovery {
     /// Drops a kind, and its group's preferred version, from the cache (after the cluster said it does not
     /// know it any more).
     pub fn forget(&self, gvk: &GroupVersionKind) {
-        self.kinds.write().unwrap_or_else(|p| p.into_inner()).remove(gvk);
+        self.kinds
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|known| known.0 != *gvk);
         self.forget_group(&gvk.group);
     }
 
@@ -492,6 +529,35 @@ mod tests {
 
     use super::*;
     use crate::{ClientLimits, IdleConnection, rate_limit::ClientMaker};
+
+    /// Clusters that serve a kind alike hold one copy of it; one that serves it otherwise (another plural, a
+    /// CRD of its own) holds its own; a copy no cluster holds is let go.
+    #[test]
+    fn kinds_served_alike_are_held_once() {
+        let gvk = GroupVersionKind::gvk("kinds.test.cso", "v1", "Widget");
+        let known = |plural: &str| {
+            let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+            (
+                gvk.clone(),
+                ResolvedKind {
+                    resource,
+                    namespaced: true,
+                },
+            )
+        };
+        let first = shared_kind(known("widgets"));
+        let second = shared_kind(known("widgets"));
+        assert!(Arc::ptr_eq(&first, &second), "served alike: one copy");
+        let other = shared_kind(known("widgetz"));
+        assert!(!Arc::ptr_eq(&first, &other), "served otherwise: its own");
+        assert_eq!(other.1.resource.plural, "widgetz");
+        drop((first, second));
+        let alike = KINDS_SERVED.lock().unwrap()[&gvk]
+            .iter()
+            .filter(|k| k.strong_count() > 0)
+            .count();
+        assert_eq!(alike, 1, "only the copy still held is left");
+    }
 
     /// A client made on demand is kept while it is asked for, dropped once it was not asked for during the
     /// idle time, and made again when asked for. (Making a client connects nowhere: no server is needed.)

@@ -45,7 +45,7 @@ pub async fn template_data(
     let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
     let name = cluster.metadata.name.clone().unwrap_or_default();
     let full = match &cluster.object {
-        Some(object) => object.as_ref().clone(),
+        Some(object) => object.value(),
         None => {
             read(
                 discovery,

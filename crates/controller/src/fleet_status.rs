@@ -358,15 +358,20 @@ pub(crate) fn writer(
         })
         .boxed(),
         // Only a Cluster's class, version and variables matter here (Cluster API rewrites a Cluster's status
-        // all the time).
+        // all the time); the variables are remembered by a digest, not kept.
         news(cluster_watch.subscribe(), |c: &Cluster| {
             (
                 c.class(),
                 c.topology_version().map(str::to_owned),
-                c.object
-                    .as_deref()
-                    .and_then(|o| o.pointer("/spec/topology/variables"))
-                    .cloned(),
+                c.object.as_ref().map(|o| {
+                    let variables = o
+                        .value()
+                        .pointer("/spec/topology/variables")
+                        .map(serde_json::Value::to_string);
+                    let mut digest = std::hash::DefaultHasher::new();
+                    std::hash::Hash::hash(&variables, &mut digest);
+                    std::hash::Hasher::finish(&digest)
+                }),
             )
         })
         .boxed(),

@@ -206,8 +206,8 @@ pub async fn preflight_with(
 ) -> Preflight {
     let whole = cluster
         .object
-        .as_deref()
-        .cloned()
+        .as_ref()
+        .map(cso_api::capi::WholeObject::value)
         .unwrap_or_else(|| serde_json::to_value(cluster).unwrap_or_default());
     let own_namespace = cluster.metadata.namespace.clone().unwrap_or_default();
     let from = cluster.class();

@@ -477,8 +477,8 @@ fn candidate(
     ));
     let whole = cluster
         .object
-        .as_deref()
-        .cloned()
+        .as_ref()
+        .map(cso_api::capi::WholeObject::value)
         .unwrap_or_else(|| serde_json::to_value(cluster).unwrap_or_default());
     Some(Candidate {
         name: cluster_name(cluster),

@@ -254,7 +254,7 @@ async fn cluster_of_v1_with_overrides(
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let cluster = clusters.get(name).await.unwrap();
-        if !reconciled || condition_true(cluster.object.as_deref().unwrap(), "TopologyReconciled") {
+        if !reconciled || condition_true(&cluster.object.as_ref().unwrap().value(), "TopologyReconciled") {
             return cluster;
         }
         assert!(
@@ -371,8 +371,9 @@ async fn a_class_that_refuses_a_variable_is_reported_before_the_move_with_the_va
     .await;
     let stored = c3
         .object
-        .as_deref()
+        .as_ref()
         .unwrap()
+        .value()
         .pointer("/spec/topology/variables")
         .cloned();
     assert!(
@@ -629,9 +630,8 @@ async fn a_rollout_skips_the_cluster_the_preflight_refuses_and_reports_it_and_mo
     let variables_of = |cluster: &Cluster| {
         cluster
             .object
-            .as_deref()
-            .and_then(|o| o.pointer("/spec/topology/variables"))
-            .cloned()
+            .as_ref()
+            .and_then(|o| o.value().pointer("/spec/topology/variables").cloned())
             .unwrap()
     };
     assert_eq!(

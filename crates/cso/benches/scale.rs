@@ -1013,12 +1013,84 @@ fn cluster_object(name: &str, host: &str, shard: Option<&str>, wave: usize) -> D
     if let Some(shard) = shard {
         labels["clusterstack.x-k8s.io/shard"] = json!(shard);
     }
-    let metadata = json!({"name": name, "labels": labels});
+    let metadata = json!({"name": name, "labels": labels, "finalizers": ["cluster.cluster.x-k8s.io"]});
+    // As a site's Cluster reads: its network, its references and a topology with workers and variables (the
+    // class does not declare these variables: no Cluster API here checks them).
+    let variables: Vec<serde_json::Value> = [
+        ("controller_flavor", json!("SCS-4V-8-50")),
+        ("worker_flavor", json!("SCS-4V-8-50")),
+        ("external_id", json!("ebfe5546-f09f-4f42-ab54-094e457d42ec")),
+        ("dns_nameservers", json!(["9.9.9.9", "149.112.112.112"])),
+        ("node_cidr", json!("10.8.0.0/20")),
+        (
+            "oidc_config",
+            json!({"client_id": "kubectl", "issuer_url": "https://dex.example.test"}),
+        ),
+        ("apiserver_loadbalancer", json!("octavia-ovn")),
+        ("ssh_keypair", json!("platform-team")),
+    ]
+    .into_iter()
+    .map(|(name, value)| json!({"name": name, "value": value}))
+    .collect();
     serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "metadata": metadata,
-        "spec": {"topology": {"class": V1, "version": "v1.27.3"},
-                 "controlPlaneEndpoint": {"host": host, "port": 6443}}}))
+        "spec": {
+            "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.96.0.0/12"]},
+                               "serviceDomain": "cluster.local"},
+            "controlPlaneEndpoint": {"host": host, "port": 6443},
+            "controlPlaneRef": {"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "KubeadmControlPlane",
+                                "name": format!("{name}-cp-x7k2p"), "namespace": "default"},
+            "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerCluster",
+                                  "name": format!("{name}-q9z4m"), "namespace": "default"},
+            "topology": {"class": V1, "version": "v1.27.3", "controlPlane": {"replicas": 3},
+                         "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 3}]},
+                         "variables": variables}}}))
     .unwrap()
+}
+
+/// The status Cluster API writes on a provisioned Cluster (`v1beta1` and its `v1beta2` conditions), with
+/// `observedGeneration` `generation`: the bulk of a site's Cluster object, which the operator's caches hold.
+fn provisioned_status(generation: i64) -> serde_json::Value {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let v1beta1 = |kind: &str| json!({"type": kind, "status": "True", "lastTransitionTime": now});
+    let v1beta2 = |kind: &str, reason: &str| {
+        // `NotScalingUp`, `NotDeleting`, ...: those conditions are False on a settled Cluster.
+        let status = if reason.starts_with("Not") {
+            "False"
+        } else {
+            "True"
+        };
+        json!({"type": kind, "status": status, "reason": reason, "message": "", "observedGeneration": generation,
+               "lastTransitionTime": now})
+    };
+    let v1beta1_conditions = [
+        "Ready",
+        "ControlPlaneInitialized",
+        "ControlPlaneReady",
+        "InfrastructureReady",
+        "TopologyReconciled",
+    ]
+    .map(v1beta1);
+    json!({"status": {
+    "observedGeneration": generation, "phase": "Provisioned", "infrastructureReady": true, "controlPlaneReady": true,
+    "failureDomains": {"fd1": {"controlPlane": true}, "fd2": {"controlPlane": true}, "fd3": {"controlPlane": true}},
+    "conditions": v1beta1_conditions,
+    "v1beta2": {
+        "controlPlane": {"desiredReplicas": 3, "replicas": 3, "readyReplicas": 3, "availableReplicas": 3,
+                         "upToDateReplicas": 3},
+        "workers": {"desiredReplicas": 3, "replicas": 3, "readyReplicas": 3, "availableReplicas": 3,
+                    "upToDateReplicas": 3},
+        "conditions": [
+            v1beta2("Available", "Available"), v1beta2("InfrastructureReady", "Ready"),
+            v1beta2("ControlPlaneInitialized", "Initialized"), v1beta2("ControlPlaneAvailable", "Available"),
+            v1beta2("WorkersAvailable", "Available"), v1beta2("MachinesReady", "Ready"),
+            v1beta2("MachinesUpToDate", "UpToDate"), v1beta2("RemoteConnectionProbe", "ProbeSucceeded"),
+            v1beta2("TopologyReconciled", "ReconcileSucceeded"), v1beta2("ControlPlaneMachinesReady", "Ready"),
+            v1beta2("WorkerMachinesReady", "Ready"), v1beta2("ControlPlaneMachinesUpToDate", "UpToDate"),
+            v1beta2("WorkerMachinesUpToDate", "UpToDate"), v1beta2("RollingOut", "NotRollingOut"),
+            v1beta2("ScalingUp", "NotScalingUp"), v1beta2("ScalingDown", "NotScalingDown"),
+            v1beta2("Remediating", "NotRemediating"), v1beta2("Deleting", "NotDeleting"),
+        ]}}})
 }
 
 async fn run_size(n: usize, tools: &Tools, settings: &Settings) -> Row {
@@ -1422,7 +1494,8 @@ async fn measure(
 }
 
 /// Cluster API's report of a reconciled topology, where no Cluster API runs: every Cluster of `clusters` whose
-/// generation is newer than its `status.observedGeneration` gets both, with `TopologyReconciled=True`.
+/// generation is newer than its `status.observedGeneration` gets both, with `TopologyReconciled=True`, in the
+/// status of a provisioned Cluster ([`provisioned_status`]).
 async fn capi_status_stand_in(clusters: Api<DynamicObject>) {
     let mut seen: BTreeMap<String, i64> = BTreeMap::new();
     loop {
@@ -1438,9 +1511,7 @@ async fn capi_status_stand_in(clusters: Api<DynamicObject>) {
                 if observed >= generation || seen.get(&name) == Some(&generation) {
                     continue;
                 }
-                let status = json!({"status": {"observedGeneration": generation, "conditions": [
-                    {"type": "TopologyReconciled", "status": "True",
-                     "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}]}});
+                let status = provisioned_status(generation);
                 if clusters
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                     .await

@@ -376,14 +376,15 @@ pub struct FleetMoves {
 /// Which of `clusters` (whole Cluster objects, e.g. from the watch cache, each with its class when known)
 /// could move to `to` at `to_version`, as they are or with their old class's defaults followed, by
 /// [`explain`] without a dry run.
-pub fn fleet_moves<'a>(
-    clusters: impl IntoIterator<Item = (&'a Value, Option<&'a ClassView>)>,
+pub fn fleet_moves<'a, C: std::borrow::Borrow<Value>>(
+    clusters: impl IntoIterator<Item = (C, Option<&'a ClassView>)>,
     to: &ClassView,
     to_version: &str,
 ) -> FleetMoves {
     let unknown = ClassView::default();
     let mut moves = FleetMoves::default();
     for (cluster, from) in clusters {
+        let cluster: &Value = cluster.borrow();
         let from = from.unwrap_or(&unknown);
         let change = Move::of_cluster(cluster, from, to, to_version, &None);
         let preflight = explain(&change, &DryRun::NotAsked);
@@ -445,33 +446,30 @@ pub fn release_moves<'a>(
     clusters: impl IntoIterator<Item = &'a Cluster>,
     class_of: &dyn Fn(&str, &str) -> Option<ClassView>,
 ) -> ReleaseMoves {
-    let mut of_stack: Vec<(&Value, Option<ClassView>)> = clusters
+    let mut of_stack: Vec<(&Cluster, Option<ClassView>)> = clusters
         .into_iter()
         .filter(|cluster| {
-            cluster.stack_release().is_some_and(|(id, class_namespace)| {
-                class_namespace == namespace
-                    && id.provider == target.provider
-                    && id.name == target.name
-                    && id != *target
-            })
+            cluster.object.is_some()
+                && cluster.stack_release().is_some_and(|(id, class_namespace)| {
+                    class_namespace == namespace
+                        && id.provider == target.provider
+                        && id.name == target.name
+                        && id != *target
+                })
         })
-        .filter_map(|cluster| {
-            let from = cluster.class().and_then(|c| class_of(&c.namespace, &c.name));
-            Some((cluster.object.as_deref()?, from))
+        .map(|cluster| {
+            (
+                cluster,
+                cluster.class().and_then(|c| class_of(&c.namespace, &c.name)),
+            )
         })
         .collect();
-    of_stack.sort_by_key(|(c, _)| {
-        (
-            c.pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-            c.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-        )
-    });
+    of_stack.sort_by_key(|(c, _)| (c.metadata.namespace.as_deref(), c.metadata.name.as_deref()));
+    // Each Cluster's object is parsed when its turn comes: never the whole fleet's at once.
     let moves = fleet_moves(
-        of_stack.iter().map(|(cluster, from)| (*cluster, from.as_ref())),
+        of_stack
+            .iter()
+            .filter_map(|(cluster, from)| Some((cluster.object.as_ref()?.value(), from.as_ref()))),
         class,
         to_version,
     );
