@@ -90,6 +90,38 @@ impl WholeObject {
         // The text is a `Value` serialized: it always parses.
         serde_json::from_str(&self.0).unwrap_or_default()
     }
+
+    /// The object with only its name, namespace and `spec.topology`, what a class move reads: the rest of
+    /// the text (Cluster API's status, most of it) is skipped, not parsed into a tree.
+    pub fn topology_view(&self) -> serde_json::Value {
+        #[derive(Deserialize)]
+        struct View {
+            #[serde(default)]
+            metadata: NameView,
+            #[serde(default)]
+            spec: SpecView,
+        }
+        #[derive(Default, Deserialize, Serialize)]
+        struct NameView {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            name: Option<String>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            namespace: Option<String>,
+        }
+        #[derive(Default, Deserialize)]
+        struct SpecView {
+            #[serde(default)]
+            topology: Option<serde_json::Value>,
+        }
+        let Ok(view) = serde_json::from_str::<View>(&self.0) else {
+            return serde_json::Value::Null;
+        };
+        let mut spec = serde_json::Map::new();
+        if let Some(topology) = view.spec.topology {
+            spec.insert("topology".to_owned(), topology);
+        }
+        serde_json::json!({"metadata": view.metadata, "spec": spec})
+    }
 }
 
 /// Leaves `metadata.managedFields` out of `object`: the API server's record of which manager owns which field,
@@ -338,6 +370,22 @@ mod tests {
             Cluster::default().object,
             None,
             "a Cluster built in code has none"
+        );
+        assert_eq!(
+            cluster.object.unwrap().topology_view(),
+            serde_json::json!({
+                "metadata": {"name": "c1", "namespace": "team"},
+                "spec": {"topology": {"classRef": {"name": "docker-ferrol-1-27-v1"}, "version": "v1.27.3",
+                                      "variables": [{"name": "flavor", "value": {"cpus": 4, "zones": ["a", "b"]}}]}}
+            }),
+            "a move's view: name, namespace and the topology"
+        );
+        assert_eq!(
+            parse(serde_json::json!({"metadata": {"name": "bare"}}))
+                .object
+                .unwrap()
+                .topology_view(),
+            serde_json::json!({"metadata": {"name": "bare"}, "spec": {}})
         );
     }
 

@@ -365,7 +365,7 @@ pub(crate) fn writer(
                 c.topology_version().map(str::to_owned),
                 c.object.as_ref().map(|o| {
                     let variables = o
-                        .value()
+                        .topology_view()
                         .pointer("/spec/topology/variables")
                         .map(serde_json::Value::to_string);
                     let mut digest = std::hash::DefaultHasher::new();

@@ -5,7 +5,8 @@
 //!
 //! 1. the ferrol ClusterStack (v1) is created and its release made ready;
 //! 2. N Clusters of class `docker-ferrol-1-27-v1` (each with its `<name>-kubeconfig` Secret pointing at one of
-//!    the workload API servers, round robin) are created at once; measured: the time until every ClusterAddon
+//!    the workload API servers, round robin; each with the spec and, from the stand-in below, the status of a
+//!    site's provisioned Cluster, about 4.3 KB of JSON) are created at once; measured: the time until every ClusterAddon
 //!    is ready;
 //! 3. upgrade: the ClusterStack gets v2, then every Cluster is moved to class `docker-ferrol-1-27-v2` at once
 //!    (v2 changes the metrics-server labels and prunes the Deployment `web`); measured: the time until every
@@ -1014,36 +1015,18 @@ fn cluster_object(name: &str, host: &str, shard: Option<&str>, wave: usize) -> D
         labels["clusterstack.x-k8s.io/shard"] = json!(shard);
     }
     let metadata = json!({"name": name, "labels": labels, "finalizers": ["cluster.cluster.x-k8s.io"]});
-    // As a site's Cluster reads: its network, its references and a topology with workers and variables (the
-    // class does not declare these variables: no Cluster API here checks them).
-    let variables: Vec<serde_json::Value> = [
-        ("controller_flavor", json!("SCS-4V-8-50")),
-        ("worker_flavor", json!("SCS-4V-8-50")),
-        ("external_id", json!("ebfe5546-f09f-4f42-ab54-094e457d42ec")),
-        ("dns_nameservers", json!(["9.9.9.9", "149.112.112.112"])),
-        ("node_cidr", json!("10.8.0.0/20")),
-        (
-            "oidc_config",
-            json!({"client_id": "kubectl", "issuer_url": "https://dex.example.test"}),
-        ),
-        ("apiserver_loadbalancer", json!("octavia-ovn")),
-        ("ssh_keypair", json!("platform-team")),
-    ]
-    .into_iter()
-    .map(|(name, value)| json!({"name": name, "value": value}))
-    .collect();
+    // As a site's Cluster reads: its network and a topology with workers and the class's variable (the ferrol
+    // class declares one). No references: no control plane object would be there for a values template to
+    // read. Cluster API's status comes from `capi_status_stand_in` (`provisioned_status`).
+    let variables = json!([{"name": "imageRepository", "value": "registry.example.test/kubernetes"}]);
     serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "metadata": metadata,
         "spec": {
             "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.96.0.0/12"]},
                                "serviceDomain": "cluster.local"},
             "controlPlaneEndpoint": {"host": host, "port": 6443},
-            "controlPlaneRef": {"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "KubeadmControlPlane",
-                                "name": format!("{name}-cp-x7k2p"), "namespace": "default"},
-            "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerCluster",
-                                  "name": format!("{name}-q9z4m"), "namespace": "default"},
             "topology": {"class": V1, "version": "v1.27.3", "controlPlane": {"replicas": 3},
-                         "workers": {"machineDeployments": [{"class": "default-worker", "name": "md-0", "replicas": 3}]},
+                         "workers": {"machineDeployments": [{"class": "workeramd64", "name": "md-0", "replicas": 3}]},
                          "variables": variables}}}))
     .unwrap()
 }

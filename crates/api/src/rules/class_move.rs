@@ -465,11 +465,11 @@ pub fn release_moves<'a>(
         })
         .collect();
     of_stack.sort_by_key(|(c, _)| (c.metadata.namespace.as_deref(), c.metadata.name.as_deref()));
-    // Each Cluster's object is parsed when its turn comes: never the whole fleet's at once.
+    // Each Cluster's view is parsed when its turn comes: never the whole fleet's at once.
     let moves = fleet_moves(
         of_stack
             .iter()
-            .filter_map(|(cluster, from)| Some((cluster.object.as_ref()?.value(), from.as_ref()))),
+            .filter_map(|(cluster, from)| Some((cluster.object.as_ref()?.topology_view(), from.as_ref()))),
         class,
         to_version,
     );
