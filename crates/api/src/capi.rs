@@ -295,6 +295,14 @@ pub struct ClassName {
 }
 
 impl Cluster {
+    /// The whole object: as read, or, for a Cluster built in code, its typed view.
+    pub fn whole_value(&self) -> serde_json::Value {
+        self.object
+            .as_ref()
+            .map(WholeObject::value)
+            .unwrap_or_else(|| serde_json::to_value(self).unwrap_or_default())
+    }
+
     /// Whether the Cluster is paused, by `spec.paused` (as `clusterctl move` pauses it) or by the
     /// `cluster.x-k8s.io/paused` annotation.
     pub fn is_paused(&self) -> bool {

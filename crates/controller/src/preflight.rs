@@ -204,11 +204,7 @@ pub async fn preflight_with(
     cached: Option<CachedClasses<'_>>,
     rules: &VariableRules,
 ) -> Preflight {
-    let whole = cluster
-        .object
-        .as_ref()
-        .map(cso_api::capi::WholeObject::value)
-        .unwrap_or_else(|| serde_json::to_value(cluster).unwrap_or_default());
+    let whole = cluster.whole_value();
     let own_namespace = cluster.metadata.namespace.clone().unwrap_or_default();
     let from = cluster.class();
     let class_namespace = from

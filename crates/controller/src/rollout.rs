@@ -475,11 +475,7 @@ fn candidate(
         "{namespace}/{}",
         cluster_addon_name(&cluster.name_any())
     ));
-    let whole = cluster
-        .object
-        .as_ref()
-        .map(cso_api::capi::WholeObject::value)
-        .unwrap_or_else(|| serde_json::to_value(cluster).unwrap_or_default());
+    let whole = cluster.whole_value();
     Some(Candidate {
         name: cluster_name(cluster),
         labels: cluster.labels().clone(),

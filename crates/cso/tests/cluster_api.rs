@@ -434,7 +434,7 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
     )
     .await;
     let phase2_calls = answers(&log, &key).split_off(phase1.len());
-    let phase2 = after_creation(phase2_calls.clone());
+    let phase2 = after_creation(&phase2_calls);
     assert_eq!(
         passed(&phase2),
         pairs(&[
@@ -507,7 +507,7 @@ async fn cluster_api_calls_every_hook_and_the_addons_follow_the_upgrades() {
         &env.cluster_api,
     )
     .await;
-    let phase3 = after_creation(answers(&log, &key).split_off(phase1.len() + phase2_calls.len()));
+    let phase3 = after_creation(&answers(&log, &key)[phase1.len() + phase2_calls.len()..]);
     assert_eq!(
         passed(&phase3),
         pairs(&[

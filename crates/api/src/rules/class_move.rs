@@ -446,30 +446,27 @@ pub fn release_moves<'a>(
     clusters: impl IntoIterator<Item = &'a Cluster>,
     class_of: &dyn Fn(&str, &str) -> Option<ClassView>,
 ) -> ReleaseMoves {
-    let mut of_stack: Vec<(&Cluster, Option<ClassView>)> = clusters
+    let mut of_stack: Vec<(&Cluster, &crate::capi::WholeObject, Option<ClassView>)> = clusters
         .into_iter()
         .filter(|cluster| {
-            cluster.object.is_some()
-                && cluster.stack_release().is_some_and(|(id, class_namespace)| {
-                    class_namespace == namespace
-                        && id.provider == target.provider
-                        && id.name == target.name
-                        && id != *target
-                })
+            cluster.stack_release().is_some_and(|(id, class_namespace)| {
+                class_namespace == namespace
+                    && id.provider == target.provider
+                    && id.name == target.name
+                    && id != *target
+            })
         })
-        .map(|cluster| {
-            (
-                cluster,
-                cluster.class().and_then(|c| class_of(&c.namespace, &c.name)),
-            )
+        .filter_map(|cluster| {
+            let from = cluster.class().and_then(|c| class_of(&c.namespace, &c.name));
+            Some((cluster, cluster.object.as_ref()?, from))
         })
         .collect();
-    of_stack.sort_by_key(|(c, _)| (c.metadata.namespace.as_deref(), c.metadata.name.as_deref()));
+    of_stack.sort_by_key(|(c, _, _)| (c.metadata.namespace.as_deref(), c.metadata.name.as_deref()));
     // Each Cluster's view is parsed when its turn comes: never the whole fleet's at once.
     let moves = fleet_moves(
         of_stack
             .iter()
-            .filter_map(|(cluster, from)| Some((cluster.object.as_ref()?.topology_view(), from.as_ref()))),
+            .map(|(_, object, from)| (object.topology_view(), from.as_ref())),
         class,
         to_version,
     );

@@ -194,9 +194,10 @@ pub fn answers(log: &Path, cluster: &str) -> Vec<Answer> {
 /// without a resourceVersion, so marking an upgrade hook pending from a stale cached Cluster writes the
 /// already-called hook back (the Runtime SDK asks extensions to be idempotent for this reason). A repeat is
 /// not part of the upgrade's order, but it must be let through: the operator never holds it.
-pub fn after_creation(phase: Vec<Answer>) -> Vec<Answer> {
+pub fn after_creation(phase: &[Answer]) -> Vec<Answer> {
     let (repeats, rest): (Vec<Answer>, Vec<Answer>) = phase
-        .into_iter()
+        .iter()
+        .cloned()
         .partition(|a| a.hook == "AfterControlPlaneInitialized");
     assert!(
         repeats.iter().all(|a| a.result == "success"),
