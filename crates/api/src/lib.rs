@@ -10,6 +10,7 @@ pub mod cluster_stack_rollout;
 pub mod common;
 pub mod conditions;
 pub mod crd;
+pub mod deflated;
 pub mod duration;
 pub mod fleet;
 pub mod manifest;

@@ -167,7 +167,7 @@ pub struct ApplyEngine {
     /// content left it (see `ApplyEngine::writing_only_changes`).
     write_only_changes: bool,
     /// uid and generation of each object as our last apply left it, to tell drift from no change.
-    observed: Arc<Mutex<HashMap<ObjectKey, Observed>>>,
+    observed: Arc<Mutex<Records>>,
     /// The objects this engine is writing now, until their write is recorded in `observed` ([`Writing`]).
     writing: Arc<Mutex<HashMap<ObjectKey, tokio::sync::watch::Sender<bool>>>>,
 }
@@ -202,8 +202,59 @@ impl Drop for Writing<'_> {
         let mut writing = self.engine.writing.lock().unwrap_or_else(|p| p.into_inner());
         if writing.get(&self.key).is_some_and(|w| w.same_channel(&self.done)) {
             writing.remove(&self.key);
+            // Between passes nothing is written: the table's room goes back (an engine is kept per cluster).
+            if writing.is_empty() {
+                writing.shrink_to_fit();
+            }
         }
         self.done.send_replace(true);
+    }
+}
+
+/// The engine's records of the objects it applied, sorted by key. An engine is kept for every workload
+/// cluster, with a record per addon object: in a vector they take their own size, where a hash table kept
+/// twice their room for growth (7.5 KiB per Cluster of ferrol's fifteen objects at 1000 Clusters).
+#[derive(Debug, Default)]
+struct Records(Vec<(ObjectKey, Observed)>);
+
+impl Records {
+    fn position(&self, key: &ObjectKey) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.cmp(key))
+    }
+
+    fn get(&self, key: &ObjectKey) -> Option<&Observed> {
+        self.position(key).ok().map(|at| &self.0[at].1)
+    }
+
+    fn contains_key(&self, key: &ObjectKey) -> bool {
+        self.position(key).is_ok()
+    }
+
+    /// Records `observed` for `key`; the record it replaces, if any.
+    fn insert(&mut self, key: ObjectKey, observed: Observed) -> Option<Observed> {
+        match self.position(&key) {
+            Ok(at) => Some(std::mem::replace(&mut self.0[at].1, observed)),
+            Err(at) => {
+                // Grown by an eighth, not doubled: records are added once per object, at its first apply.
+                if self.0.len() == self.0.capacity() {
+                    self.0.reserve_exact((self.0.len() / 8).max(4));
+                }
+                self.0.insert(at, (key, observed));
+                None
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<Observed> {
+        self.position(key).ok().map(|at| self.0.remove(at).1)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Observed)> {
+        self.0.iter().map(|(k, o)| (k, o))
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.0.iter().map(|(k, _)| k)
     }
 }
 
@@ -1876,6 +1927,55 @@ mod tests {
         ] {
             assert_eq!(applied_since(records.into_iter()), None, "{why}");
         }
+    }
+
+    #[test]
+    fn records_are_found_replaced_and_removed_by_key_and_kept_in_key_order() {
+        let key = |kind: &str, name: &str| ObjectKey {
+            group: String::new(),
+            kind: kind.into(),
+            namespace: "kube-system".into(),
+            name: name.into(),
+        };
+        let at = |writes: u64| Observed {
+            content: [0; 32],
+            uid: None,
+            generation: None,
+            writes,
+            ours: 1,
+            resource_version: None,
+            left_out: Vec::new(),
+        };
+        let mut records = Records::default();
+        for (i, name) in ["m", "c", "x", "a", "k"].into_iter().enumerate() {
+            assert_eq!(records.insert(key("Service", name), at(i as u64)), None);
+        }
+        assert_eq!(
+            records.insert(key("ConfigMap", "m"), at(9)),
+            None,
+            "another kind, the same name"
+        );
+        assert_eq!(
+            records.insert(key("Service", "c"), at(7)),
+            Some(at(1)),
+            "replaced"
+        );
+        assert_eq!(records.get(&key("Service", "c")), Some(&at(7)));
+        assert_eq!(records.get(&key("ConfigMap", "m")), Some(&at(9)));
+        assert!(records.contains_key(&key("Service", "x")) && !records.contains_key(&key("Service", "y")));
+        assert_eq!(records.remove(&key("Service", "x")), Some(at(2)));
+        assert_eq!(records.remove(&key("Service", "x")), None);
+        let names: Vec<String> = records.keys().map(|k| format!("{}/{}", k.kind, k.name)).collect();
+        assert_eq!(
+            names,
+            ["ConfigMap/m", "Service/a", "Service/c", "Service/k", "Service/m"]
+        );
+        assert_eq!(records.iter().count(), 5);
+        assert!(
+            records.0.capacity() < 2 * 6 + 4,
+            "no room doubled: {}",
+            records.0.capacity()
+        );
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl<K: Subject> Work<'_, K> {
                 .collect();
             ctx.event(
                 self.about,
-                kube::runtime::events::EventType::Warning,
+                crate::events::Kind::Warning,
                 cso_api::names::event::PRUNE_REFUSED,
                 format!(
                     "the API server refused to delete {}; left in place and no longer recorded",

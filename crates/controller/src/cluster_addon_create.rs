@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
-    runtime::{controller::Action, events::EventType, reflector::ObjectRef},
+    runtime::{controller::Action, reflector::ObjectRef},
 };
 
 use crate::{
@@ -230,7 +230,8 @@ async fn reconcile_object(queued: Arc<Cluster>, ctx: Arc<CreateContext>) -> Resu
                 tracing::warn!(cluster = %cluster.name_any(), %namespace, %note, "no ClusterAddon for a Cluster");
                 // Only a new Cluster can change it (names are for good): no retry, one event per problem.
                 if !ctx.own.news(&key, [reason.to_owned()].into()).is_empty() {
-                    ctx.event(cluster, EventType::Warning, reason, note).await;
+                    ctx.event(cluster, crate::events::Kind::Warning, reason, note)
+                        .await;
                 }
                 return Ok(Action::await_change());
             }

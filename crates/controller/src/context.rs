@@ -15,31 +15,16 @@ use cso_api::{ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackRollo
 use cso_apply::{ApplyEngine, ApplyReport, ClusterDiscovery, WorkloadClients};
 use cso_release::ReleaseCache;
 use cso_render::{ChartRenderer, ValuesTemplater};
-use k8s_openapi::{
-    api::{core::v1::ObjectReference, events::v1::Event as EventObject},
-    apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::Timestamp,
-};
-use kube::{
-    Api, Client, Resource, ResourceExt,
-    api::{ObjectMeta, PostParams},
-    discovery::ApiResource,
-    runtime::{
-        controller::Action,
-        events::{Event, EventType, Recorder, Reporter},
-    },
-};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{Api, Client, Resource, ResourceExt, discovery::ApiResource, runtime::controller::Action};
 
 use crate::Operator;
+use crate::events::Kind;
 use crate::metrics::{MeteredRenderer, TargetCluster};
 
 /// Connecting to a workload cluster may take this long; an unreachable one costs no more.
 const WORKLOAD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const WORKLOAD_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The longest object name the event recorder can name an event after: it names events
-/// `<object>.<16 hex digits>`, and event names are object names too (253 characters at most).
-const MAX_RECORDED_NAME: usize = crate::cluster_addon_create::MAX_NAME_LENGTH - 17;
 
 /// The event reporter, named as the Go operator names its recorder.
 pub const EVENT_REPORTER: &str = "clusterstack-controller";
@@ -157,7 +142,7 @@ pub struct Context {
     /// The watch caches, once the controllers run ([`crate::run`]); a context used without them reads
     /// from the API server.
     stores: std::sync::OnceLock<crate::stores::Stores>,
-    recorder: Recorder,
+    recorder: crate::recorder::Recorder,
     backoff: Backoff,
     in_flight: InFlight,
 }
@@ -205,12 +190,12 @@ impl Context {
         }
         metrics.watch_cache(releases.clone());
         let renderer: Arc<dyn ChartRenderer> = Arc::new(MeteredRenderer::new(renderer, metrics.clone()));
-        let reporter = Reporter {
-            controller: EVENT_REPORTER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         let ctx = Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: crate::recorder::Recorder::new(
+                client.clone(),
+                EVENT_REPORTER,
+                std::env::var("POD_NAME").ok(),
+            ),
             client,
             releases,
             renderer,
@@ -298,7 +283,7 @@ impl Context {
             tracing::error!(object = %key, %error, "a reconcile timed out");
             ctx.event(
                 object.as_ref(),
-                EventType::Warning,
+                Kind::Warning,
                 cso_api::names::event::RECONCILE_TIMED_OUT,
                 error.to_string(),
             )
@@ -313,7 +298,7 @@ impl Context {
     }
 
     /// Publishes an event about `object`. A failure to publish is logged, never fatal.
-    pub(crate) async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: impl Into<String>)
+    pub(crate) async fn event<K>(&self, object: &K, kind: Kind, reason: &str, note: impl Into<String>)
     where
         K: Subject,
     {
@@ -326,64 +311,13 @@ impl Context {
             }
             note.truncate(cut);
         }
-        let published = if object.name_any().len() <= MAX_RECORDED_NAME {
-            let event = Event {
-                type_,
-                reason: reason.to_owned(),
-                note: Some(note),
-                action: reason.to_owned(),
-                secondary: None,
-            };
-            self.recorder.publish(&event, &object.reference(self)).await
-        } else {
-            self.event_with_generated_name(object, type_, reason, note).await
-        };
+        let published = self
+            .recorder
+            .publish(&object.reference(self), kind, reason, &note)
+            .await;
         if let Err(e) = published {
             tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");
         }
-    }
-
-    /// An event about an object whose name is too long for the recorder's event names
-    /// (`<object>.<16 hex digits>` would be refused): created with a generated name instead.
-    async fn event_with_generated_name<K>(
-        &self,
-        object: &K,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) -> Result<(), kube::Error>
-    where
-        K: Subject,
-    {
-        let reference = object.reference(self);
-        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
-        // The API server keeps at most 58 characters of a generated name's base; it must end alphanumeric.
-        let prefix: String = object.name_any().chars().take(58).collect();
-        let prefix = prefix.trim_end_matches(['.', '-']);
-        let event = EventObject {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{prefix}-")),
-                namespace: Some(namespace.clone()),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(Timestamp::now())),
-            action: Some(reason.to_owned()),
-            reason: Some(reason.to_owned()),
-            note: Some(note),
-            regarding: Some(reference),
-            reporting_controller: Some(EVENT_REPORTER.to_owned()),
-            reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned())),
-            type_: Some(
-                match type_ {
-                    EventType::Normal => "Normal",
-                    EventType::Warning => "Warning",
-                }
-                .to_owned(),
-            ),
-            ..Default::default()
-        };
-        let events: Api<EventObject> = Api::namespaced(self.client.clone(), &namespace);
-        events.create(&PostParams::default(), &event).await.map(|_| ())
     }
 
     /// Publishes the events a reconcile decided on, in order.
@@ -392,11 +326,8 @@ impl Context {
         K: Subject,
     {
         for pending in events.0 {
-            let type_ = match pending.kind {
-                crate::events::Kind::Normal => EventType::Normal,
-                crate::events::Kind::Warning => EventType::Warning,
-            };
-            self.event(object, type_, pending.reason, pending.note).await;
+            self.event(object, pending.kind, pending.reason, pending.note)
+                .await;
         }
     }
 
@@ -419,7 +350,7 @@ impl Context {
         };
         self.event(
             object,
-            EventType::Normal,
+            Kind::Normal,
             cso_api::names::event::DRIFT_CORRECTED,
             format!("re-applied {}{place}", objects.join(", ")),
         )

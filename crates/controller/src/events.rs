@@ -12,7 +12,7 @@ use std::{
 use cso_api::conditions::{ConditionStatus, ConditionsExt, HasConditions, Severity};
 
 /// Whether an event is `Normal` or `Warning`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Normal,
     Warning,

@@ -23,6 +23,7 @@ mod patch;
 pub mod preflight;
 pub mod preview;
 mod provider_watch;
+mod recorder;
 pub mod rendering;
 pub mod rollout;
 mod run;

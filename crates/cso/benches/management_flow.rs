@@ -99,6 +99,7 @@ async fn main() {
         cpu,
         rss_kib: rss_idle,
         peak_rss_kib: rss_peak,
+        ..
     } = Usage::of(Some(pid)).unwrap();
     operator.kill().unwrap();
     operator.wait().unwrap();

@@ -716,7 +716,10 @@ struct Cost {
     cso_cpu: Duration,
     children_cpu: Duration,
     cso_peak_kib: u64,
+    /// What of the operator's resident memory maps its program's file at the end (`RssFile`).
+    cso_file_kib: u64,
     children_peak_kib: u64,
+    children_file_kib: u64,
     children_names: Vec<String>,
     /// The operator's requests to the management API server (its own counter).
     operator_requests: Vec<(String, f64)>,
@@ -778,10 +781,17 @@ fn cost(before: &Snapshot, after: &Snapshot) -> Cost {
         cso_cpu: after.cso.cpu.saturating_sub(before.cso.cpu),
         children_cpu,
         cso_peak_kib: after.cso.peak_rss_kib,
+        cso_file_kib: after.cso.file_rss_kib,
         children_peak_kib: after
             .children
             .values()
             .map(|(_, u)| u.peak_rss_kib)
+            .max()
+            .unwrap_or(0),
+        children_file_kib: after
+            .children
+            .values()
+            .map(|(_, u)| u.file_rss_kib)
             .max()
             .unwrap_or(0),
         children_names: after.children.values().map(|(n, _)| n.clone()).collect(),
@@ -851,6 +861,11 @@ fn print_cost(n: usize, cost: &Cost, wall: Duration) {
         cost.children_cpu.as_secs_f64(),
         mib(cost.children_peak_kib),
         wall.as_secs_f64()
+    );
+    println!(
+        "    of the resident memory, the programs' files (RssFile) at the end: cso {:.1} MiB, children {:.1} MiB",
+        mib(cost.cso_file_kib),
+        mib(cost.children_file_kib)
     );
     println!(
         "    API servers' CPU (kube-apiserver + etcd): management {:.2} s, workloads {:.2} s",

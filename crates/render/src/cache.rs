@@ -1,9 +1,10 @@
 //! Identical inputs render once: a renderer that remembers outputs by (chart content digest, release,
 //! namespace, values, kube version, API versions, CRD flag, target). Besides saving Helm runs, this keeps
 //! renders stable for charts that mint secrets on every render (Cilium's Hubble server certificate): the
-//! same output is re-applied, so nothing changes on the cluster. Outputs are kept compressed (manifests are
-//! repetitive YAML: a ferrol addon render of 25 KiB keeps about 4 KiB), and the cache is bounded by their
-//! total compressed size: with a kubeconfig of its own per Cluster, each Cluster's render is an entry.
+//! same output is re-applied, so nothing changes on the cluster. Outputs are kept deflated against the first
+//! output of the same chart and release ([`cso_api::deflated`]): renders of one chart for many Clusters differ
+//! in a few values, so each keeps little more than those. The cache is bounded by the outputs' total deflated
+//! size: with a kubeconfig of its own per Cluster, each Cluster's render is an entry.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -11,6 +12,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use cso_api::deflated::{self, Dictionary};
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 
@@ -21,12 +23,27 @@ pub const DEFAULT_CAPACITY_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Default)]
 struct Entries {
-    /// Deflated outputs.
-    outputs: HashMap<[u8; 32], Arc<[u8]>>,
+    /// Outputs, each deflated against its chart's sample.
+    outputs: HashMap<[u8; 32], Kept>,
+    /// The first output of each chart and release still cached (what its outputs are deflated against).
+    samples: HashMap<(std::path::PathBuf, String), Dictionary>,
     order: VecDeque<[u8; 32]>,
     bytes: usize,
     hits: u64,
     misses: u64,
+}
+
+/// One cached output.
+#[derive(Clone, Debug)]
+struct Kept {
+    deflated: Arc<[u8]>,
+    sample: Dictionary,
+}
+
+impl Kept {
+    fn inflate(&self) -> Option<String> {
+        deflated::inflate_text(&self.deflated, Some(&self.sample)).ok()
+    }
 }
 
 /// A [`ChartRenderer`] with a cache in front of another.
@@ -95,7 +112,7 @@ impl<R: ChartRenderer> ChartRenderer for CachingRenderer<R> {
             };
             // Inflated outside the lock: other renders need not wait for it.
             let cached = self.lock().outputs.get(&key).cloned();
-            let output = cached.as_deref().and_then(inflate);
+            let output = cached.as_ref().and_then(Kept::inflate);
             {
                 let mut entries = self.lock();
                 if output.is_some() {
@@ -107,50 +124,45 @@ impl<R: ChartRenderer> ChartRenderer for CachingRenderer<R> {
                     if cached.is_some()
                         && let Some(dropped) = entries.outputs.remove(&key)
                     {
-                        entries.bytes -= dropped.len();
+                        entries.bytes -= dropped.deflated.len();
                     }
                 }
             }
             if let Some(output) = output {
                 return Ok(output);
             }
+            let sample_key = (request.chart.clone(), request.release_name.clone());
             let output = self.inner.render(request).await?;
-            let Some(deflated) = deflate(&output) else {
-                return Ok(output);
-            };
+            let sample = self
+                .lock()
+                .samples
+                .entry(sample_key)
+                .or_insert_with(|| Dictionary::from_sample(output.as_bytes()))
+                .clone();
+            let deflated: Arc<[u8]> = deflated::deflate(output.as_bytes(), Some(&sample)).into();
             let mut entries = self.lock();
             if deflated.len() <= self.capacity_bytes && !entries.outputs.contains_key(&key) {
+                let mut evicted_any = false;
                 while entries.bytes + deflated.len() > self.capacity_bytes {
                     let Some(oldest) = entries.order.pop_front() else {
                         break;
                     };
                     if let Some(evicted) = entries.outputs.remove(&oldest) {
-                        entries.bytes -= evicted.len();
+                        entries.bytes -= evicted.deflated.len();
+                        evicted_any = true;
                     }
                 }
                 entries.bytes += deflated.len();
                 entries.order.push_back(key);
-                entries.outputs.insert(key, deflated.into());
+                entries.outputs.insert(key, Kept { deflated, sample });
+                if evicted_any {
+                    // A sample no kept output refers to goes with its last output.
+                    entries.samples.retain(|_, sample| sample.is_shared());
+                }
             }
             Ok(output)
         })
     }
-}
-
-fn deflate(text: &str) -> Option<Vec<u8>> {
-    use std::io::Write;
-    let mut encoder = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-    encoder.write_all(text.as_bytes()).ok()?;
-    encoder.finish().ok()
-}
-
-fn inflate(bytes: &[u8]) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    flate2::read::DeflateDecoder::new(bytes)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
 }
 
 fn field(hasher: &mut Sha256, bytes: &[u8]) {
@@ -200,8 +212,13 @@ mod tests {
         fn render(&self, request: RenderRequest) -> BoxFuture<'_, Result<String, RenderError>> {
             let n = self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
+                // A secret that shares nothing with the last one's.
+                let secret: String = Sha256::digest(n.to_le_bytes())
+                    .iter()
+                    .map(|byte| format!("{byte:02x}"))
+                    .collect();
                 Ok(format!(
-                    "{}-{}-secret-{n}",
+                    "{}-{}-secret-{n}-{secret}",
                     request.release_name,
                     request.values.unwrap_or_default()
                 ))
@@ -275,19 +292,67 @@ mod tests {
         );
     }
 
+    /// Renders a long manifest that names the values it was given, as a chart does with a Cluster's name.
+    #[derive(Debug)]
+    struct Named;
+
+    impl ChartRenderer for Named {
+        fn render(&self, request: RenderRequest) -> BoxFuture<'_, Result<String, RenderError>> {
+            let values = request.values.unwrap_or_default();
+            let output = (0..300)
+                .map(|i| {
+                    format!(
+                        "---\nkind: ConfigMap\nmetadata:\n  name: c{i}\ndata:\n  line: \"{}\"\n",
+                        i * 7919 % 1013
+                    )
+                })
+                .collect::<String>()
+                + &format!("---\nkind: Secret\nmetadata:\n  name: {values}-kubeconfig\n");
+            Box::pin(async move { Ok(output) })
+        }
+    }
+
+    #[tokio::test]
+    async fn renders_of_one_chart_keep_little_more_than_their_differences() {
+        let chart = chart();
+        let renderer = CachingRenderer::new(Named, 1 << 20);
+        let first = renderer.render(request(chart.path(), "cluster-1")).await.unwrap();
+        let after_first = renderer.entries.lock().unwrap().bytes;
+        let second = renderer.render(request(chart.path(), "cluster-2")).await.unwrap();
+        let second_kept = renderer.entries.lock().unwrap().bytes - after_first;
+        let alone = deflated::deflate(second.as_bytes(), None).len();
+        assert!(
+            second_kept * 5 < alone,
+            "{second_kept} bytes kept for the second Cluster's render, {alone} deflated alone"
+        );
+        assert_eq!(
+            renderer.render(request(chart.path(), "cluster-1")).await.unwrap(),
+            first
+        );
+        assert_eq!(
+            renderer.render(request(chart.path(), "cluster-2")).await.unwrap(),
+            second
+        );
+        assert_eq!(renderer.stats(), (2, 2));
+    }
+
     #[tokio::test]
     async fn the_cache_stays_within_its_capacity() {
         let chart = chart();
-        let renderer = CachingRenderer::new(Minting::default(), 40);
+        let renderer = CachingRenderer::new(Minting::default(), 100);
         for values in ["a", "b", "c", "d"] {
             renderer.render(request(chart.path(), values)).await.unwrap();
         }
         let entries = renderer.entries.lock().unwrap();
         assert!(
-            entries.bytes <= 40 && entries.outputs.len() < 4,
+            entries.bytes <= 100 && entries.outputs.len() < 4,
             "{} bytes in {} entries",
             entries.bytes,
             entries.outputs.len()
+        );
+        assert!(
+            entries.samples.values().all(Dictionary::is_shared),
+            "no sample is kept without an output"
         );
     }
 }

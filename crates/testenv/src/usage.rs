@@ -8,6 +8,9 @@ pub struct Usage {
     pub cpu: Duration,
     pub rss_kib: u64,
     pub peak_rss_kib: u64,
+    /// The part of `rss_kib` that maps files (`RssFile`: mostly the program's own code and data, which the
+    /// kernel may drop and read again), as opposed to memory the process allocated.
+    pub file_rss_kib: u64,
 }
 
 impl Usage {
@@ -33,6 +36,7 @@ impl Usage {
             cpu: Duration::from_millis(ticks * 10),
             rss_kib: field("VmRSS:")?,
             peak_rss_kib: field("VmHWM:")?,
+            file_rss_kib: field("RssFile:").unwrap_or(0),
         })
     }
 }

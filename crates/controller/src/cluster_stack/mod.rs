@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
-    runtime::{controller::Action, events::EventType},
+    runtime::controller::Action,
 };
 use serde_json::json;
 
@@ -126,7 +126,7 @@ async fn tell_clusters(ctx: &StackContext, key: &str, clusters: &[Cluster], repo
         else {
             continue;
         };
-        ctx.event(cluster, EventType::Warning, report.reason, report.note)
+        ctx.event(cluster, crate::events::Kind::Warning, report.reason, report.note)
             .await;
     }
 }
@@ -348,7 +348,7 @@ async fn create_release(
             tracing::info!(release = %name, "created a ClusterStackRelease");
             ctx.event(
                 &created,
-                EventType::Normal,
+                crate::events::Kind::Normal,
                 event::CLUSTER_STACK_RELEASE_CREATED,
                 format!("created by ClusterStack {}", stack.name_any()),
             )
@@ -363,7 +363,7 @@ async fn create_release(
         Err(e) => {
             ctx.event(
                 stack,
-                EventType::Warning,
+                crate::events::Kind::Warning,
                 event::ERROR_CREATING_CLUSTER_STACK_RELEASE,
                 format!("failed to create {name}: {e}"),
             )
