@@ -4,6 +4,10 @@
 //! tells it apart. Raw deflate with a preset dictionary, as zlib defines it; the dictionary is part of the
 //! format, so text deflated against one sample inflates only against the same sample.
 //!
+//! Deflate refers back at most 32 KiB: a byte of the text finds its like in the sample only if the two are at
+//! most 32 KiB apart, so the sample helps texts up to about that size (a Cluster's object, ferrol's 25 KiB
+//! addon render) and a larger text hardly more than deflate alone.
+//!
 //! Each thread keeps one deflate and one inflate state and resets them between texts: a deflate state is
 //! about 300 KiB, and making one per text (per Cluster event) left the allocator's arenas fragmented by them
 //! (a resident size half as large again at 1000 Clusters, with less heap in use).
