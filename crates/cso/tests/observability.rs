@@ -775,14 +775,21 @@ async fn rules_and_dashboard_use_what_the_operator_exports_and_prometheus_evalua
 
     // Prometheus has scraped the operator, and every alert expression evaluates; with the addons running
     // and CsoMemoryNearLimit's kube-state-metrics side missing, none returns a series.
-    wait_for("Prometheus scrapes cso run", Duration::from_secs(30), || async {
-        (!query(&prometheus, r#"cso_clusters{release="docker-ferrol-1-27-v2"}"#)
-            .await
-            .as_array()
-            .unwrap()
-            .is_empty())
-        .then_some(())
-    })
+    // Its scrapes must include the run's end: the hook's Success answer (a scrape from before it sees the hook in
+    // progress with no Success yet, which is what CsoHookHeld looks for) and the Cluster ready on v2.
+    wait_for(
+        "Prometheus scrapes cso run to its end",
+        Duration::from_secs(30),
+        || async {
+            let scraped = |expr: &'static str| {
+                let prometheus = &prometheus;
+                async move { !query(prometheus, expr).await.as_array().unwrap().is_empty() }
+            };
+            (scraped(r#"cso_hook_requests_total{hook="BeforeClusterUpgrade",result="success"}"#).await
+                && scraped(r#"cso_clusters{release="docker-ferrol-1-27-v2",state="ready"} == 1"#).await)
+                .then_some(())
+        },
+    )
     .await;
     for (alert, expr) in alerts() {
         let result = query(&prometheus, &expr).await;
