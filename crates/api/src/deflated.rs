@@ -12,7 +12,7 @@
 //! about 300 KiB, and making one per text (per Cluster event) left the allocator's arenas fragmented by them
 //! (a resident size half as large again at 1000 Clusters, with less heap in use).
 
-use std::{cell::RefCell, sync::Arc};
+use std::{cell::RefCell, sync::Arc, thread::LocalKey};
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
@@ -55,16 +55,36 @@ thread_local! {
     static INFLATE: RefCell<Option<Decompress>> = const { RefCell::new(None) };
 }
 
+/// Runs `work` with this thread's kept state of `kept` (made by `make` the first time), and keeps it again. It is
+/// taken out while in use, so that nothing can find it half used; `work` resets it first.
+fn with_kept<S, T>(
+    kept: &'static LocalKey<RefCell<Option<S>>>,
+    make: impl FnOnce() -> S,
+    work: impl FnOnce(&mut S) -> T,
+) -> T {
+    let mut state = kept.with_borrow_mut(Option::take).unwrap_or_else(make);
+    let out = work(&mut state);
+    kept.with_borrow_mut(|slot| *slot = Some(state));
+    out
+}
+
+/// Grows `out` when it is full, so that the next step of a stream has room to write.
+fn make_room(out: &mut Vec<u8>) {
+    if out.len() == out.capacity() {
+        out.reserve(out.capacity().max(256));
+    }
+}
+
 /// `text` deflated against `dictionary`.
 pub fn deflate(text: &[u8], dictionary: Option<&Dictionary>) -> Vec<u8> {
-    // Taken out while in use, so that nothing can find it half used.
-    let mut compress = DEFLATE
-        .with_borrow_mut(Option::take)
-        .unwrap_or_else(|| Compress::new(Compression::default(), false));
-    compress.reset();
-    let out = deflate_with(&mut compress, text, dictionary);
-    DEFLATE.with_borrow_mut(|kept| *kept = Some(compress));
-    out
+    with_kept(
+        &DEFLATE,
+        || Compress::new(Compression::default(), false),
+        |compress| {
+            compress.reset();
+            deflate_with(compress, text, dictionary)
+        },
+    )
 }
 
 fn deflate_with(compress: &mut Compress, text: &[u8], dictionary: Option<&Dictionary>) -> Vec<u8> {
@@ -74,9 +94,7 @@ fn deflate_with(compress: &mut Compress, text: &[u8], dictionary: Option<&Dictio
     }
     let mut out = Vec::with_capacity(text.len() / 4 + 64);
     loop {
-        if out.len() == out.capacity() {
-            out.reserve(out.capacity().max(256));
-        }
+        make_room(&mut out);
         let (read, written) = (compress.total_in(), out.len());
         let rest = &text[usize::try_from(read).unwrap_or(usize::MAX).min(text.len())..];
         match compress.compress_vec(rest, &mut out, FlushCompress::Finish) {
@@ -111,13 +129,14 @@ fn stored(text: &[u8]) -> Vec<u8> {
 
 /// `bytes`, deflated against `dictionary`, inflated.
 pub fn inflate(bytes: &[u8], dictionary: Option<&Dictionary>) -> Result<Vec<u8>, InflateError> {
-    let mut decompress = INFLATE
-        .with_borrow_mut(Option::take)
-        .unwrap_or_else(|| Decompress::new(false));
-    decompress.reset(false);
-    let out = inflate_with(&mut decompress, bytes, dictionary);
-    INFLATE.with_borrow_mut(|kept| *kept = Some(decompress));
-    out
+    with_kept(
+        &INFLATE,
+        || Decompress::new(false),
+        |decompress| {
+            decompress.reset(false);
+            inflate_with(decompress, bytes, dictionary)
+        },
+    )
 }
 
 fn inflate_with(
@@ -132,9 +151,7 @@ fn inflate_with(
     }
     let mut out = Vec::with_capacity(bytes.len() * 4 + 64);
     loop {
-        if out.len() == out.capacity() {
-            out.reserve(out.capacity().max(256));
-        }
+        make_room(&mut out);
         let (read, written) = (decompress.total_in(), out.len());
         let rest = &bytes[usize::try_from(read).unwrap_or(usize::MAX).min(bytes.len())..];
         match decompress.decompress_vec(rest, &mut out, FlushDecompress::Finish) {

@@ -302,18 +302,9 @@ impl Context {
     where
         K: Subject,
     {
-        let mut note: String = note.into();
-        // The Events API limits the note to 1 kB.
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
         let published = self
             .recorder
-            .publish(&object.reference(self), kind, reason, &note)
+            .publish(&object.reference(self), kind, reason, &note.into())
             .await;
         if let Err(e) = published {
             tracing::warn!(object = %object.name_any(), reason, error = %e, "failed to publish an event");

@@ -27,9 +27,12 @@ use crate::events::Kind;
 /// How long an event is remembered for its repeats to count in its series.
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
-/// The longest object name an event can be named after: `<object>.<16 hex digits>` is an object name too
-/// (253 characters at most). Longer ones get a generated name.
-const MAX_NAMED_AFTER: usize = 253 - 17;
+/// The longest object name an event can be named after: `<object>.<16 hex digits>` is an object name too.
+/// Longer ones get a generated name.
+const MAX_NAMED_AFTER: usize = crate::cluster_addon_create::MAX_NAME_LENGTH - 17;
+
+/// The Events API keeps at most this many bytes of a note.
+const MAX_NOTE: usize = 1000;
 
 /// The API server keeps at most this many characters of a generated name's base.
 const MAX_GENERATED_BASE: usize = 58;
@@ -41,6 +44,13 @@ struct Said {
     name: Box<str>,
     count: i32,
     last: Instant,
+}
+
+impl Said {
+    /// Whether a repeat at `now` still counts in this event's series.
+    fn recent_at(&self, now: Instant) -> bool {
+        now.duration_since(self.last) < SERIES_WINDOW
+    }
 }
 
 #[derive(Debug)]
@@ -75,7 +85,7 @@ impl Recorder {
     }
 
     /// Publishes an event about `regarding`: a new event, or the next of the series of the same event said
-    /// within the last six minutes.
+    /// within the last six minutes. A note longer than the Events API keeps is cut.
     pub(crate) async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -83,20 +93,19 @@ impl Recorder {
         reason: &str,
         note: &str,
     ) -> Result<(), kube::Error> {
+        let note = within_limit(note);
         let key = digest(regarding, type_, reason, note);
         let now = Instant::now();
         let repeat = {
             let mut recent = self.recent();
             if now.duration_since(recent.swept) > SERIES_WINDOW / 6 {
-                recent
-                    .said
-                    .retain(|_, said| now.duration_since(said.last) < SERIES_WINDOW);
+                recent.said.retain(|_, said| said.recent_at(now));
                 recent.swept = now;
             }
             recent
                 .said
                 .get(&key)
-                .filter(|said| now.duration_since(said.last) < SERIES_WINDOW)
+                .filter(|said| said.recent_at(now))
                 .map(|said| (said.namespace.clone(), said.name.clone(), said.count + 1))
         };
         if let Some((namespace, name, count)) = repeat {
@@ -184,6 +193,15 @@ impl Recorder {
     }
 }
 
+/// `note`, cut (at a character's boundary) to what the Events API keeps.
+fn within_limit(note: &str) -> &str {
+    let mut cut = note.len().min(MAX_NOTE);
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &note[..cut]
+}
+
 /// What makes two events the same event: what they say and the object they are about.
 fn digest(regarding: &ObjectReference, type_: Kind, reason: &str, note: &str) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -213,6 +231,14 @@ mod tests {
             uid: Some(uid.into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_note_is_cut_to_the_events_apis_limit_at_a_characters_boundary() {
+        assert_eq!(within_limit("short"), "short");
+        assert_eq!(within_limit(&"a".repeat(1500)).len(), 1000);
+        let note = format!("{}é", "a".repeat(999));
+        assert_eq!(within_limit(&note), "a".repeat(999), "é would straddle the limit");
     }
 
     #[test]
