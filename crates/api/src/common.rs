@@ -4,6 +4,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::atom::Atom;
+
 /// A reference to another object (the shape of `corev1.ObjectReference`, treated as one atomic value).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -38,17 +40,17 @@ pub enum ResourceStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Resource {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub group: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub version: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub kind: String,
+    #[serde(default, skip_serializing_if = "Atom::is_empty")]
+    pub group: Atom,
+    #[serde(default, skip_serializing_if = "Atom::is_empty")]
+    pub version: Atom,
+    #[serde(default, skip_serializing_if = "Atom::is_empty")]
+    pub kind: Atom,
     /// The namespace the object really lives in (empty for cluster-scoped objects).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub namespace: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
+    #[serde(default, skip_serializing_if = "Atom::is_empty")]
+    pub namespace: Atom,
+    #[serde(default, skip_serializing_if = "Atom::is_empty")]
+    pub name: Atom,
     /// `synced` or `not-synced`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
@@ -72,11 +74,11 @@ impl Resource {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     /// Empty for the core group.
-    pub group: String,
-    pub kind: String,
+    pub group: Atom,
+    pub kind: Atom,
     /// Empty for cluster-scoped objects.
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Atom,
+    pub name: Atom,
 }
 
 impl ObjectKey {

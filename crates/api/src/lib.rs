@@ -2,6 +2,7 @@
 //! Cluster API objects it reads, the names and versions of releases, and the domain rules every part of the
 //! operator shares ([`rules`]) (pure, no I/O).
 
+pub mod atom;
 pub mod capi;
 pub mod cluster_addon;
 pub mod cluster_stack;

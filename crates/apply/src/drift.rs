@@ -30,7 +30,7 @@ use std::{
     time::Duration,
 };
 
-use cso_api::common::Resource;
+use cso_api::{atom::Atom, common::Resource};
 use http_body_util::BodyExt;
 use kube::{
     Client, Resource as _,
@@ -180,7 +180,7 @@ impl Reach {
 /// The objects of one kind, as the watch shows them.
 #[derive(Default)]
 struct KindCache {
-    objects: Mutex<HashMap<(String, String), LiveMeta>>,
+    objects: Mutex<HashMap<(Atom, Atom), LiveMeta>>,
     /// `objects` holds every object of ours of the kind, and a watch keeps it so: set by a list, or once a
     /// watch from the version of the cache (the earliest of this engine's applies, or the last event seen) is
     /// answered; cleared when a watch fails or its version is gone, until that holds again. A kind whose
@@ -208,7 +208,7 @@ impl Drop for Streaming<'_> {
 }
 
 impl KindCache {
-    fn objects(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), LiveMeta>> {
+    fn objects(&self) -> std::sync::MutexGuard<'_, HashMap<(Atom, Atom), LiveMeta>> {
         self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -227,7 +227,7 @@ pub struct DriftWatch {
     engine: ApplyEngine,
     notify: DriftNotifier,
     /// By `(group, kind)`.
-    kinds: Mutex<HashMap<(String, String), KindWatch>>,
+    kinds: Mutex<HashMap<(Atom, Atom), KindWatch>>,
     causes: Causes,
     reach: Arc<Reach>,
 }
@@ -284,12 +284,12 @@ impl DriftWatch {
     /// the earliest of those applies, with what they left as its cache: no list. Any other kind is listed
     /// first.
     pub async fn watch(&self, resources: &[Resource]) {
-        let wanted: BTreeSet<(&str, &str, &str)> = resources
+        let wanted: BTreeSet<(&Atom, &Atom, &Atom)> = resources
             .iter()
-            .map(|r| (r.group.as_str(), r.version.as_str(), r.kind.as_str()))
+            .map(|r| (&r.group, &r.version, &r.kind))
             .collect();
         for (group, version, kind) in wanted {
-            let id = (group.to_owned(), kind.to_owned());
+            let id = (group.clone(), kind.clone());
             if self
                 .kinds
                 .lock()
@@ -444,8 +444,8 @@ impl Teller {
 struct KindFollower {
     client: Client,
     resource: ApiResource,
-    group: String,
-    kind: String,
+    group: Atom,
+    kind: Atom,
     cache: Arc<KindCache>,
     engine: ApplyEngine,
     teller: Teller,
@@ -512,8 +512,8 @@ impl KindFollower {
         ObjectKey {
             group: self.group.clone(),
             kind: self.kind.clone(),
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.as_deref().unwrap_or_default().into(),
+            name: meta.name.as_deref().unwrap_or_default().into(),
         }
     }
 
@@ -550,7 +550,7 @@ impl KindFollower {
             .map_err(|e| e.to_string())?;
         let list: ObjectList<PartialObjectMeta<DynamicObject>> =
             self.client.request(request).await.map_err(|e| e.to_string())?;
-        let listed: HashMap<(String, String), LiveMeta> = list
+        let listed: HashMap<(Atom, Atom), LiveMeta> = list
             .items
             .iter()
             .map(|object| {
@@ -771,7 +771,7 @@ mod tests {
 
     fn config_map(name: &str) -> ObjectKey {
         ObjectKey {
-            group: String::new(),
+            group: Atom::default(),
             kind: "ConfigMap".into(),
             namespace: "ns".into(),
             name: name.into(),

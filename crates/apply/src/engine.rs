@@ -32,6 +32,7 @@ use std::{
 
 use cso_api::{
     APPLIED_DIGEST_ANNOTATION, OWNED_LABEL,
+    atom::Atom,
     common::{Resource, ResourceStatus},
     manifest::Manifest,
 };
@@ -720,10 +721,10 @@ impl ApplyEngine {
         let gvk = GroupVersionKind::gvk(group, version, manifest.kind());
         let mut object = manifest.object.clone();
         let mut key = ObjectKey {
-            group: group.to_owned(),
-            kind: manifest.kind().to_owned(),
-            namespace: manifest.namespace().unwrap_or_default().to_owned(),
-            name: manifest.name().to_owned(),
+            group: group.into(),
+            kind: manifest.kind().into(),
+            namespace: manifest.namespace().unwrap_or_default().into(),
+            name: manifest.name().into(),
         };
         let kind = match self.discovery.resolve(&gvk).await {
             Ok(kind) => kind,
@@ -745,11 +746,11 @@ impl ApplyEngine {
             .expect("parse_manifests checked metadata.name");
         if kind.namespaced {
             if key.namespace.is_empty() {
-                key.namespace = default_namespace.to_owned();
+                key.namespace = default_namespace.into();
             }
-            metadata.insert("namespace".into(), Value::String(key.namespace.clone()));
+            metadata.insert("namespace".into(), Value::String(key.namespace.to_string()));
         } else {
-            key.namespace.clear();
+            key.namespace = Atom::default();
             metadata.remove("namespace");
         }
         let claim = if is_namespace_kind(&key.group, &key.kind) {
@@ -1326,9 +1327,9 @@ impl ApplyEngine {
             group: stale.group.clone(),
             kind: stale.kind.clone(),
             namespace: if kind.namespaced {
-                namespace.to_owned()
+                namespace.into()
             } else {
-                String::new()
+                Atom::default()
             },
             name: stale.name.clone(),
         };
@@ -1557,7 +1558,7 @@ fn is_refusal(error: &kube::Error) -> bool {
 fn resource(key: &ObjectKey, version: &str, status: ResourceStatus, error: String) -> Resource {
     Resource {
         group: key.group.clone(),
-        version: version.to_owned(),
+        version: version.into(),
         kind: key.kind.clone(),
         namespace: key.namespace.clone(),
         name: key.name.clone(),
@@ -1725,7 +1726,7 @@ mod tests {
     #[test]
     fn a_secrets_string_data_is_held_by_its_data() {
         let key = |kind: &str| ObjectKey {
-            group: String::new(),
+            group: Default::default(),
             kind: kind.into(),
             namespace: "kube-system".into(),
             name: "cloud-config".into(),
@@ -1932,7 +1933,7 @@ mod tests {
     #[test]
     fn records_are_found_replaced_and_removed_by_key_and_kept_in_key_order() {
         let key = |kind: &str, name: &str| ObjectKey {
-            group: String::new(),
+            group: Default::default(),
             kind: kind.into(),
             namespace: "kube-system".into(),
             name: name.into(),

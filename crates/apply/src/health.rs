@@ -1668,7 +1668,7 @@ mod tests {
                     key: ObjectKey {
                         group: "apiextensions.k8s.io".into(),
                         kind: "CustomResourceDefinition".into(),
-                        namespace: String::new(),
+                        namespace: Default::default(),
                         name: "widgets.example.com".into(),
                     },
                     health: Health::Failed("names not accepted".into()),

@@ -13,11 +13,11 @@ pub use cso_api::common::ObjectKey;
 pub fn resource_of(manifest: &cso_api::manifest::Manifest) -> Resource {
     let (group, version) = manifest.group_version();
     Resource {
-        group: group.to_owned(),
-        version: version.to_owned(),
-        kind: manifest.kind().to_owned(),
-        namespace: manifest.namespace().unwrap_or_default().to_owned(),
-        name: manifest.name().to_owned(),
+        group: group.into(),
+        version: version.into(),
+        kind: manifest.kind().into(),
+        namespace: manifest.namespace().unwrap_or_default().into(),
+        name: manifest.name().into(),
         ..Default::default()
     }
 }
@@ -32,8 +32,8 @@ pub fn resource_of(manifest: &cso_api::manifest::Manifest) -> Resource {
 pub fn normalised(resource: &Resource, default_namespace: &str, namespaced: Option<bool>) -> Resource {
     let mut resource = resource.clone();
     match namespaced {
-        Some(true) if resource.namespace.is_empty() => resource.namespace = default_namespace.to_owned(),
-        Some(false) => resource.namespace.clear(),
+        Some(true) if resource.namespace.is_empty() => resource.namespace = default_namespace.into(),
+        Some(false) => resource.namespace = Default::default(),
         _ => {}
     }
     resource

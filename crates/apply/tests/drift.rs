@@ -76,7 +76,7 @@ fn drift_watch(engine: &ApplyEngine, discovery: Arc<ClusterDiscovery>) -> (Drift
 
 fn config_map_key(namespace: &str, name: &str) -> ObjectKey {
     ObjectKey {
-        group: String::new(),
+        group: Default::default(),
         kind: "ConfigMap".into(),
         namespace: namespace.into(),
         name: name.into(),

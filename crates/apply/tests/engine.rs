@@ -435,7 +435,7 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
     inventory.extend(["foreign", "never-there"].map(|name| cso_api::common::Resource {
         version: "v1".into(),
         kind: "ConfigMap".into(),
-        namespace: ns.clone(),
+        namespace: ns.clone().into(),
         name: name.into(),
         ..Default::default()
     }));
@@ -447,7 +447,7 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
         let mut names: Vec<String> = planned
             .iter()
             .filter(|p| std::mem::discriminant(&p.change) == std::mem::discriminant(&change))
-            .map(|p| p.key.name.clone())
+            .map(|p| p.key.name.to_string())
             .collect();
         names.sort();
         names
@@ -458,7 +458,7 @@ async fn own_namespaces_are_kept_and_foreign_objects_are_never_deleted() {
     assert_eq!(planned.len(), 5);
     let applied = engine.apply(&next, &ns, &BTreeMap::new(), &inventory).await;
     assert!(applied.is_complete(), "{}", applied.failure_summary());
-    let mut pruned: Vec<String> = applied.pruned.iter().map(|k| k.name.clone()).collect();
+    let mut pruned: Vec<String> = applied.pruned.iter().map(|k| k.name.to_string()).collect();
     pruned.sort();
     assert_eq!(
         pruned,

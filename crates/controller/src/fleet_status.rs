@@ -43,7 +43,7 @@ use std::{
 };
 
 use cso_api::{
-    ClusterAddon, ClusterStack, ClusterStackRelease, ClusterStackReleaseStatus, ReleaseId,
+    ClusterAddon, ClusterStack, ClusterStackRelease, ReleaseId,
     capi::Cluster,
     cluster_stack::{ReleaseClusters, StackClusters},
     cluster_stack_release::{ClusterCounts, ReleaseMoves},
@@ -70,7 +70,7 @@ use crate::{
     filter::is_paused,
     patch::ControllerStatus,
     stores,
-    watch::{SharedWatch, beyond_status},
+    watch::{SharedWatch, beyond_status, digest},
 };
 
 /// The field manager of the counts: not the controllers' (`cluster-stack-operator`), so that each owns its
@@ -182,7 +182,7 @@ pub(crate) fn desired(
 /// Kubernetes version its status says: the Clusters of its stack among `clusters` that could move to it.
 pub(crate) fn desired_moves(
     releases: &[Arc<ClusterStackRelease>],
-    clusters: &[Cluster],
+    clusters: &[Arc<Cluster>],
     class_of: impl Fn(&str, &str) -> Option<ClassView>,
 ) -> BTreeMap<Key, ReleaseMoves> {
     let mut moves = BTreeMap::new();
@@ -202,7 +202,14 @@ pub(crate) fn desired_moves(
         let Some(class) = class_of(&key.0, &id.cluster_class_name()) else {
             continue;
         };
-        let counted = class_move::release_moves(&id, &key.0, &class, to_version, clusters, &class_of);
+        let counted = class_move::release_moves(
+            &id,
+            &key.0,
+            &class,
+            to_version,
+            clusters.iter().map(AsRef::as_ref),
+            &class_of,
+        );
         moves.insert(key, counted);
     }
     moves
@@ -256,9 +263,11 @@ pub(crate) fn changed(
 /// What a ClusterStackRelease is apart from its Cluster counts: what its ClusterStack reacts to (a count
 /// written here must not run the ClusterStack's reconcile, which asks the release source).
 /// A release without a status and one whose status has only counts are the same.
-pub(crate) fn apart_from_counts(release: &ClusterStackRelease) -> (u64, ClusterStackReleaseStatus) {
+pub(crate) fn apart_from_counts(release: &ClusterStackRelease) -> (u64, String) {
     let status = release.status.clone().unwrap_or_default();
-    (beyond_status(release), status.controllers_part().into_owned())
+    // A status always serializes (string keys), in its fields' order: equal statuses are equal texts.
+    let text = serde_json::to_string(&status.controllers_part()).unwrap_or_default();
+    (beyond_status(release), text)
 }
 
 /// `()` for each event of `events` that may change the counts: an object whose `state` changed, one
@@ -353,26 +362,20 @@ pub(crate) fn writer(
             (is_paused(r), r.status.as_ref().and_then(|s| s.clusters.clone()))
         })
         .boxed(),
+        // One per Cluster: kept as digests.
         news(addon_watch.subscribe(), |a: &ClusterAddon| {
-            (a.spec.cluster_stack.clone(), AddonState::of(a), a.cluster_name())
+            digest(&(&a.spec.cluster_stack, AddonState::of(a), a.cluster_name()))
         })
         .boxed(),
         // Only a Cluster's class, version and variables matter here (Cluster API rewrites a Cluster's status
-        // all the time); the variables are remembered by a digest, not kept.
+        // all the time).
         news(cluster_watch.subscribe(), |c: &Cluster| {
-            (
-                c.class(),
-                c.topology_version().map(str::to_owned),
-                c.object.as_ref().map(|o| {
-                    let variables = o
-                        .topology_view()
-                        .pointer("/spec/topology/variables")
-                        .map(serde_json::Value::to_string);
-                    let mut digest = std::hash::DefaultHasher::new();
-                    std::hash::Hash::hash(&variables, &mut digest);
-                    std::hash::Hasher::finish(&digest)
-                }),
-            )
+            let variables = c.object.as_ref().map(|o| {
+                o.topology_view()
+                    .pointer("/spec/topology/variables")
+                    .map(serde_json::Value::to_string)
+            });
+            digest(&(c.class(), c.topology_version(), variables))
         })
         .boxed(),
         futures::stream::unfold(classes.changed.clone(), |changed| async move {
@@ -823,7 +826,7 @@ mod tests {
                 ClassView::from_object(&json!({"metadata": {"name": name}, "spec": {"variables": variables}}))
             })
         };
-        let moves = desired_moves(&releases, &clusters, class_of);
+        let moves = desired_moves(&releases, &clusters.map(Arc::new), class_of);
         assert_eq!(
             moves.keys().map(|(_, name)| name.as_str()).collect::<Vec<_>>(),
             ["docker-ferrol-1-27-v1", "docker-ferrol-1-27-v2"],

@@ -230,7 +230,7 @@ async fn reconcile_object(
     // its namespace run (a namespace without Clusters blocks none), and does nothing once they are all paused
     // nor while its move is under way (on the target, its Clusters may not be there yet).
     let clusters = clusters_of(&ctx, &namespace).await?;
-    let all_paused = clusters.iter().all(Cluster::is_paused);
+    let all_paused = clusters.iter().all(|c| c.is_paused());
     let rollout = crate::moving::take_part(&ctx.written, &api, &rollout, all_paused).await?;
     if (all_paused && !clusters.is_empty()) || crate::moving::under_way(&rollout) {
         return Ok(Action::await_change());
@@ -413,7 +413,7 @@ async fn release_not_ready(ctx: &Context, namespace: &str, tag: &str) -> Result<
 }
 
 /// The Clusters whose class is in `namespace` (any Cluster namespace), not being deleted.
-async fn clusters_of(ctx: &Context, namespace: &str) -> Result<Vec<Cluster>, Error> {
+async fn clusters_of(ctx: &Context, namespace: &str) -> Result<Vec<Arc<Cluster>>, Error> {
     let all = match ctx.stores().and_then(crate::stores::Stores::all_clusters) {
         Some(all) => all,
         None => {
@@ -422,6 +422,9 @@ async fn clusters_of(ctx: &Context, namespace: &str) -> Result<Vec<Cluster>, Err
                 .await
                 .map_err(|e| Error::kube("list Clusters", e))?
                 .items
+                .into_iter()
+                .map(Arc::new)
+                .collect()
         }
     };
     Ok(all

@@ -95,10 +95,10 @@ impl Stores {
         self.addons.store()
     }
 
-    /// Every Cluster, when the store holds them all.
-    pub(crate) fn all_clusters(&self) -> Option<Vec<Cluster>> {
+    /// Every Cluster, when the store holds them all (the store's own copies: nothing is cloned).
+    pub(crate) fn all_clusters(&self) -> Option<Vec<Arc<Cluster>>> {
         let store = self.clusters.store().filter(|_| self.all_clusters)?;
-        Some(store.state().iter().map(|c| c.as_ref().clone()).collect())
+        Some(store.state())
     }
 
     /// The Cluster `name` in `namespace` as the watch last saw it: `Some(None)` when it has none, `None`

@@ -235,6 +235,15 @@ pub(crate) fn beyond_status<K: Resource>(object: &K) -> u64 {
     hasher.finish()
 }
 
+/// A 64-bit digest of `state`, what a stream keeps of each object's state to tell a change: two different
+/// states alike in it are as likely as with [`beyond_status`].
+pub(crate) fn digest(state: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::hash::DefaultHasher::new();
+    state.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// How an object of a watch changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Change {
@@ -244,21 +253,23 @@ enum Change {
 }
 
 /// The objects of `events` whose `state` changed since the watch last showed them (the first sight of an
-/// object counts as a change), and those deleted; other events are left out.
+/// object counts as a change), and those deleted; other events are left out. Each object's state is kept as
+/// a digest: a stream per subscriber remembers every object of the kind (a thousand Clusters' labels and
+/// annotations, several times over, before).
 fn tracked_changes<K, S>(
     events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
     state: impl Fn(&K) -> S + Send + 'static,
 ) -> impl Stream<Item = (K, Change)> + Send + 'static
 where
     K: Resource + Send + 'static,
-    S: PartialEq + Send + 'static,
+    S: std::hash::Hash + Send + 'static,
 {
-    let mut last_seen: HashMap<(String, String), S> = HashMap::new();
+    let mut last_seen: HashMap<(String, String), u64> = HashMap::new();
     events.filter_map(move |event| {
         let change = match event {
             watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
                 let key = (object.namespace().unwrap_or_default(), object.name_any());
-                let now = state(&object);
+                let now = digest(&state(&object));
                 let news = last_seen.get(&key) != Some(&now);
                 last_seen.insert(key, now);
                 news.then_some((object, Change::Changed))
@@ -281,7 +292,7 @@ pub(crate) fn changes_of<K, S>(
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: Resource + Send + 'static,
-    S: PartialEq + Send + 'static,
+    S: std::hash::Hash + Send + 'static,
 {
     tracked_changes(events, state).map(|(object, _)| Ok(object))
 }
@@ -294,7 +305,7 @@ fn applied_changes_of<K, S>(
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: Resource + Send + 'static,
-    S: PartialEq + Send + 'static,
+    S: std::hash::Hash + Send + 'static,
 {
     tracked_changes(events, state)
         .filter_map(|(object, change)| std::future::ready((change == Change::Changed).then_some(Ok(object))))

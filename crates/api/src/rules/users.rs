@@ -6,12 +6,18 @@
 //!
 //! Users are named `namespace/name`, sorted, so messages and statuses do not change between calls.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    borrow::Borrow,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use crate::{ClusterStack, ReleaseId, capi::Cluster, rules::StackKey};
 
 /// The releases used by `clusters` whose class lives in `namespace`, each with its Clusters (`ns/name`).
-pub fn releases_in_use(clusters: &[Cluster], namespace: &str) -> BTreeMap<ReleaseId, BTreeSet<String>> {
+pub fn releases_in_use(
+    clusters: &[impl Borrow<Cluster>],
+    namespace: &str,
+) -> BTreeMap<ReleaseId, BTreeSet<String>> {
     let mut used: BTreeMap<ReleaseId, BTreeSet<String>> = BTreeMap::new();
     for (id, user) in uses(clusters, namespace) {
         used.entry(id).or_default().insert(user);
@@ -20,7 +26,7 @@ pub fn releases_in_use(clusters: &[Cluster], namespace: &str) -> BTreeMap<Releas
 }
 
 /// The Clusters (`ns/name`, sorted) using `release`, whose ClusterStackRelease lives in `namespace`.
-pub fn release_users(clusters: &[Cluster], namespace: &str, release: &ReleaseId) -> Vec<String> {
+pub fn release_users(clusters: &[impl Borrow<Cluster>], namespace: &str, release: &ReleaseId) -> Vec<String> {
     sorted(
         uses(clusters, namespace)
             .filter(|(id, _)| id == release)
@@ -32,7 +38,7 @@ pub fn release_users(clusters: &[Cluster], namespace: &str, release: &ReleaseId)
 /// its stack, Kubernetes minor and channel, so hash builds count for a `custom` ClusterStack). Only the
 /// stack's identity is read, so a ClusterStack with invalid `spec.versions` still has its users; one without
 /// a valid identity owns nothing.
-pub fn stack_users(clusters: &[Cluster], stack: &ClusterStack) -> Vec<String> {
+pub fn stack_users(clusters: &[impl Borrow<Cluster>], stack: &ClusterStack) -> Vec<String> {
     let Ok(key) = StackKey::of(stack) else {
         return Vec::new();
     };
@@ -45,8 +51,12 @@ pub fn stack_users(clusters: &[Cluster], stack: &ClusterStack) -> Vec<String> {
 }
 
 /// Each Cluster whose class is a cluster stack's in `namespace`, with its release and its `ns/name`.
-fn uses<'a>(clusters: &'a [Cluster], namespace: &'a str) -> impl Iterator<Item = (ReleaseId, String)> + 'a {
+fn uses<'a>(
+    clusters: &'a [impl Borrow<Cluster>],
+    namespace: &'a str,
+) -> impl Iterator<Item = (ReleaseId, String)> + 'a {
     clusters.iter().filter_map(move |cluster| {
+        let cluster: &Cluster = cluster.borrow();
         let (id, class_namespace) = cluster.stack_release()?;
         (class_namespace == namespace).then(|| {
             let meta = &cluster.metadata;
@@ -159,7 +169,7 @@ mod tests {
             BTreeSet::from(["b/c5".to_owned()])
         );
         assert!(releases_in_use(&fleet(), "elsewhere").is_empty());
-        assert!(releases_in_use(&[], "a").is_empty());
+        assert!(releases_in_use(&[] as &[Cluster], "a").is_empty());
     }
 
     #[test]

@@ -632,7 +632,7 @@ mod tests {
             }],
             applied: 3,
             pruned: vec![ObjectKey {
-                group: String::new(),
+                group: Default::default(),
                 kind: "ConfigMap".into(),
                 namespace: "kube-system".into(),
                 name: "old".into(),

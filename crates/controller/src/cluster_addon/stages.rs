@@ -783,7 +783,7 @@ mod tests {
 
     fn resource(kind: &str, namespace: &str, name: &str) -> Resource {
         Resource {
-            group: String::new(),
+            group: Default::default(),
             version: "v1".into(),
             kind: kind.into(),
             namespace: namespace.into(),
@@ -1067,7 +1067,7 @@ mod tests {
                 ],
             ),
         ]);
-        let names: Vec<String> = gone_chart_objects(&inventory, "csi", "kube-system")
+        let names: Vec<cso_api::atom::Atom> = gone_chart_objects(&inventory, "csi", "kube-system")
             .into_iter()
             .map(|r| r.name)
             .collect();

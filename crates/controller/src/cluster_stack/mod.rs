@@ -109,7 +109,12 @@ async fn reconcile_object(queued: Arc<ClusterStack>, ctx: Arc<StackContext>) -> 
 }
 
 /// Publishes the reports on their Clusters, each once while it lasts (`key` is the ClusterStack's).
-async fn tell_clusters(ctx: &StackContext, key: &str, clusters: &[Cluster], reports: Vec<ClusterReport>) {
+async fn tell_clusters(
+    ctx: &StackContext,
+    key: &str,
+    clusters: &[Arc<Cluster>],
+    reports: Vec<ClusterReport>,
+) {
     let problems = reports
         .iter()
         .map(|r| format!("{}/{}", r.cluster, r.about))
@@ -126,8 +131,13 @@ async fn tell_clusters(ctx: &StackContext, key: &str, clusters: &[Cluster], repo
         else {
             continue;
         };
-        ctx.event(cluster, crate::events::Kind::Warning, report.reason, report.note)
-            .await;
+        ctx.event(
+            cluster.as_ref(),
+            crate::events::Kind::Warning,
+            report.reason,
+            report.note,
+        )
+        .await;
     }
 }
 
@@ -152,7 +162,7 @@ async fn observe(
     stack: &ClusterStack,
     spec: StackSpec,
     ctx: &Context,
-) -> Result<(Observed, Vec<Cluster>), Error> {
+) -> Result<(Observed, Vec<Arc<Cluster>>), Error> {
     let namespace = stack.namespace().unwrap_or_default();
     let in_namespace: Vec<ClusterStackRelease> = match ctx.stores().and_then(|s| s.releases()) {
         // A release created or deleted a moment ago and not in the store yet is made again (409) or deleted

@@ -532,7 +532,7 @@ mod tests {
                 .iter()
                 .map(|e| Failure {
                     key: ObjectKey {
-                        group: String::new(),
+                        group: Default::default(),
                         kind: "ConfigMap".into(),
                         namespace: "ns".into(),
                         name: "x".into(),
