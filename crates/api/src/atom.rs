@@ -168,12 +168,6 @@ impl From<String> for Atom {
     }
 }
 
-impl From<&Atom> for String {
-    fn from(atom: &Atom) -> Self {
-        atom.as_str().to_owned()
-    }
-}
-
 impl Serialize for Atom {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&self.0)
