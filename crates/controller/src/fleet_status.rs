@@ -274,7 +274,7 @@ pub(crate) fn apart_from_counts(release: &ClusterStackRelease) -> (u64, String) 
 /// deleted, and the end of a (re)list, after which the store holds the new list (objects deleted while the
 /// watch was down leave it then, with no event of their own).
 fn news<K, S>(
-    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    events: impl Stream<Item = watcher::Event<Arc<K>>> + Send + 'static,
     state: impl Fn(&K) -> S + Send + 'static,
 ) -> impl Stream<Item = ()> + Send + 'static
 where
@@ -289,18 +289,18 @@ where
                 false
             }
             watcher::Event::InitApply(object) => {
-                last_seen.insert(key_of(&object), state(&object));
+                last_seen.insert(key_of(object.as_ref()), state(&object));
                 false
             }
             watcher::Event::InitDone => true,
             watcher::Event::Apply(object) => {
-                let (key, now) = (key_of(&object), state(&object));
+                let (key, now) = (key_of(object.as_ref()), state(&object));
                 let news = last_seen.get(&key) != Some(&now);
                 last_seen.insert(key, now);
                 news
             }
             watcher::Event::Delete(object) => {
-                last_seen.remove(&key_of(&object));
+                last_seen.remove(&key_of(object.as_ref()));
                 true
             }
         };
@@ -885,9 +885,10 @@ mod tests {
             Event::Apply(at("docker-ferrol-1-27-v2")),
             Event::Delete(at("docker-ferrol-1-27-v2")),
         ];
-        let count = news(futures::stream::iter(events), |a: &ClusterAddon| {
-            (a.spec.cluster_stack.clone(), AddonState::of(a))
-        })
+        let count = news(
+            futures::stream::iter(events.into_iter().map(crate::watch::shared)),
+            |a: &ClusterAddon| (a.spec.cluster_stack.clone(), AddonState::of(a)),
+        )
         .count()
         .await;
         // The end of the list, the failure, the move to v2, the deletion.

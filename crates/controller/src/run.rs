@@ -82,8 +82,8 @@ where
 /// `v1beta1` class's generation and makes Cluster API write the Cluster again: a loop. Which releases are in
 /// use depends on nothing else.
 fn class_or_life_changes(
-    events: impl futures::Stream<Item = watcher::Event<Cluster>> + Send + 'static,
-) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static {
+    events: impl futures::Stream<Item = watcher::Event<Arc<Cluster>>> + Send + 'static,
+) -> impl futures::Stream<Item = Arc<Cluster>> + Send + 'static {
     changes_of(events, |cluster: &Cluster| {
         (
             cluster.uid(),
@@ -99,8 +99,8 @@ fn class_or_life_changes(
 /// its Cluster apart from the status, which Cluster API rewrites all the time (a values template reading the
 /// status sees it at the next resync).
 fn spec_or_metadata_changes(
-    events: impl futures::Stream<Item = watcher::Event<Cluster>> + Send + 'static,
-) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static {
+    events: impl futures::Stream<Item = watcher::Event<Arc<Cluster>>> + Send + 'static,
+) -> impl futures::Stream<Item = Arc<Cluster>> + Send + 'static {
     changes_of(events, |cluster: &Cluster| {
         let meta = cluster.meta();
         (
@@ -188,7 +188,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             .controller(())
             // A release changed or went away: its ClusterStack decides again. Not for its Cluster counts alone
             // (the fleet status writer's): the ClusterStack's reconcile asks the release source.
-            .watches_stream(
+            .watches_shared_stream(
                 changes_of(release_watch.subscribe(), fleet_status::apart_from_counts),
                 |release| {
                     let namespace = release.namespace().unwrap_or_default();
@@ -203,7 +203,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
                 },
             )
             // A Cluster moved to another class or went away: what is in use changed.
-            .watches_stream_with(
+            .watches_shared_stream_with(
                 class_or_life_changes(cluster_watch.subscribe()),
                 move |cluster| {
                     let Some((id, class_namespace)) = cluster.stack_release() else {
@@ -299,7 +299,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
             .controller(())
             // A Cluster moved on or went away: a release waiting to be deleted may go now. Only such a release
             // cares (re-applying a ClusterClass for every Cluster created of it would be work for nothing).
-            .watches_stream_with(
+            .watches_shared_stream_with(
                 class_or_life_changes(cluster_watch.subscribe()),
                 move |cluster| {
                     let (id, class_namespace) = cluster.stack_release()?;
@@ -337,7 +337,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let addon_create = cluster_watch
         .controller(ctx.cluster_resource.clone())
         // A ClusterAddon was deleted: make it again.
-        .watches_stream(addon_watch.touched(), move |addon| {
+        .watches_shared_stream(addon_watch.touched(), move |addon| {
             let namespace = addon.namespace().unwrap_or_default();
             addon
                 .owner_references()
@@ -348,7 +348,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         })
         // A release appeared: Clusters of its class get their ClusterAddon (its status changes are no news
         // to them: each would look at every Cluster of the class).
-        .watches_stream(
+        .watches_shared_stream(
             changes_of(release_watch.subscribe(), |release: &ClusterStackRelease| {
                 release.uid()
             }),
@@ -387,7 +387,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
     let addons = addon_watch
         .controller(())
         // A change of the Cluster's spec or metadata (its class, its endpoint used by values templates).
-        .watches_stream_with(
+        .watches_shared_stream_with(
             spec_or_metadata_changes(cluster_watch.subscribe()),
             |cluster| {
                 Some(
@@ -399,7 +399,7 @@ pub async fn run(operator: Operator, shutdown: impl Future<Output = ()> + Send +
         )
         // A kubeconfig Secret appeared or changed: its Cluster's addons go ahead without waiting for the
         // next poll.
-        .watches_stream(secret_watch.touched(), |secret| {
+        .watches_shared_stream(secret_watch.touched(), |secret| {
             let name = secret.name_any();
             let cluster = cluster_of_kubeconfig_secret(&name)?;
             Some(ObjectRef::new(&cluster_addon_name(cluster)).within(&secret.namespace().unwrap_or_default()))

@@ -13,7 +13,7 @@
 //! Each kind is watched once ([`SharedWatch`]): one store that reconcilers read instead of asking the API
 //! server, and every controller that reacts to the kind subscribes to the same events.
 
-use std::{collections::HashMap, fmt::Debug, time::Duration};
+use std::{collections::HashMap, fmt::Debug, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use kube::{
@@ -88,7 +88,8 @@ where
     /// Set once the store has its first list ([`Listed`]).
     listed: tokio::sync::watch::Sender<bool>,
     events: futures::stream::BoxStream<'static, watcher::Event<K>>,
-    subscribers: Vec<tokio::sync::mpsc::UnboundedSender<watcher::Event<K>>>,
+    /// Each event goes to every subscriber as one shared copy ([`shared`]).
+    subscribers: Vec<tokio::sync::mpsc::UnboundedSender<watcher::Event<Arc<K>>>>,
 }
 
 /// Whether a [`SharedWatch`]'s store has had its first list, asked without waiting: a reconcile reads a store
@@ -160,7 +161,7 @@ where
     }
 
     /// Every event of the watch from now on, each after the store has it.
-    pub(crate) fn subscribe(&mut self) -> impl Stream<Item = watcher::Event<K>> + Send + 'static {
+    pub(crate) fn subscribe(&mut self) -> impl Stream<Item = watcher::Event<Arc<K>>> + Send + 'static {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         self.subscribers.push(sender);
         futures::stream::unfold(receiver, |mut receiver| async move {
@@ -168,13 +169,13 @@ where
         })
     }
 
-    /// The objects created, changed or deleted (for `Controller::watches_stream`).
-    pub(crate) fn touched(&mut self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    /// The objects created, changed or deleted (for `Controller::watches_shared_stream`).
+    pub(crate) fn touched(&mut self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         self.subscribe().filter_map(|event| {
             std::future::ready(match event {
                 watcher::Event::Apply(object)
                 | watcher::Event::InitApply(object)
-                | watcher::Event::Delete(object) => Some(Ok(object)),
+                | watcher::Event::Delete(object) => Some(object),
                 watcher::Event::Init | watcher::Event::InitDone => None,
             })
         })
@@ -190,7 +191,7 @@ where
     /// failure doubled the delay, so the object then waited the longest backoff once fixed.
     pub(crate) fn controller(&mut self, dyntype: K::DynamicType) -> Controller<K> {
         let changed = applied_changes_of(self.subscribe(), beyond_status);
-        Controller::for_stream_with(changed, self.store(), dyntype).trigger_backoff(backoff())
+        Controller::for_shared_stream_with(changed, self.store(), dyntype).trigger_backoff(backoff())
     }
 
     /// Drives the watch, handing each event to every subscriber, until no subscriber is left.
@@ -207,6 +208,7 @@ where
                 // The store has swapped the list in (the reflector applies each event before handing it on).
                 listed.send_replace(true);
             }
+            let event = shared(event);
             subscribers.retain(|subscriber| subscriber.send(event.clone()).is_ok());
             if subscribers.is_empty() {
                 break;
@@ -235,6 +237,18 @@ pub(crate) fn beyond_status<K: Resource>(object: &K) -> u64 {
     hasher.finish()
 }
 
+/// `event` with its object shared: every subscriber gets the same copy (each got a clone of its own, and an
+/// install of a thousand Clusters queued thousands of them while the subscribers caught up).
+pub(crate) fn shared<K>(event: watcher::Event<K>) -> watcher::Event<Arc<K>> {
+    match event {
+        watcher::Event::Apply(object) => watcher::Event::Apply(Arc::new(object)),
+        watcher::Event::Delete(object) => watcher::Event::Delete(Arc::new(object)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(Arc::new(object)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// A 64-bit digest of `state`, what a stream keeps of each object's state to tell a change: two different
 /// states alike in it are as likely as with [`beyond_status`].
 pub(crate) fn digest(state: &impl std::hash::Hash) -> u64 {
@@ -257,11 +271,11 @@ enum Change {
 /// a digest: a stream per subscriber remembers every object of the kind (a thousand Clusters' labels and
 /// annotations, several times over, before).
 fn tracked_changes<K, S>(
-    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    events: impl Stream<Item = watcher::Event<Arc<K>>> + Send + 'static,
     state: impl Fn(&K) -> S + Send + 'static,
-) -> impl Stream<Item = (K, Change)> + Send + 'static
+) -> impl Stream<Item = (Arc<K>, Change)> + Send + 'static
 where
-    K: Resource + Send + 'static,
+    K: Resource + Send + Sync + 'static,
     S: std::hash::Hash + Send + 'static,
 {
     let mut last_seen: HashMap<(String, String), u64> = HashMap::new();
@@ -287,28 +301,28 @@ where
 /// The objects of `events` whose `state` changed since the watch last showed them, and those deleted. The
 /// first sight of an object counts as a change.
 pub(crate) fn changes_of<K, S>(
-    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    events: impl Stream<Item = watcher::Event<Arc<K>>> + Send + 'static,
     state: impl Fn(&K) -> S + Send + 'static,
-) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
-    K: Resource + Send + 'static,
+    K: Resource + Send + Sync + 'static,
     S: std::hash::Hash + Send + 'static,
 {
-    tracked_changes(events, state).map(|(object, _)| Ok(object))
+    tracked_changes(events, state).map(|(object, _)| object)
 }
 
 /// [`changes_of`] without the deletions (a controller of `K` learns of a deletion of its objects from their
 /// deletionTimestamp, a change).
 fn applied_changes_of<K, S>(
-    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    events: impl Stream<Item = watcher::Event<Arc<K>>> + Send + 'static,
     state: impl Fn(&K) -> S + Send + 'static,
-) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
-    K: Resource + Send + 'static,
+    K: Resource + Send + Sync + 'static,
     S: std::hash::Hash + Send + 'static,
 {
     tracked_changes(events, state)
-        .filter_map(|(object, change)| std::future::ready((change == Change::Changed).then_some(Ok(object))))
+        .filter_map(|(object, change)| std::future::ready((change == Change::Changed).then_some(object)))
 }
 
 /// At most one item of `ticks` per `every`, never starved: the first item passes at once; one that comes
@@ -537,14 +551,13 @@ mod tests {
             Event::Delete(release(|_| {})),
             Event::Apply(made_again),
         ];
-        let woken: Vec<(Option<String>, Option<String>)> =
-            applied_changes_of(futures::stream::iter(events), beyond_status)
-                .map(|object| {
-                    let object = object.unwrap();
-                    (object.uid(), object.labels().get("a").cloned())
-                })
-                .collect()
-                .await;
+        let woken: Vec<(Option<String>, Option<String>)> = applied_changes_of(
+            futures::stream::iter(events.into_iter().map(shared)),
+            beyond_status,
+        )
+        .map(|object| (object.uid(), object.labels().get("a").cloned()))
+        .collect()
+        .await;
         assert_eq!(
             woken,
             [
