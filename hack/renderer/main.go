@@ -5,9 +5,9 @@
 // handled concurrently (a goroutine each) and every response carries its request's id. Two kinds:
 //
 //   - "render": what `helm template NAME CHART --namespace NS [--include-crds] [--kube-version V]
-//     [--api-versions A]... [--values -] [--dry-run=server --kubeconfig K]` prints, byte for byte: the same
-//     action (helm.sh/helm/v3/pkg/action Install, as `helm template` configures it: client only, dry run,
-//     replace), then the manifest and the hooks joined as cmd/helm/template.go joins them. With a kubeconfig,
+//     [--api-versions A]... [--values -] [--dry-run=server --kubeconfig K]` prints, byte for byte: what that
+//     command's client-only, dry-run Install does on this path, done here with Helm's engine and chart
+//     packages (see [server.template]), then the manifest and the hooks joined as `helm template` joins them. With a kubeconfig,
 //     `lookup` reads that cluster, as `--dry-run=server` does; `.Capabilities` stay the defaults plus
 //     kube_version and api_versions there too, as in `helm template` (it stays client only).
 //   - "values": cso's values templating (crates/render/src/values.rs): `tpl` of a values file over the
@@ -23,11 +23,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -38,15 +39,14 @@ import (
 	"time"
 
 	"github.com/mitchellh/copystructure"
-	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/kube"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
-	"k8s.io/client-go/discovery"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/release"
+	"helm.sh/helm/v3/pkg/releaseutil"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
 
@@ -243,7 +243,7 @@ func (s *server) render(req request) (string, error) {
 		return "", fmt.Errorf("%s charts are not installable", ch.Metadata.Type)
 	}
 	if deps := ch.Metadata.Dependencies; deps != nil {
-		if err := action.CheckDependencies(ch, deps); err != nil {
+		if err := checkDependencies(ch, deps); err != nil {
 			return "", fmt.Errorf("An error occurred while checking for chart dependencies. You may need to run `helm dependency build` to fetch missing dependencies: %w", err)
 		}
 	}
@@ -269,6 +269,24 @@ func (s *server) values(req request) (string, error) {
 	return s.template(copyChart(s.helper), vals, request{ReleaseName: "values", Namespace: "default"})
 }
 
+// checkDependencies fails, as `helm template` does, when a dependency named in Chart.yaml is not in charts/.
+func checkDependencies(ch *chart.Chart, wanted []*chart.Dependency) error {
+	present := map[string]bool{}
+	for _, d := range ch.Dependencies() {
+		present[d.Name()] = true
+	}
+	var missing []string
+	for _, w := range wanted {
+		if !present[w.Name] {
+			missing = append(missing, w.Name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("found in Chart.yaml, but missing in charts/ directory: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
 // parseValues reads values as `--values -` does (pkg/cli/values: sigs.k8s.io/yaml into a map).
 func parseValues(text []byte) (map[string]interface{}, error) {
 	vals := map[string]interface{}{}
@@ -281,48 +299,90 @@ func parseValues(text []byte) (map[string]interface{}, error) {
 	return vals, nil
 }
 
-// template runs the Install action as `helm template` sets it up and joins its output as helm prints it.
+// template renders as `helm template` does (a client-only, dry-run Install of helm.sh/helm/v3/pkg/action,
+// printed as cmd/helm/template.go prints it), on Helm's engine and chart packages alone: the Install action
+// links in release storage, registries and kubectl's resource builders, code (and start-up work) a client-only
+// render never runs, which kept the renderer's resident size 5-6 MiB higher. What that Install does on this
+// path, in its order: the release name is checked; dependencies are enabled, imported and merged into the
+// values; the values are coalesced with the chart's and checked against its schema, over helm's default
+// capabilities (with the request's Kubernetes version and extra API versions); the chart's kubeVersion must
+// admit that version; the templates are rendered (`lookup` reading the request's cluster, if it names one);
+// NOTES.txt files are dropped; the rest are sorted into hooks and manifests in install order; CRDs (when
+// asked), then manifests, then hooks are printed, each under "---\n# Source: PATH". Errors from the render on
+// carry helm's "Use --debug flag" hint, as `helm template` prints them; earlier ones do not.
 func (s *server) template(ch *chart.Chart, vals map[string]interface{}, req request) (string, error) {
-	cfg := &action.Configuration{Log: func(string, ...interface{}) {}}
-	install := action.NewInstall(cfg)
-	install.DryRun = true
-	install.DryRunOption = "true"
-	install.Replace = true
-	install.ClientOnly = true
-	install.ReleaseName = req.ReleaseName
-	install.Namespace = req.Namespace
-	install.IncludeCRDs = req.IncludeCRDs
-	install.APIVersions = chartutil.VersionSet(req.APIVersions)
+	if err := chartutil.ValidateReleaseName(req.ReleaseName); err != nil {
+		return "", fmt.Errorf("release name %q: %w", req.ReleaseName, err)
+	}
+	if err := chartutil.ProcessDependenciesWithMerge(ch, vals); err != nil {
+		return "", err
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
 	if req.KubeVersion != "" {
 		parsed, err := chartutil.ParseKubeVersion(req.KubeVersion)
 		if err != nil {
 			return "", fmt.Errorf("invalid kube version '%s': %s", req.KubeVersion, err)
 		}
-		install.KubeVersion = parsed
+		caps.KubeVersion = *parsed
 	}
-	if req.Kubeconfig != "" {
-		config, err := s.restConfig(req.Kubeconfig, time.Duration(req.TimeoutMS)*time.Millisecond)
-		if err != nil {
-			return "", err
-		}
-		install.DryRunOption = "server"
-		install.TakeOwnership = true
-		cfg.RESTClientGetter = configGetter{config}
-	}
-	rel, err := install.Run(ch, vals)
+	caps.APIVersions = append(caps.APIVersions, req.APIVersions...)
+	options := chartutil.ReleaseOptions{Name: req.ReleaseName, Namespace: req.Namespace, Revision: 1, IsInstall: true}
+	values, err := chartutil.ToRenderValuesWithSchemaValidation(ch, vals, options, caps, false)
 	if err != nil {
-		if rel != nil {
-			return "", fmt.Errorf("%w\n\nUse --debug flag to render out invalid YAML", err)
-		}
 		return "", err
 	}
+	manifests, hooks, err := s.renderFiles(ch, values, caps, req)
+	if err != nil {
+		return "", fmt.Errorf("%w\n\nUse --debug flag to render out invalid YAML", err)
+	}
 	var b strings.Builder
-	b.WriteString(strings.TrimSpace(rel.Manifest))
-	b.WriteString("\n")
-	for _, hook := range rel.Hooks {
+	if req.IncludeCRDs {
+		for _, crd := range ch.CRDObjects() {
+			fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", crd.Filename, crd.File.Data)
+		}
+	}
+	for _, m := range manifests {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", m.Name, m.Content)
+	}
+	out := strings.TrimSpace(b.String()) + "\n"
+	b.Reset()
+	b.WriteString(out)
+	for _, hook := range hooks {
 		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", hook.Path, hook.Manifest)
 	}
 	return b.String(), nil
+}
+
+// notesFile is the name of a chart's notes template: rendered like the others, printed by no `helm template`.
+const notesFile = "NOTES.txt"
+
+// renderFiles renders the chart's templates and sorts what they give into manifests and hooks, in install order.
+func (s *server) renderFiles(ch *chart.Chart, values chartutil.Values, caps *chartutil.Capabilities, req request) ([]releaseutil.Manifest, []*release.Hook, error) {
+	if ch.Metadata.KubeVersion != "" && !chartutil.IsCompatibleRange(ch.Metadata.KubeVersion, caps.KubeVersion.String()) {
+		return nil, nil, fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s", ch.Metadata.KubeVersion, caps.KubeVersion.String())
+	}
+	var render engine.Engine
+	if req.Kubeconfig != "" {
+		config, err := s.restConfig(req.Kubeconfig, time.Duration(req.TimeoutMS)*time.Millisecond)
+		if err != nil {
+			return nil, nil, err
+		}
+		render = engine.New(config)
+	}
+	files, err := render.Render(ch, values)
+	if err != nil {
+		return nil, nil, err
+	}
+	for name := range files {
+		if strings.HasSuffix(name, notesFile) {
+			delete(files, name)
+		}
+	}
+	hooks, manifests, err := releaseutil.SortManifests(files, nil, releaseutil.InstallOrder)
+	if err != nil {
+		return nil, nil, err
+	}
+	return manifests, hooks, nil
 }
 
 // chart is the chart at path, loaded once per stamp; the caller gets a copy it may change.
@@ -368,7 +428,7 @@ func stampOf(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// copyChart copies what the Install action changes in a chart (chartutil.ProcessDependencies: the
+// copyChart copies what a render changes in a chart (chartutil.ProcessDependencies: the
 // dependencies list and their metadata, the values); templates and files are shared, read only.
 func copyChart(c *chart.Chart) *chart.Chart {
 	out := *c
@@ -425,22 +485,16 @@ func (s *server) restConfig(path string, timeout time.Duration) (*rest.Config, e
 		return cached.config, nil
 	}
 	s.mu.Unlock()
-	kubeconfig := path
-	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &kubeconfig
-	flags.WrapConfigFn = func(config *rest.Config) *rest.Config {
-		config.Burst = 100
-		config.Timeout = timeout
-		config.UserAgent = "Helm/" + strings.TrimPrefix(chartutil.DefaultCapabilities.HelmVersion.Version, "v")
-		config.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return &kube.RetryingRoundTripper{Wrapped: rt}
-		})
-		return config
-	}
-	config, err := flags.ToRESTConfig()
+	loaded := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{})
+	config, err := loaded.ClientConfig()
 	if err != nil {
 		return nil, err
 	}
+	config.Burst = 100
+	config.Timeout = timeout
+	config.UserAgent = "Helm/" + strings.TrimPrefix(chartutil.DefaultCapabilities.HelmVersion.Version, "v")
+	config.Wrap(func(rt http.RoundTripper) http.RoundTripper { return retryOnEtcdLeaderChange{rt} })
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, replaced := s.configs[key]; !replaced && len(s.configs) >= maxCachedConfigs {
@@ -457,15 +511,37 @@ func (s *server) restConfig(path string, timeout time.Duration) (*rest.Config, e
 	return config, nil
 }
 
-// configGetter hands the engine its cluster configuration (`lookup`); a client-only install asks for nothing else.
-type configGetter struct{ config *rest.Config }
+// retryOnEtcdLeaderChange repeats a request once, as helm's clients do, when the API server answers it with a
+// server error whose Status message ends in "etcdserver: leader changed" or "raft proposal dropped": etcd lost
+// its leader for a moment, and the same request will most likely succeed.
+type retryOnEtcdLeaderChange struct{ next http.RoundTripper }
 
-func (g configGetter) ToRESTConfig() (*rest.Config, error) { return g.config, nil }
-
-func (g configGetter) ToDiscoveryClient() (discovery.CachedDiscoveryInterface, error) {
-	return nil, errors.New("cso-renderer: no discovery in a client-only render")
+func (r retryOnEtcdLeaderChange) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.next.RoundTrip(req)
+	if err != nil || !transientEtcdFailure(resp) {
+		return resp, err
+	}
+	return r.next.RoundTrip(req)
 }
 
-func (g configGetter) ToRESTMapper() (meta.RESTMapper, error) {
-	return nil, errors.New("cso-renderer: no REST mapper in a client-only render")
+// transientEtcdFailure reads a 5xx JSON answer's Status (and puts its body back for the caller).
+func transientEtcdFailure(resp *http.Response) bool {
+	if resp.StatusCode < 500 || resp.Header.Get("content-type") != "application/json" {
+		return false
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	var status struct {
+		Message string `json:"message"`
+		Code    int    `json:"code"`
+	}
+	if json.Unmarshal(body, &status) != nil || status.Code < 500 {
+		return false
+	}
+	return strings.HasSuffix(status.Message, "etcdserver: leader changed") ||
+		strings.HasSuffix(status.Message, "raft proposal dropped")
 }
