@@ -2,60 +2,32 @@
 //! namespace and name of each object an addon applies (`status.resources` of a ClusterAddon, the apply
 //! engine's records). A thousand Clusters on one stack name the same fifteen objects; as [`Atom`]s each name
 //! is kept once and every Cluster holds a pointer to it (16 bytes, where a `String` is 24 bytes and an
-//! allocation of its own).
-//!
-//! The table of live names lets go of a name once no [`Atom`] holds it: it is swept when it has doubled
-//! since its last sweep, so its size follows the names in use and a sweep's cost is spread over the names
-//! added since.
+//! allocation of its own). The names live in an [`Interner`], which lets go of a name once no [`Atom`] holds it.
 
 use std::{
     borrow::{Borrow, Cow},
-    collections::HashSet,
     fmt,
     hash::{Hash, Hasher},
     ops::Deref,
-    sync::{Arc, LazyLock, Mutex},
+    sync::{Arc, LazyLock},
 };
 
 use serde::{Deserialize, Serialize};
+
+use crate::interner::Interner;
 
 /// An immutable string kept once per process while any holder has it. Compares, hashes and orders as its
 /// text; dereferences to `str`.
 #[derive(Clone)]
 pub struct Atom(Arc<str>);
 
-/// The names in use, and the table's size after its last sweep.
-struct Table {
-    names: HashSet<Arc<str>>,
-    swept_at: usize,
-}
-
-/// Names below this many entries are never swept: a sweep would find little.
-const SWEEP_FLOOR: usize = 256;
-
-static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
-    Mutex::new(Table {
-        names: HashSet::new(),
-        swept_at: 0,
-    })
-});
+/// The names in use.
+static NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 
 impl Atom {
     /// The one `Atom` of `text`.
     pub fn new(text: &str) -> Self {
-        // A poisoned table is still a valid set of names: a panic cannot leave it half-changed.
-        let mut table = TABLE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(kept) = table.names.get(text) {
-            return Atom(Arc::clone(kept));
-        }
-        if table.names.len() >= SWEEP_FLOOR.max(2 * table.swept_at) {
-            // Only the table holds a name whose count is 1, and it is locked: no one can clone it meanwhile.
-            table.names.retain(|name| Arc::strong_count(name) > 1);
-            table.swept_at = table.names.len();
-        }
-        let name: Arc<str> = Arc::from(text);
-        table.names.insert(Arc::clone(&name));
-        Atom(name)
+        Atom(NAMES.get(text, |text| Arc::from(text)))
     }
 
     /// The text.
@@ -223,13 +195,11 @@ mod tests {
         let kept = Atom::new("kept-across-the-sweep");
         drop(Atom::new("let-go-at-the-sweep"));
         // Enough new names to make the table sweep at least once.
-        let fillers: Vec<Atom> = (0..2 * SWEEP_FLOOR + 1)
+        let fillers: Vec<Atom> = (0..2 * crate::interner::SWEEP_FLOOR + 1)
             .map(|i| Atom::new(&format!("filler-{i}")))
             .collect();
-        let table = TABLE.lock().unwrap();
-        assert!(table.names.contains("kept-across-the-sweep"));
-        assert!(!table.names.contains("let-go-at-the-sweep"));
-        drop(table);
+        assert!(NAMES.keeps("kept-across-the-sweep"));
+        assert!(!NAMES.keeps("let-go-at-the-sweep"));
         drop((kept, fillers));
     }
 

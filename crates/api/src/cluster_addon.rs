@@ -9,8 +9,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    common::{ObjectReference, Resource},
+    common::ObjectReference,
     conditions::{Condition, HasConditions},
+    inventory::Inventory,
 };
 
 /// Finalizer of a ClusterAddon.
@@ -106,8 +107,8 @@ pub struct ClusterAddonSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ClusterAddonStatus {
     /// Inventory of the objects applied into the workload cluster.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub resources: Vec<Resource>,
+    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    pub resources: Inventory,
     /// Progress of the stages of the running hook.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<StageStatus>,

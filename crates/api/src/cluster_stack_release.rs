@@ -9,8 +9,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    common::{ObjectReference, Resource},
+    common::ObjectReference,
     conditions::{Condition, HasConditions},
+    inventory::Inventory,
 };
 
 /// Finalizer that keeps a release until its objects are removed.
@@ -95,8 +96,8 @@ pub struct ClusterStackReleaseSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStackReleaseStatus {
     /// Inventory of the objects applied from the cluster-class chart.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub resources: Vec<Resource>,
+    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    pub resources: Inventory,
     /// The full Kubernetes version of the release (`metadata.yaml`), e.g. `v1.27.3`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kubernetes_version: String,

@@ -28,7 +28,7 @@ pub struct ObjectReference {
 }
 
 /// Whether the last apply or delete of an inventory entry succeeded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ResourceStatus {
     #[serde(rename = "synced")]
     Synced,
@@ -37,7 +37,7 @@ pub enum ResourceStatus {
 }
 
 /// One object the operator applied (an entry of `status.resources`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Resource {
     #[serde(default, skip_serializing_if = "Atom::is_empty")]

@@ -14,6 +14,8 @@ pub mod crd;
 pub mod deflated;
 pub mod duration;
 pub mod fleet;
+mod interner;
+pub mod inventory;
 pub mod manifest;
 pub mod names;
 pub mod release_id;

@@ -280,7 +280,8 @@ mod tests {
             name: "metrics-server".into(),
             namespace: "kube-system".into(),
             ..Default::default()
-        }];
+        }]
+        .into();
         let source = addon("a", &[blocking()], Some(status.clone()));
         let MoveStep::Release(record) = next_move_step(&source, true) else {
             panic!("not released")

@@ -9,6 +9,7 @@ use cso_api::{
     ClusterAddon, ClusterAddonStatus, ReleaseId,
     cluster_addon::STAGE_ANNOTATION,
     conditions::{ConditionsExt, Severity},
+    inventory::Inventory,
     names::{condition, event, reason},
 };
 use cso_apply::ApplyReport;
@@ -462,7 +463,7 @@ pub(crate) fn conclude(progress: &Progress, addon: &mut ClusterAddon, intervals:
     let Some(report) = &progress.applied else {
         return Conclusion::new(Outcome::Retry("the addons were not applied".into()));
     };
-    status_of(addon).resources = report.resources.clone();
+    status_of(addon).resources = Inventory::of(&report.resources);
     if !report.is_complete() {
         let message = report.failure_summary();
         let (reason, event) = match report.held {

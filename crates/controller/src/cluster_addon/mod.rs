@@ -777,7 +777,7 @@ mod tests {
     #[rstest]
     #[case::new_and_without_status(None, false, true)]
     #[case::a_status_with_nothing_applied(Some(ClusterAddonStatus::default()), false, true)]
-    #[case::an_inventory(Some(ClusterAddonStatus { resources: vec![Resource::default()], ..Default::default() }), false, false)]
+    #[case::an_inventory(Some(ClusterAddonStatus { resources: vec![Resource::default()].into(), ..Default::default() }), false, false)]
     #[case::a_stage(Some(ClusterAddonStatus { stages: vec![StageStatus::default()], ..Default::default() }), false, false)]
     #[case::ready(Some(ClusterAddonStatus { ready: true, ..Default::default() }), false, false)]
     #[case::a_stage_inventory(None, true, false)]

@@ -8,6 +8,7 @@ use cso_api::{
     ClusterStackRelease, ClusterStackReleaseStatus, ReleaseId,
     cluster_stack_release::ReleaseProvenance,
     conditions::{ConditionsExt, Severity},
+    inventory::Inventory,
     names::{condition, event, reason},
 };
 use cso_apply::ApplyReport;
@@ -383,7 +384,7 @@ fn record(
     (condition, event_reason): (FalseCondition<'_>, &'static str),
     events: &mut Events,
 ) -> Option<String> {
-    status_of(release).resources = report.resources.clone();
+    status_of(release).resources = Inventory::of(&report.resources);
     if report.is_complete() {
         return None;
     }

@@ -212,7 +212,7 @@ impl Driver<'_> {
         self.release
             .status
             .as_ref()
-            .map(|s| s.resources.clone())
+            .map(|s| s.resources.to_vec())
             .unwrap_or_default()
     }
 

@@ -389,7 +389,8 @@ impl Diff<'_> {
         Ok(release
             .and_then(|r| r.status)
             .map(|s| s.resources)
-            .unwrap_or_default())
+            .unwrap_or_default()
+            .to_vec())
     }
 
     /// What the Cluster's ClusterAddon applied to the workload cluster.
@@ -401,7 +402,8 @@ impl Diff<'_> {
         Ok(addon
             .and_then(|a| a.status)
             .map(|s| s.resources)
-            .unwrap_or_default())
+            .unwrap_or_default()
+            .to_vec())
     }
 }
 
