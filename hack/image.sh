@@ -27,7 +27,8 @@ cp /etc/ssl/certs/ca-certificates.crt "$OUT/rootfs/etc/ssl/certs/ca-certificates
 # short name. CSO_IMAGE_NAME names it otherwise.
 python3 hack/oci-archive.py "$OUT/rootfs" "$OUT/cso-image.tar" --name "${CSO_IMAGE_NAME:-docker.io/library/cso:latest}" \
   --user 65532:65532 --entrypoint '["/usr/local/bin/cso"]' --cmd '["run"]' \
-  --env PATH=/usr/local/bin --env HOME=/tmp --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+  --env PATH=/usr/local/bin --env HOME=/tmp --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+  --env MIMALLOC_PURGE_DELAY=0
 for name in cso helm cso-renderer; do
   echo "  usr/local/bin/$name: $(du -m "$OUT/rootfs/usr/local/bin/$name" | cut -f1) MiB"
 done
