@@ -573,7 +573,10 @@ impl Operator {
             .env("CSO_RENDERER", &renderer)
             .env("CSO_HELM", tools.helm.clone().unwrap_or_else(|| "helm".into()))
             // Its scratch files go with the benchmark's directory.
-            .env("TMPDIR", dir);
+            .env("TMPDIR", dir)
+            // As the image's environment has it (Dockerfile): the image's binary (musl, mimalloc) gives freed
+            // memory back at once. Other builds do not read it.
+            .env("MIMALLOC_PURGE_DELAY", "0");
         let log = dir.join("cso.log");
         let mut process = Supervised::spawn("cso", command, &log, None).unwrap();
         let pid = process.pid();
