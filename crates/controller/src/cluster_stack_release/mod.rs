@@ -208,11 +208,12 @@ impl Driver<'_> {
         Ok(())
     }
 
-    fn recorded(&self) -> Vec<cso_api::common::Resource> {
+    /// The release's inventory as last recorded (shared, not copied).
+    fn recorded(&self) -> cso_api::inventory::Inventory {
         self.release
             .status
             .as_ref()
-            .map(|s| s.resources.to_vec())
+            .map(|s| s.resources.clone())
             .unwrap_or_default()
     }
 
