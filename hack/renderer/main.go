@@ -335,22 +335,23 @@ func (s *server) template(ch *chart.Chart, vals map[string]interface{}, req requ
 	if err != nil {
 		return "", fmt.Errorf("%w\n\nUse --debug flag to render out invalid YAML", err)
 	}
-	var b strings.Builder
+	// The release's manifest (CRDs, then manifests), printed trimmed, then each hook.
+	var manifest strings.Builder
 	if req.IncludeCRDs {
 		for _, crd := range ch.CRDObjects() {
-			fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", crd.Filename, crd.File.Data)
+			fmt.Fprintf(&manifest, "---\n# Source: %s\n%s\n", crd.Filename, crd.File.Data)
 		}
 	}
 	for _, m := range manifests {
-		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", m.Name, m.Content)
+		fmt.Fprintf(&manifest, "---\n# Source: %s\n%s\n", m.Name, m.Content)
 	}
-	out := strings.TrimSpace(b.String()) + "\n"
-	b.Reset()
-	b.WriteString(out)
+	var out strings.Builder
+	out.WriteString(strings.TrimSpace(manifest.String()))
+	out.WriteString("\n")
 	for _, hook := range hooks {
-		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", hook.Path, hook.Manifest)
+		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", hook.Path, hook.Manifest)
 	}
-	return b.String(), nil
+	return out.String(), nil
 }
 
 // notesFile is the name of a chart's notes template: rendered like the others, printed by no `helm template`.
