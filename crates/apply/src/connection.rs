@@ -10,9 +10,9 @@
 //! bounds the wait for each response (its headers; a watch's come at once) instead of every read of the
 //! connection. A read timeout on a connection that carries watches would end it whenever they are quiet;
 //! this way one client serves requests and watches alike. A config with a proxy is left to kube's builder.
-//! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes). Each
-//! client keeps only a few TLS sessions for resumption (see [`TLS_SESSIONS_KEPT`]). Whether a connection no
-//! request is using stays open is the caller's choice ([`IdleConnection`]).
+//! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes). Whether a
+//! connection no request is using stays open is the caller's choice ([`IdleConnection`]), and with it whether
+//! TLS sessions are kept for resuming (a few, see [`TLS_SESSIONS_KEPT`], for a kept connection only).
 
 use std::time::Duration;
 
@@ -54,11 +54,11 @@ pub(crate) enum Stack {
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// TLS sessions a client keeps for resuming. rustls keeps up to 256 by default and allocates room for all of
-/// them with each client's TLS config (about 75 KiB); the operator has a client per workload cluster, talking
-/// to one server over one long-lived connection. A store shared by all clients would be smaller
-/// still, but a resumed TLS 1.3 session carries the client certificate of the session it resumes: clients of
-/// different identities must not share one.
+/// TLS sessions a client whose connection is kept keeps for resuming it after a fault. rustls keeps up to 256 by
+/// default and allocates room for all of them with each client's TLS config (about 75 KiB); the operator has a
+/// client per workload cluster, talking to one server over one long-lived connection. A store shared by all
+/// clients would be smaller still, but a resumed TLS 1.3 session carries the client certificate of the session
+/// it resumes: clients of different identities must not share one.
 const TLS_SESSIONS_KEPT: usize = 4;
 
 /// TCP keep-alive: probes after this much quiet, every [`TCP_KEEPALIVE_INTERVAL`], the connection given up
@@ -89,6 +89,18 @@ impl IdleConnection {
             IdleConnection::ReleasedAfter(quiet) => Some(quiet),
         }
     }
+
+    /// Which TLS sessions the client keeps for resuming: a few for a kept connection (reopened only after a
+    /// fault); none for one released when idle. That one is reopened at each pass, minutes apart, by a client
+    /// per Cluster that holds nothing else between passes: its store of sessions (room for them and the
+    /// tickets, about 1.2 KiB per Cluster) would be most of what an idle Cluster's client keeps, to save a
+    /// handshake every few minutes.
+    fn tls_resumption(self) -> rustls::client::Resumption {
+        match self {
+            IdleConnection::Kept => rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS_KEPT),
+            IdleConnection::ReleasedAfter(_) => rustls::client::Resumption::disabled(),
+        }
+    }
 }
 
 /// The service for `config`, whose connections speak HTTP/2 where the server offers it, and are kept or
@@ -105,7 +117,7 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
     http.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
     http.set_keepalive_retries(Some(TCP_KEEPALIVE_RETRIES));
     let mut tls = config.rustls_client_config()?;
-    tls.resumption = rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS_KEPT);
+    tls.resumption = idle.tls_resumption();
     let mut https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();

@@ -35,7 +35,7 @@ pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
 /// connection (TLS and HTTP/2 state and hyper's request channel, about 80 KiB) was most of what the operator
 /// kept per Cluster: with 2 s, only the Clusters of the last few seconds' passes hold one, which cut the peak
 /// at 1000 Clusters by a third (docs/benchmarks.md, issue 42); 15 s cut nothing, an install of 300 Clusters
-/// being over in 20 s. Reopening costs a TLS handshake, resumed where the server allows; a pass's requests
+/// being over in 20 s. Reopening costs a full TLS handshake (no sessions are kept for it); a pass's requests
 /// seconds apart (a slow render) may reopen it within the pass.
 const IDLE_CONNECTION_RELEASED_AFTER: Duration = Duration::from_secs(2);
 /// Without drift watches, how long a workload cluster's client (its request channel and the task serving it,
