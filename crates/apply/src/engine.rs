@@ -259,18 +259,48 @@ impl Records {
     }
 }
 
+/// A resourceVersion as [`Observed`] keeps it: the number, when it is one.
+fn numeric_version(version: Option<&str>) -> Option<u64> {
+    version?.parse().ok()
+}
+
+/// A 128-bit digest (SHA-256, cut): records keep digests, and only ever compare them.
+type Digest128 = [u8; 16];
+
+fn digest128(bytes: impl AsRef<[u8]>) -> Digest128 {
+    let full: [u8; 32] = Sha256::digest(bytes).into();
+    let mut cut = [0; 16];
+    cut.copy_from_slice(&full[..16]);
+    cut
+}
+
+/// An object's `metadata.uid`, kept as a digest of it: the engine and the drift watches only compare uids (the
+/// same object, or one deleted and made again), and keep one per object they applied: 16 bytes, where the
+/// text took 24 and an allocation of 36 more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Uid(Digest128);
+
+impl From<&str> for Uid {
+    fn from(uid: &str) -> Self {
+        Uid(digest128(uid))
+    }
+}
+
+/// The record of one applied object: digests and numbers only (a thousand Clusters of fifteen objects keep
+/// fifteen thousand of them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Observed {
     /// Digest of what we applied.
-    content: [u8; 32],
-    uid: Option<String>,
+    content: Digest128,
+    uid: Option<Uid>,
     generation: Option<i64>,
     /// See [`LiveMeta::writes`].
     writes: u64,
     /// See [`LiveMeta::ours`].
     ours: u64,
-    /// The object's resourceVersion as our apply (or read) left it.
-    resource_version: Option<String>,
+    /// The object's resourceVersion as our apply (or read) left it, when it is a number (an etcd revision, as
+    /// every kube-apiserver's): only as a number is it compared with others; an opaque one is as good as none.
+    resource_version: Option<u64>,
     /// Fields of the render left out of our applies of the object: another manager last wrote them through a
     /// subresource (`.spec.replicas` through `scale`: an autoscaler's), so they are its (see
     /// [`ApplyEngine::apply`]). The spec's generation then moves without drift; its other writers tell.
@@ -283,11 +313,11 @@ impl Observed {
     fn of(content: &Value, metadata: kube::api::ObjectMeta, left_out: Vec<String>) -> Self {
         let seen = LiveMeta::of(&metadata);
         Observed {
-            content: Sha256::digest(content.to_string()).into(),
+            content: digest128(content.to_string()),
             writes: seen.writes,
             ours: seen.ours,
-            resource_version: metadata.resource_version,
-            uid: metadata.uid,
+            resource_version: numeric_version(metadata.resource_version.as_deref()),
+            uid: seen.uid,
             generation: metadata.generation,
             left_out,
         }
@@ -298,7 +328,7 @@ impl Observed {
 /// its other fields when.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LiveMeta {
-    pub uid: Option<String>,
+    pub uid: Option<Uid>,
     pub generation: Option<i64>,
     /// A fingerprint of the object's `managedFields` entries, those of subresources (`status`, `scale`) aside:
     /// each write outside them by any manager changes the entry's time or fields.
@@ -334,7 +364,7 @@ impl LiveMeta {
         }
         LiveMeta {
             ours: ours.finish(),
-            uid: meta.uid.clone(),
+            uid: meta.uid.as_deref().map(Uid::from),
             generation: meta.generation,
             writes: hasher.finish(),
         }
@@ -388,26 +418,25 @@ pub struct AppliedSince {
 
 /// [`ApplyEngine::applied_since`] over the records `observed`.
 fn applied_since<'a>(observed: impl Iterator<Item = (&'a ObjectKey, &'a Observed)>) -> Option<AppliedSince> {
-    let mut earliest: Option<(u64, &str)> = None;
+    let mut earliest: Option<u64> = None;
     let mut objects = Vec::new();
     for (key, o) in observed {
-        let version = o.resource_version.as_deref()?;
-        let number: u64 = version.parse().ok()?;
-        if earliest.is_none_or(|(e, _)| number < e) {
-            earliest = Some((number, version));
+        let number = o.resource_version?;
+        if earliest.is_none_or(|e| number < e) {
+            earliest = Some(number);
         }
         objects.push((
             key.clone(),
             LiveMeta {
-                uid: o.uid.clone(),
+                uid: o.uid,
                 generation: o.generation,
                 writes: o.writes,
                 ours: o.ours,
             },
         ));
     }
-    earliest.map(|(_, version)| AppliedSince {
-        resource_version: version.to_owned(),
+    earliest.map(|version| AppliedSince {
+        resource_version: version.to_string(),
         objects,
     })
 }
@@ -1167,7 +1196,7 @@ impl ApplyEngine {
     /// The resourceVersion of this engine's record of `key`, as a number.
     fn recorded_version(&self, key: &ObjectKey) -> Option<u64> {
         let observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-        observed.get(key)?.resource_version.as_deref()?.parse().ok()
+        observed.get(key)?.resource_version
     }
 
     /// Whether this engine's record of `key` is of `resource_version` or later: an event of that version shows
@@ -1809,7 +1838,7 @@ mod tests {
     #[test]
     fn a_watched_object_is_as_applied_when_neither_its_identity_nor_its_spec_moved() {
         let applied = |generation: Option<i64>| Observed {
-            content: [0; 32],
+            content: [0; 16],
             uid: Some("a".into()),
             generation,
             writes: 10,
@@ -1896,12 +1925,12 @@ mod tests {
             name: name.into(),
         };
         let at = |version: Option<&str>| Observed {
-            content: [0; 32],
+            content: [0; 16],
             uid: Some("u".into()),
             generation: Some(1),
             writes: 7,
             ours: 3,
-            resource_version: version.map(str::to_owned),
+            resource_version: numeric_version(version),
             left_out: Vec::new(),
         };
         let (a, b, c) = (key("a"), key("b"), key("c"));
@@ -1939,7 +1968,7 @@ mod tests {
             name: name.into(),
         };
         let at = |writes: u64| Observed {
-            content: [0; 32],
+            content: [0; 16],
             uid: None,
             generation: None,
             writes,
@@ -1982,7 +2011,7 @@ mod tests {
     #[test]
     fn only_a_delete_or_an_edit_between_two_applies_is_drift() {
         let at = |uid: &str, generation: i64| Observed {
-            content: [0; 32],
+            content: [0; 16],
             uid: Some(uid.into()),
             generation: Some(generation),
             writes: 0,
