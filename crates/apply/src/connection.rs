@@ -93,8 +93,8 @@ impl IdleConnection {
     /// Which TLS sessions the client keeps for resuming: a few for a kept connection (reopened only after a
     /// fault); none for one released when idle. That one is reopened at each pass, minutes apart, by a client
     /// per Cluster that holds nothing else between passes: its store of sessions (room for them and the
-    /// tickets, about 2.9 KiB per Cluster at 1000) would be most of what an idle Cluster's client keeps, to save a
-    /// handshake every few minutes.
+    /// tickets, about 2.9 KiB per Cluster at 1000) would be most of what an idle Cluster's client keeps, to
+    /// save a handshake every few minutes.
     fn tls_resumption(self) -> rustls::client::Resumption {
         match self {
             IdleConnection::Kept => rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS_KEPT),
