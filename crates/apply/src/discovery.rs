@@ -303,6 +303,16 @@ impl ClusterDiscovery {
         }
     }
 
+    /// A client for requests that stay open (watches): over the connections of the clients made on demand
+    /// without a kube client of its own ([`crate::rate_limit::DirectClient`]), or through the kept client.
+    /// Each call makes one with a rate limit of its own: a caller makes one and clones it.
+    pub fn direct_client(&self) -> crate::rate_limit::DirectClient {
+        match &self.client {
+            ClientSlot::Kept(client) => client.clone().into(),
+            ClientSlot::OnDemand(on_demand) => on_demand.maker.direct(),
+        }
+    }
+
     /// The API resource of `gvk`, from the cache or, when unknown, from the cluster.
     pub async fn resolve(&self, gvk: &GroupVersionKind) -> Result<ResolvedKind, DiscoveryError> {
         if let Some(known) = self

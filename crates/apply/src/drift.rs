@@ -10,10 +10,11 @@
 //! comes while the engine is writing its object is judged once the write is recorded
 //! ([`ApplyEngine::written`]): the write's own event often comes before its answer, and is no drift.
 //!
-//! The watches use the workload cluster's own client, over its one HTTP/2 connection (`connection.rs`: its
-//! timeout bounds the start of each response, never a quiet watch; the API server ends each watch after its
-//! own timeout and the watcher resumes from the last resourceVersion). They stop when
-//! the [`DriftWatch`] is dropped, which happens when the workload cluster's client is rebuilt or forgotten.
+//! The watches share one [`DirectClient`] of the workload cluster: its one HTTP/2 connection, without a kube
+//! client held for them (`connection.rs`: its timeout bounds the start of each response, never a quiet watch;
+//! the API server ends each watch after its own timeout and the watcher resumes from the last
+//! resourceVersion). They stop when the [`DriftWatch`] is dropped, which happens when the workload cluster's
+//! client is rebuilt or forgotten.
 //!
 //! A watch that fails is tried again after a delay that grows to a minute; while the watches of a cluster
 //! fail, one probe ([`Reach`]) asks its API server for `/version`, after 1 s and then at most every
@@ -33,7 +34,7 @@ use std::{
 use cso_api::{atom::Atom, common::Resource};
 use http_body_util::BodyExt;
 use kube::{
-    Client, Resource as _,
+    Resource as _,
     api::{ApiResource, DynamicObject, ListParams, ObjectList, WatchEvent, WatchParams},
     core::{GroupVersionKind, PartialObjectMeta},
 };
@@ -43,6 +44,7 @@ use crate::{
     engine::LiveMeta,
     inventory::ObjectKey,
     managed_fields::{Writer, last_writer},
+    rate_limit::DirectClient,
 };
 
 /// How long one watch request lasts before the watcher resumes with another. kube's default (290 s) is
@@ -117,14 +119,14 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// question is answered wakes nobody: the server is there and the watches failed for their own reasons
 /// (forbidden, say), so their own back-off stands.
 struct Reach {
-    client: Client,
+    client: DirectClient,
     /// Counts the times the probe found the server answering again.
     returns: tokio::sync::watch::Sender<u64>,
     probing: AtomicBool,
 }
 
 impl Reach {
-    fn new(client: Client) -> Arc<Self> {
+    fn new(client: DirectClient) -> Arc<Self> {
         Arc::new(Reach {
             client,
             returns: tokio::sync::watch::channel(0).0,
@@ -222,8 +224,10 @@ struct KindWatch {
 pub struct DriftWatch {
     /// `(namespace, cluster)` of the Cluster, for the notifier.
     owner: (String, String),
-    /// The workload cluster's discovery; its client is the one the watches use.
+    /// The workload cluster's discovery.
     discovery: Arc<ClusterDiscovery>,
+    /// The client of every watch and of the probe (one rate limit for all of them).
+    client: DirectClient,
     engine: ApplyEngine,
     notify: DriftNotifier,
     /// By `(group, kind)`.
@@ -251,17 +255,19 @@ impl Drop for DriftWatch {
 }
 
 impl DriftWatch {
-    /// Watches for the Cluster `owner` (`(namespace, name)`) through the client of `discovery`, telling
-    /// drift of what `engine` applied to `notify`.
+    /// Watches for the Cluster `owner` (`(namespace, name)`) through a direct client of `discovery`
+    /// ([`ClusterDiscovery::direct_client`]), telling drift of what `engine` applied to `notify`.
     pub fn new(
         owner: (String, String),
         discovery: Arc<ClusterDiscovery>,
         engine: ApplyEngine,
         notify: DriftNotifier,
     ) -> Self {
+        let client = discovery.direct_client();
         DriftWatch {
             owner,
-            reach: Reach::new(discovery.client()),
+            reach: Reach::new(client.clone()),
+            client,
             discovery,
             engine,
             notify,
@@ -320,7 +326,7 @@ impl DriftWatch {
                 since.resource_version
             });
             let follower = KindFollower {
-                client: self.discovery.client(),
+                client: self.client.clone(),
                 resource: resolved.resource,
                 group: group.to_owned(),
                 kind: kind.to_owned(),
@@ -442,7 +448,7 @@ impl Teller {
 /// for no bookmarks (the API server sends one per watch and minute: 150 a second for an idle operator of a
 /// thousand Clusters), and holds a buffer only as large as the event being read.
 struct KindFollower {
-    client: Client,
+    client: DirectClient,
     resource: ApiResource,
     group: Atom,
     kind: Atom,

@@ -3,16 +3,20 @@
 //! the management client and to every workload-cluster client (the Go operator sets the flags too late for
 //! its own manager; here they take effect). The operator's clients are built here, with their limits and their
 //! request tally: one for good ([`limited_client`], [`observed_client`]), or again and again over one
-//! connection pool ([`ClientMaker`]), each client with a bucket of its own.
+//! connection pool ([`ClientMaker`]), each client with a bucket of its own; and, over the same pool, a
+//! [`DirectClient`] for requests that stay open while kube's clients come and go (the drift watches).
 
 use std::{
     pin::Pin,
+    sync::{Arc, Mutex},
     task::{Context, Poll, ready},
     time::Duration,
 };
 
+use http_body_util::BodyExt;
+use kube::client::{Body, DynBody};
 use tokio::time::{Instant, Sleep};
-use tower::{Layer, Service};
+use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::IdleConnection;
 
@@ -133,6 +137,156 @@ impl ClientMaker {
             Source::One(client) => client.clone(),
         }
     }
+
+    /// A [`DirectClient`] over the shared connections (with a bucket of its own, shared by its clones), or
+    /// over the one client.
+    pub fn direct(&self) -> DirectClient {
+        let route = match &self.source {
+            Source::Shared { service, .. } => DirectRoute::Shared {
+                service: service.clone(),
+                bucket: self
+                    .limits
+                    .enabled()
+                    .then(|| Arc::new(Mutex::new(TokenBucket::new(self.limits, Instant::now())))),
+                observer: self.observer.clone(),
+            },
+            Source::One(client) => DirectRoute::Kube(client.clone()),
+        };
+        DirectClient { route }
+    }
+}
+
+/// A client whose requests go straight to the connection pool of a [`ClientMaker`], through the same limit
+/// and tally as its kube clients, without kube's request channel in front: that channel (a tokio block of 32
+/// requests, 11 KiB, two or three once used) and the task serving it are what a kube client holds for as long as
+/// it lives. For requests that stay open for minutes (the drift watches of a workload cluster), while the kube
+/// clients of that cluster are made for a pass and dropped after it ([`crate::ClusterDiscovery::on_demand`]).
+/// Errors are kube's, as its client reports them.
+#[derive(Clone)]
+pub struct DirectClient {
+    route: DirectRoute,
+}
+
+#[derive(Clone)]
+enum DirectRoute {
+    Shared {
+        service: crate::connection::SharedService,
+        bucket: Option<Arc<Mutex<TokenBucket>>>,
+        observer: Option<crate::RequestObserver>,
+    },
+    /// A config with a proxy: its one kube client.
+    Kube(kube::Client),
+}
+
+impl std::fmt::Debug for DirectClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectClient")
+            .field("shared", &matches!(self.route, DirectRoute::Shared { .. }))
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<kube::Client> for DirectClient {
+    /// Requests through `client` (and its channel).
+    fn from(client: kube::Client) -> Self {
+        DirectClient {
+            route: DirectRoute::Kube(client),
+        }
+    }
+}
+
+impl DirectClient {
+    /// Sends `request` once a token is there, and returns the response as it starts (its body streams).
+    pub async fn send(
+        &self,
+        request: http::Request<Body>,
+    ) -> Result<http::Response<Box<DynBody>>, kube::Error> {
+        match &self.route {
+            DirectRoute::Kube(client) => client
+                .send(request)
+                .await
+                .map(|response| response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)),
+            DirectRoute::Shared {
+                service,
+                bucket,
+                observer,
+            } => {
+                if let Some(bucket) = bucket {
+                    wait_for_token(bucket).await;
+                }
+                if let Some(observer) = observer {
+                    observer(&crate::request_tally::classify(request.method(), request.uri()));
+                }
+                service.clone().oneshot(request).await.map_err(kube_error)
+            }
+        }
+    }
+
+    /// Sends `request` and reads its answer as JSON; an answer of 4xx or 5xx is `kube::Error::Api`, with the
+    /// server's `Status` or, when the body is not one, a status made of its text and code (as kube's client).
+    pub async fn request<T: serde::de::DeserializeOwned>(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<T, kube::Error> {
+        let response = self.send(request.map(Body::from)).await?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(kube::Error::Service)?
+            .to_bytes();
+        if status.is_client_error() || status.is_server_error() {
+            return Err(kube::Error::Api(api_status(status, &bytes).boxed()));
+        }
+        serde_json::from_slice(&bytes).map_err(kube::Error::SerdeError)
+    }
+
+    /// The API server's `/version`.
+    pub async fn apiserver_version(
+        &self,
+    ) -> Result<k8s_openapi::apimachinery::pkg::version::Info, kube::Error> {
+        let request = http::Request::get("/version")
+            .body(Vec::new())
+            .map_err(kube::Error::HttpError)?;
+        self.request(request).await
+    }
+}
+
+/// Waits until `bucket` hands out a token.
+async fn wait_for_token(bucket: &Mutex<TokenBucket>) {
+    loop {
+        let taken = bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        match taken {
+            Ok(()) => return,
+            Err(wait) => tokio::time::sleep(wait).await,
+        }
+    }
+}
+
+/// The error of a failed request as kube's client reports it: kube's own when a layer raised one, hyper's
+/// when the connection failed, any other as a service error.
+fn kube_error(error: BoxError) -> kube::Error {
+    error
+        .downcast::<kube::Error>()
+        .map(|e| *e)
+        .or_else(|error| {
+            error
+                .downcast::<hyper::Error>()
+                .map(|e| kube::Error::HyperError(*e))
+        })
+        .unwrap_or_else(kube::Error::Service)
+}
+
+/// The `Status` of an answer of code `code` whose body is `body`.
+fn api_status(code: http::StatusCode, body: &[u8]) -> kube::core::Status {
+    serde_json::from_slice(body).unwrap_or_else(|_| {
+        kube::core::Status::failure(String::from_utf8_lossy(body).trim(), "Failed to parse error data")
+            .with_code(code.as_u16())
+    })
 }
 
 /// `builder`'s client, its requests told to `observer` and limited by `limits`.
@@ -293,5 +447,31 @@ mod tests {
         }
         let expected: Vec<Duration> = (0..5).map(|i| Duration::from_millis(500 * i)).collect();
         assert_eq!(times, expected);
+    }
+
+    /// A direct client's bucket is waited on as the service's is.
+    #[tokio::test(start_paused = true)]
+    async fn a_direct_client_waits_for_tokens_of_its_bucket() {
+        let started = Instant::now();
+        let bucket = Mutex::new(TokenBucket::new(limits(2.0, 1), started));
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            wait_for_token(&bucket).await;
+            times.push(Instant::now() - started);
+        }
+        let expected: Vec<Duration> = (0..3).map(|i| Duration::from_millis(500 * i)).collect();
+        assert_eq!(times, expected);
+    }
+
+    #[test]
+    fn an_error_answer_is_the_servers_status_or_one_made_of_its_text() {
+        let status = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"configmaps \"x\" not found","reason":"NotFound","code":404}"#;
+        let parsed = api_status(http::StatusCode::NOT_FOUND, status.as_bytes());
+        assert_eq!((parsed.code, parsed.reason.as_str()), (404, "NotFound"));
+        assert_eq!(parsed.message, "configmaps \"x\" not found");
+
+        let made = api_status(http::StatusCode::BAD_GATEWAY, b"  upstream unreachable\n");
+        assert_eq!(made.code, 502);
+        assert_eq!(made.message, "upstream unreachable");
     }
 }

@@ -38,9 +38,9 @@ pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
 /// being over in 20 s. Reopening costs a full TLS handshake (no sessions are kept for it); a pass's requests
 /// seconds apart (a slow render) may reopen it within the pass.
 const IDLE_CONNECTION_RELEASED_AFTER: Duration = Duration::from_secs(2);
-/// Without drift watches, how long a workload cluster's client (its request channel and the task serving it,
-/// 25 KiB per Cluster at an install's peak) is kept after it was last asked for; what its discovery found is
-/// kept.
+/// How long a workload cluster's kube client (its request channel and the task serving it, 25 KiB per Cluster
+/// at an install's peak) is kept after it was last asked for; what its discovery found is kept. The drift
+/// watches hold none: theirs is a direct client ([`crate::rate_limit::DirectClient`]).
 const IDLE_CLIENT_DROPPED_AFTER: Duration = Duration::from_secs(2);
 
 /// The name of the Secret with the kubeconfig of Cluster `cluster`.
@@ -237,11 +237,9 @@ impl WorkloadClients {
         };
         let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle)
             .map_err(|e| invalid(e.to_string()))?;
-        let discovery = Arc::new(if watching {
-            ClusterDiscovery::new(maker.make())
-        } else {
-            ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER)
-        });
+        // Kube's clients are made for a pass and dropped after it, with drift watches too: theirs is a direct
+        // client over the same connection, kept.
+        let discovery = Arc::new(ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER));
         let kubeconfig_path = self
             .kubeconfigs
             .path()

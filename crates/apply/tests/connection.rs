@@ -185,3 +185,79 @@ async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
     request(&released.client, &namespace).await;
     assert_eq!(connections_to(released.port), 1);
 }
+
+/// A workload cluster's drift watches ride a direct client: its requests share the connection of the kube
+/// clients made on demand, a watch on it stays open and streams after every kube client is dropped, and its
+/// answers and errors read as kube's client reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube_client() {
+    use cso_apply::{ClusterDiscovery, rate_limit::ClientMaker};
+    use http_body_util::BodyExt;
+
+    let setup = cso_testenv::shared_management().client().await.unwrap();
+    let namespace = cso_testenv::namespace(&setup, "direct").await.unwrap();
+    let (_proxy, port, config) = behind_a_proxy().await;
+    let limits = ClientLimits { qps: 50.0, burst: 10 };
+    let maker = ClientMaker::new(config, limits, None, IdleConnection::Kept).unwrap();
+    let dropped_after = Duration::from_millis(500);
+    let discovery = ClusterDiscovery::on_demand(maker, dropped_after);
+    let direct = discovery.direct_client();
+
+    // Answers and errors as kube's client has them.
+    let version = direct.apiserver_version().await.unwrap();
+    assert!(!version.git_version.is_empty(), "{version:?}");
+    let missing = http::Request::get(format!("/api/v1/namespaces/{namespace}/configmaps/none"))
+        .body(Vec::new())
+        .unwrap();
+    match direct.request::<ConfigMap>(missing).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 404, "{status:?}"),
+        other => panic!("a missing object was expected to be a 404 Api error: {other:?}"),
+    }
+
+    // A watch through the direct client, and a kube client's request beside it: one connection.
+    let watch = http::Request::get(format!(
+        "/api/v1/namespaces/{namespace}/configmaps?watch=true&timeoutSeconds=60"
+    ))
+    .body(kube::client::Body::from(Vec::new()))
+    .unwrap();
+    let response = direct.send(watch).await.unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    let mut body = response.into_body();
+    request(&discovery.client(), &namespace).await;
+    assert_eq!(
+        connections_to(port),
+        1,
+        "the direct client's watch and a kube client's request"
+    );
+
+    // Every kube client dropped (none asked for since): the watch still streams over the same connection.
+    tokio::time::sleep(3 * dropped_after).await;
+    let made = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("seen".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(setup, &namespace)
+        .create(&Default::default(), &made)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"seen\"") {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the watch went quiet")
+            .expect("the watch ended")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.extend_from_slice(&data);
+        }
+    }
+    assert!(String::from_utf8_lossy(&seen).contains("\"ADDED\""));
+    assert_eq!(
+        connections_to(port),
+        1,
+        "the watch's connection, kept without a kube client"
+    );
+}
