@@ -35,7 +35,7 @@ use cso_api::{atom::Atom, common::Resource};
 use http_body_util::BodyExt;
 use kube::{
     Resource as _,
-    api::{ApiResource, DynamicObject, ListParams, ObjectList, WatchEvent, WatchParams},
+    api::{DynamicObject, ListParams, ObjectList, WatchEvent, WatchParams},
     core::{GroupVersionKind, PartialObjectMeta},
 };
 
@@ -327,7 +327,7 @@ impl DriftWatch {
             });
             let follower = KindFollower {
                 client: self.client.clone(),
-                resource: resolved.resource,
+                path: DynamicObject::url_path(&resolved.resource, None),
                 group: group.to_owned(),
                 kind: kind.to_owned(),
                 cache: cache.clone(),
@@ -449,7 +449,8 @@ impl Teller {
 /// thousand Clusters), and holds a buffer only as large as the event being read.
 struct KindFollower {
     client: DirectClient,
-    resource: ApiResource,
+    /// The path of the kind's objects (in every namespace).
+    path: String,
     group: Atom,
     kind: Atom,
     cache: Arc<KindCache>,
@@ -511,7 +512,7 @@ impl KindFollower {
     }
 
     fn request(&self) -> kube::core::Request {
-        kube::core::Request::new(DynamicObject::url_path(&self.resource, None))
+        kube::core::Request::new(&self.path)
     }
 
     fn key_of(&self, meta: &kube::api::ObjectMeta) -> ObjectKey {

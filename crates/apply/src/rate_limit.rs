@@ -143,7 +143,7 @@ impl ClientMaker {
     pub fn direct(&self) -> DirectClient {
         let route = match &self.source {
             Source::Shared { service, .. } => DirectRoute::Shared {
-                service: service.clone(),
+                service: Arc::new(service.clone()),
                 bucket: self
                     .limits
                     .enabled()
@@ -158,10 +158,10 @@ impl ClientMaker {
 
 /// A client whose requests go straight to the connection pool of a [`ClientMaker`], through the same limit
 /// and tally as its kube clients, without kube's request channel in front: that channel (a tokio block of 32
-/// requests, 11 KiB, two or three once used) and the task serving it are what a kube client holds for as long as
-/// it lives. For requests that stay open for minutes (the drift watches of a workload cluster), while the kube
-/// clients of that cluster are made for a pass and dropped after it ([`crate::ClusterDiscovery::on_demand`]).
-/// Errors are kube's, as its client reports them.
+/// requests, 11 KiB, two or three once used) and the task serving it are what a kube client holds for as
+/// long as it lives. For requests that stay open for minutes (the drift watches of a workload cluster), while
+/// the kube clients of that cluster are made for a pass and dropped after it
+/// ([`crate::ClusterDiscovery::on_demand`]). Errors are kube's, as its client reports them.
 #[derive(Clone)]
 pub struct DirectClient {
     route: DirectRoute,
@@ -170,7 +170,9 @@ pub struct DirectClient {
 #[derive(Clone)]
 enum DirectRoute {
     Shared {
-        service: crate::connection::SharedService,
+        /// Shared by the clones: a clone of the service is a copy of its whole stack (hyper's client, the
+        /// config's layers; about 600 bytes), made for each request only while it is sent.
+        service: Arc<crate::connection::SharedService>,
         bucket: Option<Arc<Mutex<TokenBucket>>>,
         observer: Option<crate::RequestObserver>,
     },
@@ -217,7 +219,10 @@ impl DirectClient {
                 if let Some(observer) = observer {
                     observer(&crate::request_tally::classify(request.method(), request.uri()));
                 }
-                service.clone().oneshot(request).await.map_err(kube_error)
+                crate::connection::SharedService::clone(service)
+                    .oneshot(request)
+                    .await
+                    .map_err(kube_error)
             }
         }
     }
