@@ -12,7 +12,10 @@
 //! this way one client serves requests and watches alike. A config with a proxy is left to kube's builder.
 //! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes). Whether a
 //! connection no request is using stays open is the caller's choice ([`IdleConnection`]), and with it whether
-//! TLS sessions are kept for resuming (a few, see [`TLS_SESSIONS_KEPT`], for a kept connection only).
+//! TLS sessions are kept for resuming (a few, see [`TLS_SESSIONS_KEPT`], for a kept connection only). Beside
+//! hyper's client, the same connector and layers serve a lean HTTP/2 client ([`crate::lean_http2`]) for the
+//! requests that stay open (the drift watches): a connection of its own, kept while they are, whatever becomes
+//! of hyper's.
 
 use std::time::Duration;
 
@@ -42,6 +45,9 @@ pub(crate) type SharedService = BoxCloneSyncService<Request<Body>, Response<Box<
 pub(crate) enum Stack {
     Ours {
         service: SharedService,
+        /// The same layers over the lean client ([`crate::lean_http2`]) of the same connector, for requests
+        /// that stay open: a connection of its own, kept while they are.
+        lasting: SharedService,
         default_namespace: String,
     },
     Kube(ClientBuilder<Service>),
@@ -134,6 +140,7 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
     // The config's read timeout bounds the wait for each response instead (below).
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let lean_connector = connector.clone();
     let client: hyper_util::client::legacy::Client<_, Body> =
         hyper_util::client::legacy::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -146,8 +153,38 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(idle.pool_timeout())
             .build(connector);
+    let hyper_client: crate::lean_http2::Fallback =
+        BoxCloneSyncService::new(client.map_err(BoxError::from).map_response(
+            |response: Response<hyper::body::Incoming>| {
+                response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+            },
+        ));
+    let connect: crate::lean_http2::Connect = std::sync::Arc::new(move |uri| {
+        let connector = lean_connector.clone();
+        Box::pin(async move {
+            use hyper_util::client::legacy::connect::Connection;
+            let stream = connector.oneshot(uri).await?;
+            let http2 = stream.connected().is_negotiated_h2();
+            Ok((
+                Box::new(hyper_util::rt::TokioIo::new(stream)) as Box<dyn crate::lean_http2::Io>,
+                http2,
+            ))
+        })
+    });
+    let lean = crate::lean_http2::LeanHttp2::new(connect, hyper_client.clone());
+    let service = layered(&config, hyper_client)?;
+    let lasting = layered(&config, BoxCloneSyncService::new(lean))?;
+    Ok(Stack::Ours {
+        service,
+        lasting,
+        default_namespace: config.default_namespace,
+    })
+}
 
-    let service = BoxCloneSyncService::new(
+/// `inner` under the config's layers: base URI, retries when the config asks for them, authentication, extra
+/// headers, and the read timeout bounding the wait for each response.
+fn layered(config: &kube::Config, inner: crate::lean_http2::Fallback) -> Result<SharedService, kube::Error> {
+    Ok(BoxCloneSyncService::new(
         ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(
@@ -159,13 +196,6 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
             .layer(config.extra_headers_layer()?)
             .option_layer(config.read_timeout.map(TimeoutLayer::new))
             .map_err(BoxError::from)
-            .service(client)
-            .map_response(|response: Response<hyper::body::Incoming>| {
-                response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
-            }),
-    );
-    Ok(Stack::Ours {
-        service,
-        default_namespace: config.default_namespace,
-    })
+            .service(inner),
+    ))
 }

@@ -303,8 +303,9 @@ impl ClusterDiscovery {
         }
     }
 
-    /// A client for requests that stay open (watches): over the connections of the clients made on demand
-    /// without a kube client of its own ([`crate::rate_limit::DirectClient`]), or through the kept client.
+    /// A client for requests that stay open (watches): over the lean connection of the maker of the clients
+    /// made on demand, without a kube client of its own ([`crate::rate_limit::DirectClient`]), or through the
+    /// kept client.
     /// Each call makes one with a rate limit of its own: a caller makes one and clones it.
     pub fn direct_client(&self) -> crate::rate_limit::DirectClient {
         match &self.client {

@@ -10,8 +10,9 @@
 //! comes while the engine is writing its object is judged once the write is recorded
 //! ([`ApplyEngine::written`]): the write's own event often comes before its answer, and is no drift.
 //!
-//! The watches share one [`DirectClient`] of the workload cluster: its one HTTP/2 connection, without a kube
-//! client held for them (`connection.rs`: its timeout bounds the start of each response, never a quiet watch;
+//! The watches share one [`DirectClient`] of the workload cluster: one lean HTTP/2 connection of their own
+//! (`lean_http2.rs`), without a kube client or hyper's connection state held for them (`connection.rs`: its
+//! timeout bounds the start of each response, never a quiet watch;
 //! the API server ends each watch after its own timeout and the watcher resumes from the last
 //! resourceVersion). They stop when the [`DriftWatch`] is dropped, which happens when the workload cluster's
 //! client is rebuilt or forgotten.

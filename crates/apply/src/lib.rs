@@ -13,6 +13,7 @@ pub mod drift;
 pub mod engine;
 pub mod health;
 pub mod inventory;
+mod lean_http2;
 pub mod managed_fields;
 pub mod plan;
 pub mod rate_limit;

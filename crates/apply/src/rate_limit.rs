@@ -3,8 +3,9 @@
 //! the management client and to every workload-cluster client (the Go operator sets the flags too late for
 //! its own manager; here they take effect). The operator's clients are built here, with their limits and their
 //! request tally: one for good ([`limited_client`], [`observed_client`]), or again and again over one
-//! connection pool ([`ClientMaker`]), each client with a bucket of its own; and, over the same pool, a
-//! [`DirectClient`] for requests that stay open while kube's clients come and go (the drift watches).
+//! connection pool ([`ClientMaker`]), each client with a bucket of its own; and, over a lean connection of its
+//! own (`lean_http2.rs`), a [`DirectClient`] for requests that stay open while kube's clients come and go
+//! (the drift watches).
 
 use std::{
     pin::Pin,
@@ -78,6 +79,7 @@ pub struct ClientMaker {
 enum Source {
     Shared {
         service: crate::connection::SharedService,
+        lasting: Arc<crate::connection::SharedService>,
         default_namespace: String,
     },
     One(kube::Client),
@@ -104,9 +106,11 @@ impl ClientMaker {
         let source = match crate::connection::stack(config, idle)? {
             crate::connection::Stack::Ours {
                 service,
+                lasting,
                 default_namespace,
             } => Source::Shared {
                 service,
+                lasting: Arc::new(lasting),
                 default_namespace,
             },
             crate::connection::Stack::Kube(builder) => {
@@ -126,6 +130,7 @@ impl ClientMaker {
             Source::Shared {
                 service,
                 default_namespace,
+                ..
             } => with_layers(
                 kube::client::ClientBuilder::new(
                     tower::util::BoxService::new(service.clone()),
@@ -138,12 +143,12 @@ impl ClientMaker {
         }
     }
 
-    /// A [`DirectClient`] over the shared connections (with a bucket of its own, shared by its clones), or
-    /// over the one client.
+    /// A [`DirectClient`] over the lean connection of these clients (with a bucket of its own, shared by its
+    /// clones), or over the one client.
     pub fn direct(&self) -> DirectClient {
         let route = match &self.source {
-            Source::Shared { service, .. } => DirectRoute::Shared {
-                service: Arc::new(service.clone()),
+            Source::Shared { lasting, .. } => DirectRoute::Shared {
+                service: lasting.clone(),
                 bucket: self
                     .limits
                     .enabled()
@@ -156,12 +161,14 @@ impl ClientMaker {
     }
 }
 
-/// A client whose requests go straight to the connection pool of a [`ClientMaker`], through the same limit
-/// and tally as its kube clients, without kube's request channel in front: that channel (a tokio block of 32
-/// requests, 11 KiB, two or three once used) and the task serving it are what a kube client holds for as
+/// A client whose requests go to the lean HTTP/2 connection of a [`ClientMaker`] (`lean_http2.rs`: the same
+/// connector and layers as its kube clients, without hyper's per-connection buffers and request channel),
+/// through the same limit and tally, without kube's request channel in front: that channel (a tokio block of
+/// 32 requests, 11 KiB, two or three once used) and the task serving it are what a kube client holds for as
 /// long as it lives. For requests that stay open for minutes (the drift watches of a workload cluster), while
 /// the kube clients of that cluster are made for a pass and dropped after it
-/// ([`crate::ClusterDiscovery::on_demand`]). Errors are kube's, as its client reports them.
+/// ([`crate::ClusterDiscovery::on_demand`]), their connection with them. Errors are kube's, as its client
+/// reports them.
 #[derive(Clone)]
 pub struct DirectClient {
     route: DirectRoute,

@@ -30,8 +30,8 @@ pub const CAPI_SECRET_SELECTOR: &str = "type=cluster.x-k8s.io/secret";
 const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 /// How long an `ok` from a workload cluster's `/readyz` is taken as current.
 pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
-/// Without drift watches, how long a workload cluster's connection stays open after its last request (it is
-/// closed within twice that). Nothing needs it between passes (minutes apart: `--resync-interval`), and an open
+/// How long the connection of a workload cluster's kube clients stays open after its last request (it is
+/// closed within twice that); the drift watches have their own ([`crate::lean_http2`]). Nothing needs it between passes (minutes apart: `--resync-interval`), and an open
 /// connection (TLS and HTTP/2 state and hyper's request channel, about 80 KiB) was most of what the operator
 /// kept per Cluster: with 2 s, only the Clusters of the last few seconds' passes hold one, which cut the peak
 /// at 1000 Clusters by a third (docs/benchmarks.md, issue 42); 15 s cut nothing, an install of 300 Clusters
@@ -225,20 +225,15 @@ impl WorkloadClients {
         let server = config.cluster_url.to_string();
         config.connect_timeout = Some(self.connect_timeout);
         config.write_timeout = Some(self.request_timeout);
-        // Bounds each response's start; the drift watches share the client and its one connection.
+        // Bounds each response's start (a watch's comes at once).
         config.read_timeout = Some(self.request_timeout);
-        // Drift watches ride the client and its connection: both are kept. Without them, nothing needs either
-        // between passes.
-        let watching = self.drift_notifier.is_some();
-        let idle = if watching {
-            crate::IdleConnection::Kept
-        } else {
-            crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER)
-        };
+        // The drift watches ride a lean connection of their own, kept while they are; nothing needs the kube
+        // clients' one between passes.
+        let idle = crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER);
         let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle)
             .map_err(|e| invalid(e.to_string()))?;
         // Kube's clients are made for a pass and dropped after it, with drift watches too: theirs is a direct
-        // client over the same connection, kept.
+        // client.
         let discovery = Arc::new(ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER));
         let kubeconfig_path = self
             .kubeconfigs

@@ -186,9 +186,10 @@ async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
     assert_eq!(connections_to(released.port), 1);
 }
 
-/// A workload cluster's drift watches ride a direct client: its requests share the connection of the kube
-/// clients made on demand, a watch on it stays open and streams after every kube client is dropped, and its
-/// answers and errors read as kube's client reads them.
+/// A workload cluster's drift watches ride a direct client: its requests share one lean HTTP/2 connection of
+/// their own, beside the connection of the kube clients made on demand (released when idle); a watch on it
+/// stays open and streams after every kube client and their connection are gone; its answers and errors read
+/// as kube's client reads them; and the connection closes once the direct client and its watch are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube_client() {
     use cso_apply::{ClusterDiscovery, rate_limit::ClientMaker};
@@ -198,8 +199,8 @@ async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube
     let namespace = cso_testenv::namespace(&setup, "direct").await.unwrap();
     let (_proxy, port, config) = behind_a_proxy().await;
     let limits = ClientLimits { qps: 50.0, burst: 10 };
-    let maker = ClientMaker::new(config, limits, None, IdleConnection::Kept).unwrap();
     let dropped_after = Duration::from_millis(500);
+    let maker = ClientMaker::new(config, limits, None, IdleConnection::ReleasedAfter(dropped_after)).unwrap();
     let discovery = ClusterDiscovery::on_demand(maker, dropped_after);
     let direct = discovery.direct_client();
 
@@ -214,7 +215,8 @@ async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube
         other => panic!("a missing object was expected to be a 404 Api error: {other:?}"),
     }
 
-    // A watch through the direct client, and a kube client's request beside it: one connection.
+    // A watch through the direct client beside them, on their connection; a kube client's request on one of
+    // its own.
     let watch = http::Request::get(format!(
         "/api/v1/namespaces/{namespace}/configmaps?watch=true&timeoutSeconds=60"
     ))
@@ -223,15 +225,26 @@ async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube
     let response = direct.send(watch).await.unwrap();
     assert!(response.status().is_success(), "{}", response.status());
     let mut body = response.into_body();
-    request(&discovery.client(), &namespace).await;
     assert_eq!(
         connections_to(port),
         1,
+        "the direct client's requests and its watch"
+    );
+    request(&discovery.client(), &namespace).await;
+    assert_eq!(
+        connections_to(port),
+        2,
         "the direct client's watch and a kube client's request"
     );
 
-    // Every kube client dropped (none asked for since): the watch still streams over the same connection.
-    tokio::time::sleep(3 * dropped_after).await;
+    // Every kube client dropped (none asked for since) and their connection released: the watch still
+    // streams over its own.
+    tokio::time::sleep(4 * dropped_after).await;
+    assert_eq!(
+        connections_to(port),
+        1,
+        "the kube clients' connection, released when idle"
+    );
     let made = ConfigMap {
         metadata: kube::api::ObjectMeta {
             name: Some("seen".into()),
@@ -260,4 +273,15 @@ async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube
         1,
         "the watch's connection, kept without a kube client"
     );
+
+    // The watch and the direct client dropped: their connection closes.
+    drop((body, direct, discovery));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while connections_to(port) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lean connection outlived its last handle"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
