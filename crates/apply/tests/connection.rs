@@ -191,7 +191,7 @@ async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
 /// stays open and streams after every kube client and their connection are gone; its answers and errors read
 /// as kube's client reads them; and the connection closes once the direct client and its watch are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube_client() {
+async fn a_direct_client_keeps_its_watch_on_a_lean_connection_of_its_own() {
     use cso_apply::{ClusterDiscovery, rate_limit::ClientMaker};
     use http_body_util::BodyExt;
 
@@ -283,5 +283,51 @@ async fn a_direct_client_keeps_its_watch_on_the_shared_connection_without_a_kube
             "the lean connection outlived its last handle"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A server that does not speak HTTP/2 (plain HTTP/1.1 here) is asked through hyper's client: a direct client's
+/// requests are answered as by any other server, over HTTP/1.1, and nothing of HTTP/2 is sent to it.
+#[tokio::test]
+async fn a_direct_client_asks_a_server_without_http2_over_http1() {
+    use cso_apply::rate_limit::ClientMaker;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (heard_tx, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let heard_tx = heard_tx.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let _ = heard_tx.send(String::from_utf8_lossy(&seen).into_owned());
+                let body = r#"{"major":"1","minor":"35","gitVersion":"v1.35.4","gitCommit":"c","gitTreeState":"clean","buildDate":"2026-01-01T00:00:00Z","goVersion":"go1.25","compiler":"gc","platform":"linux/amd64"}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+
+    let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+    let idle = IdleConnection::ReleasedAfter(Duration::from_secs(1));
+    let maker = ClientMaker::new(config, ClientLimits::UNLIMITED, None, idle).unwrap();
+    let direct = maker.direct();
+    for _ in 0..2 {
+        let version = direct.apiserver_version().await.unwrap();
+        assert_eq!(version.git_version, "v1.35.4");
+        let request = heard.recv().await.unwrap();
+        assert!(request.starts_with("GET /version HTTP/1.1\r\n"), "{request}");
     }
 }
