@@ -276,6 +276,30 @@ enum Head {
 }
 
 impl State {
+    /// A new connection's state, `out` what it sends first.
+    fn new(out: Vec<u8>) -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(DEFAULT_HEADER_TABLE);
+        State {
+            streams: Vec::new(),
+            next_id: 1,
+            out,
+            driver: None,
+            closed: None,
+            going_away: false,
+            unused: false,
+            peer_max_frame: MAX_FRAME,
+            peer_max_streams: usize::MAX,
+            decoder,
+            block: Vec::new(),
+            block_stream: 0,
+            block_ends_stream: false,
+            connection_received: 0,
+            connection_window: CONNECTION_WINDOW,
+            ping_sent: None,
+        }
+    }
+
     fn takes_streams(&self) -> bool {
         self.closed.is_none()
             && !self.going_away
@@ -347,8 +371,6 @@ fn push_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8
 impl Connection {
     /// Starts the connection over `io`: the preface and our settings are sent, and the driver spawned.
     fn start(io: Box<dyn Io>) -> Arc<Connection> {
-        let mut decoder = loona_hpack::Decoder::new();
-        decoder.set_max_allowed_table_size(DEFAULT_HEADER_TABLE);
         let mut out = PREFACE.to_vec();
         let mut settings = Vec::with_capacity(18);
         for (id, value) in [
@@ -363,24 +385,7 @@ impl Connection {
         let raise = CONNECTION_WINDOW - 65_535;
         push_frame(&mut out, frame::WINDOW_UPDATE, 0, 0, &raise.to_be_bytes());
         let connection = Arc::new(Connection {
-            state: Mutex::new(State {
-                streams: Vec::new(),
-                next_id: 1,
-                out,
-                driver: None,
-                closed: None,
-                going_away: false,
-                unused: false,
-                peer_max_frame: MAX_FRAME,
-                peer_max_streams: usize::MAX,
-                decoder,
-                block: Vec::new(),
-                block_stream: 0,
-                block_ends_stream: false,
-                connection_received: 0,
-                connection_window: CONNECTION_WINDOW,
-                ping_sent: None,
-            }),
+            state: Mutex::new(State::new(out)),
         });
         tokio::spawn(Driver {
             io,
@@ -1150,26 +1155,7 @@ mod tests {
     use super::*;
 
     fn state() -> State {
-        let mut decoder = loona_hpack::Decoder::new();
-        decoder.set_max_allowed_table_size(DEFAULT_HEADER_TABLE);
-        State {
-            streams: Vec::new(),
-            next_id: 1,
-            out: Vec::new(),
-            driver: None,
-            closed: None,
-            going_away: false,
-            unused: false,
-            peer_max_frame: MAX_FRAME,
-            peer_max_streams: usize::MAX,
-            decoder,
-            block: Vec::new(),
-            block_stream: 0,
-            block_ends_stream: false,
-            connection_received: 0,
-            connection_window: CONNECTION_WINDOW,
-            ping_sent: None,
-        }
+        State::new(Vec::new())
     }
 
     fn open(state: &mut State, id: u32) {
@@ -1392,6 +1378,31 @@ mod tests {
             framed(frame::WINDOW_UPDATE, 0, 1, &increment.to_be_bytes())
         );
         assert_eq!(state.streams[0].window, STREAM_WINDOW);
+    }
+
+    /// Padding is never taken by a reader: once it fills half a stream's window, the window is given back
+    /// as it arrives, so that a padded stream cannot run dry.
+    #[test]
+    fn padding_gives_the_window_back_as_it_arrives() {
+        let mut state = state();
+        open(&mut state, 1);
+        let padding = 255usize;
+        let mut payload = vec![padding as u8];
+        payload.resize(1 + padding, 0);
+        let frame = framed(frame::DATA, frame::PADDED, 1, &payload);
+        let frames = (STREAM_WINDOW as usize / 2).div_ceil(payload.len());
+        handle_frames(&mut state, &frame.repeat(frames), &mut Vec::new()).unwrap();
+        let given: Vec<&[u8]> = state
+            .out
+            .chunks(13)
+            .filter(|f| f[3] == frame::WINDOW_UPDATE && f[8] == 1)
+            .map(|f| &f[9..])
+            .collect();
+        assert_eq!(given.len(), 1, "one update of the stream's window");
+        let increment = u32::from_be_bytes(given[0].try_into().unwrap());
+        assert!(increment >= STREAM_WINDOW / 2, "{increment}");
+        assert_eq!(state.stream(1).unwrap().window, STREAM_WINDOW);
+        assert!(state.stream(1).unwrap().data.is_empty());
     }
 
     #[test]
