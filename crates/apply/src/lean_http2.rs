@@ -269,6 +269,22 @@ struct Stream {
     window: u32,
 }
 
+impl Stream {
+    /// A stream just opened, its whole window open.
+    fn new(id: u32) -> Self {
+        Stream {
+            id,
+            head: Head::Waiting,
+            data: VecDeque::new(),
+            ended: false,
+            failed: None,
+            waker: None,
+            taken: 0,
+            window: STREAM_WINDOW,
+        }
+    }
+}
+
 enum Head {
     Waiting,
     Ready(StatusCode, HeaderMap),
@@ -440,16 +456,7 @@ impl Connection {
             state.push_frame(kind, flags, id, chunk);
             first = false;
         }
-        state.streams.push(Stream {
-            id,
-            head: Head::Waiting,
-            data: VecDeque::new(),
-            ended: false,
-            failed: None,
-            waker: None,
-            taken: 0,
-            window: STREAM_WINDOW,
-        });
+        state.streams.push(Stream::new(id));
         let driver = state.driver.clone();
         drop(state);
         if let Some(driver) = driver {
@@ -1159,16 +1166,7 @@ mod tests {
     }
 
     fn open(state: &mut State, id: u32) {
-        state.streams.push(Stream {
-            id,
-            head: Head::Waiting,
-            data: VecDeque::new(),
-            ended: false,
-            failed: None,
-            waker: None,
-            taken: 0,
-            window: STREAM_WINDOW,
-        });
+        state.streams.push(Stream::new(id));
     }
 
     fn framed(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
