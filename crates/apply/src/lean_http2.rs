@@ -375,6 +375,15 @@ impl State {
     }
 }
 
+/// Lets go of `state` and wakes the driver to act on what was changed (frames queued, the connection let go).
+fn unlock_and_wake_driver(state: MutexGuard<'_, State>) {
+    let driver = state.driver.clone();
+    drop(state);
+    if let Some(driver) = driver {
+        driver.wake();
+    }
+}
+
 fn push_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
     let length = payload.len() as u32;
     out.extend_from_slice(&length.to_be_bytes()[1..]);
@@ -419,17 +428,11 @@ impl Connection {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn wake_driver(&self) {
-        let driver = self.lock().driver.clone();
-        if let Some(driver) = driver {
-            driver.wake();
-        }
-    }
-
     /// No new stream will be opened here: the connection closes once its streams are done.
     fn let_go(&self) {
-        self.lock().unused = true;
-        self.wake_driver();
+        let mut state = self.lock();
+        state.unused = true;
+        unlock_and_wake_driver(state);
     }
 
     /// Opens a stream with the request header block `block`; `None` if the connection takes no new streams.
@@ -457,11 +460,7 @@ impl Connection {
             first = false;
         }
         state.streams.push(Stream::new(id));
-        let driver = state.driver.clone();
-        drop(state);
-        if let Some(driver) = driver {
-            driver.wake();
-        }
+        unlock_and_wake_driver(state);
         Some(id)
     }
 
@@ -499,11 +498,7 @@ impl Connection {
             }
             stream.taken += data.len() as u32;
             if state.give_back(id) {
-                let driver = state.driver.clone();
-                drop(state);
-                if let Some(driver) = driver {
-                    driver.wake();
-                }
+                unlock_and_wake_driver(state);
             }
             return Poll::Ready(Some(Ok(data)));
         }
@@ -520,11 +515,7 @@ impl Connection {
     fn forget_stream(&self, id: u32) {
         let mut state = self.lock();
         state.drop_stream(id);
-        let driver = state.driver.clone();
-        drop(state);
-        if let Some(driver) = driver {
-            driver.wake();
-        }
+        unlock_and_wake_driver(state);
     }
 }
 
