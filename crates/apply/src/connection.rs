@@ -172,8 +172,9 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
         })
     });
     let lean = crate::lean_http2::LeanHttp2::new(connect, hyper_client.clone());
-    let service = layered(&config, hyper_client)?;
-    let lasting = layered(&config, BoxCloneSyncService::new(lean))?;
+    let layers = ConfigLayers::of(&config)?;
+    let service = layers.over(hyper_client);
+    let lasting = layers.over(BoxCloneSyncService::new(lean));
     Ok(Stack::Ours {
         service,
         lasting,
@@ -181,21 +182,41 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
     })
 }
 
-/// `inner` under the config's layers: base URI, retries when the config asks for them, authentication, extra
-/// headers, and the read timeout bounding the wait for each response.
-fn layered(config: &kube::Config, inner: crate::lean_http2::Fallback) -> Result<SharedService, kube::Error> {
-    Ok(BoxCloneSyncService::new(
-        ServiceBuilder::new()
-            .layer(config.base_uri_layer())
-            .option_layer(
-                config
-                    .default_retry
-                    .then(|| RetryLayer::new(RetryPolicy::server_retry())),
-            )
-            .option_layer(config.auth_layer()?)
-            .layer(config.extra_headers_layer()?)
-            .option_layer(config.read_timeout.map(TimeoutLayer::new))
-            .map_err(BoxError::from)
-            .service(inner),
-    ))
+/// The config's layers: base URI, retries when the config asks for them, authentication, extra headers, and
+/// the read timeout bounding the wait for each response. Made once and put under both of a config's services,
+/// so that they share one token (an exec plugin's or a token file's, refreshed once for both).
+struct ConfigLayers {
+    base_uri: kube::client::middleware::BaseUriLayer,
+    retry: Option<RetryLayer<RetryPolicy>>,
+    auth: Option<kube::client::middleware::AuthLayer>,
+    extra_headers: kube::client::middleware::ExtraHeadersLayer,
+    read_timeout: Option<TimeoutLayer>,
+}
+
+impl ConfigLayers {
+    fn of(config: &kube::Config) -> Result<Self, kube::Error> {
+        Ok(ConfigLayers {
+            base_uri: config.base_uri_layer(),
+            retry: config
+                .default_retry
+                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+            auth: config.auth_layer()?,
+            extra_headers: config.extra_headers_layer()?,
+            read_timeout: config.read_timeout.map(TimeoutLayer::new),
+        })
+    }
+
+    /// `inner` under these layers.
+    fn over(&self, inner: crate::lean_http2::Fallback) -> SharedService {
+        BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(&self.base_uri)
+                .option_layer(self.retry.as_ref())
+                .option_layer(self.auth.as_ref())
+                .layer(&self.extra_headers)
+                .option_layer(self.read_timeout.as_ref())
+                .map_err(BoxError::from)
+                .service(inner),
+        )
+    }
 }

@@ -31,12 +31,13 @@ const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 /// How long an `ok` from a workload cluster's `/readyz` is taken as current.
 pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
 /// How long the connection of a workload cluster's kube clients stays open after its last request (it is
-/// closed within twice that); the drift watches have their own ([`crate::lean_http2`]). Nothing needs it between passes (minutes apart: `--resync-interval`), and an open
-/// connection (TLS and HTTP/2 state and hyper's request channel, about 80 KiB) was most of what the operator
-/// kept per Cluster: with 2 s, only the Clusters of the last few seconds' passes hold one, which cut the peak
-/// at 1000 Clusters by a third (docs/benchmarks.md, issue 42); 15 s cut nothing, an install of 300 Clusters
-/// being over in 20 s. Reopening costs a full TLS handshake (no sessions are kept for it); a pass's requests
-/// seconds apart (a slow render) may reopen it within the pass.
+/// closed within twice that); the drift watches have their own ([`crate::lean_http2`]). Nothing needs it
+/// between passes (minutes apart: `--resync-interval`), and an open connection (TLS and HTTP/2 state and
+/// hyper's request channel, about 80 KiB) was most of what the operator kept per Cluster: with 2 s, only the
+/// Clusters of the last few seconds' passes hold one, which cut the peak at 1000 Clusters by a third
+/// (docs/benchmarks.md, issue 42); 15 s cut nothing, an install of 300 Clusters being over in 20 s. Reopening
+/// costs a full TLS handshake (no sessions are kept for it); a pass's requests seconds apart (a slow render)
+/// may reopen it within the pass.
 const IDLE_CONNECTION_RELEASED_AFTER: Duration = Duration::from_secs(2);
 /// How long a workload cluster's kube client (its request channel and the task serving it, 25 KiB per Cluster
 /// at an install's peak) is kept after it was last asked for; what its discovery found is kept. The drift
