@@ -251,9 +251,9 @@ struct State {
     block: Vec<u8>,
     block_stream: u32,
     block_ends_stream: bool,
-    /// Connection-level: data received and not yet given back, and the window left.
+    /// Connection-level: data received and not yet given back (the window left is the rest of
+    /// [`CONNECTION_WINDOW`]: it is given back as data arrives).
     connection_received: u32,
-    connection_window: u32,
     ping_sent: Option<Instant>,
 }
 
@@ -311,7 +311,6 @@ impl State {
             block_stream: 0,
             block_ends_stream: false,
             connection_received: 0,
-            connection_window: CONNECTION_WINDOW,
             ping_sent: None,
         }
     }
@@ -842,18 +841,16 @@ fn handle_frame(
     match kind {
         frame::DATA => {
             let length = payload.len() as u32;
-            if length > state.connection_window {
+            if length > CONNECTION_WINDOW - state.connection_received {
                 return Err(protocol_failure(
                     state,
                     frame::FLOW_CONTROL_ERROR,
                     "the server sent more than the connection's window".into(),
                 ));
             }
-            state.connection_window -= length;
             state.connection_received += length;
             if state.connection_received >= CONNECTION_WINDOW / 2 {
                 let increment = std::mem::take(&mut state.connection_received);
-                state.connection_window += increment;
                 state.push_frame(frame::WINDOW_UPDATE, 0, 0, &increment.to_be_bytes());
             }
             let data = unpadded(flags, payload).ok_or_else(|| {
@@ -1392,6 +1389,28 @@ mod tests {
         assert!(increment >= STREAM_WINDOW / 2, "{increment}");
         assert_eq!(state.stream(1).unwrap().window, STREAM_WINDOW);
         assert!(state.stream(1).unwrap().data.is_empty());
+    }
+
+    /// The connection's window is given back at half as data arrives, whoever takes it; data beyond it is a
+    /// breach of flow control.
+    #[test]
+    fn the_connections_window_is_given_back_at_half_and_held_to() {
+        let mut state = state();
+        let chunk = framed(frame::DATA, 0, 9, &vec![0; MAX_FRAME]);
+        let half = CONNECTION_WINDOW as usize / 2 / MAX_FRAME;
+        handle_frames(&mut state, &chunk.repeat(half - 1), &mut Vec::new()).unwrap();
+        assert!(state.out.is_empty());
+        handle_frames(&mut state, &chunk, &mut Vec::new()).unwrap();
+        let increment = CONNECTION_WINDOW / 2;
+        assert_eq!(
+            state.out,
+            framed(frame::WINDOW_UPDATE, 0, 0, &increment.to_be_bytes())
+        );
+
+        state.connection_received = CONNECTION_WINDOW - 10;
+        let failed =
+            handle_frames(&mut state, &framed(frame::DATA, 0, 9, &[0; 11]), &mut Vec::new()).unwrap_err();
+        assert!(failed.to_string().contains("connection's window"), "{failed}");
     }
 
     #[test]
