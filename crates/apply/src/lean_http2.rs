@@ -345,17 +345,24 @@ impl State {
         true
     }
 
+    /// Queues a GOAWAY with `code`: no stream of the server's was taken (it opens none).
+    fn go_away(&mut self, code: u32) {
+        let mut payload = [0u8; 8];
+        payload[4..].copy_from_slice(&code.to_be_bytes());
+        self.push_frame(frame::GOAWAY, 0, 0, &payload);
+    }
+
     fn reset(&mut self, id: u32, code: u32) {
         self.push_frame(frame::RST_STREAM, 0, id, &code.to_be_bytes());
     }
 
-    /// Ends the connection for `why`: every stream fails.
-    fn close(&mut self, why: LeanError, wake: &mut Vec<Waker>) {
+    /// Ends the connection for `why` (unless it ended already): every stream fails, and is woken to see it.
+    fn close(&mut self, why: LeanError) {
         if self.closed.is_none() {
             self.closed = Some(why);
         }
-        for stream in &mut self.streams {
-            wake.extend(stream.waker.take());
+        for waker in self.streams.iter_mut().filter_map(|s| s.waker.take()) {
+            waker.wake();
         }
     }
 
@@ -700,7 +707,7 @@ impl Future for Driver {
             let mut state = this.connection.lock();
             if state.closed.is_none() && state.unused && state.streams.is_empty() {
                 // No handle and no stream left: the server is told, and the connection closed once it is.
-                state.push_frame(frame::GOAWAY, 0, 0, &[0, 0, 0, 0, 0, 0, 0, frame::NO_ERROR as u8]);
+                state.go_away(frame::NO_ERROR);
                 state.closed = Some(error("the connection is no longer used"));
                 continue;
             }
@@ -733,14 +740,9 @@ const MAX_UNSENT: usize = 256 * 1024;
 impl Drop for Driver {
     /// A driver gone before its connection ended (its runtime shut down) leaves no stream waiting for it.
     fn drop(&mut self) {
-        let mut wake = Vec::new();
         let mut state = self.connection.lock();
-        state.close(error("the connection's task ended"), &mut wake);
+        state.close(error("the connection's task ended"));
         state.driver = None;
-        drop(state);
-        for waker in wake {
-            waker.wake();
-        }
     }
 }
 
@@ -748,15 +750,11 @@ impl Driver {
     /// Ends the connection for `why`, waking every stream; what is left to send (a GOAWAY saying why) is
     /// written if the connection takes it at once, and TLS closed, without waiting.
     fn end(&mut self, why: LeanError, cx: &mut Context<'_>) {
-        let mut wake = Vec::new();
         let last = {
             let mut state = self.connection.lock();
-            state.close(why, &mut wake);
+            state.close(why);
             std::mem::take(&mut state.out)
         };
-        for waker in wake {
-            waker.wake();
-        }
         let mut rest = self.writing.split_off(self.written.min(self.writing.len()));
         rest.extend_from_slice(&last);
         if !rest.is_empty() {
@@ -817,9 +815,7 @@ fn handle_frames(state: &mut State, bytes: &[u8], wake: &mut Vec<Waker>) -> Resu
 
 /// A connection error: a GOAWAY with `code` is queued, and the error to end the connection with returned.
 fn protocol_failure(state: &mut State, code: u32, why: String) -> LeanError {
-    let mut payload = [0u8; 8];
-    payload[4..].copy_from_slice(&code.to_be_bytes());
-    state.push_frame(frame::GOAWAY, 0, 0, &payload);
+    state.go_away(code);
     error(format!("HTTP/2 protocol error: {why}"))
 }
 
