@@ -37,6 +37,7 @@ use http_body_util::BodyExt;
 use kube::{
     Resource as _,
     api::{DynamicObject, ListParams, ObjectList, WatchEvent, WatchParams},
+    client::DynBody,
     core::{GroupVersionKind, PartialObjectMeta},
 };
 
@@ -221,27 +222,30 @@ struct KindWatch {
     task: tokio::task::AbortHandle,
 }
 
-/// The drift watches of one workload cluster.
-pub struct DriftWatch {
-    /// `(namespace, cluster)` of the Cluster, for the notifier.
-    owner: (String, String),
-    /// The workload cluster's discovery.
-    discovery: Arc<ClusterDiscovery>,
+/// What the watches of one workload cluster share: each watch's task holds a pointer to it beside its kind's
+/// own path and cache (a task's future is kept for the watch's life, nine per cluster).
+struct ClusterWatches {
     /// The client of every watch and of the probe (one rate limit for all of them).
     client: DirectClient,
     engine: ApplyEngine,
-    notify: DriftNotifier,
+    teller: Teller,
+    reach: Arc<Reach>,
+}
+
+/// The drift watches of one workload cluster.
+pub struct DriftWatch {
+    /// The workload cluster's discovery.
+    discovery: Arc<ClusterDiscovery>,
+    cluster: Arc<ClusterWatches>,
     /// By `(group, kind)`.
     kinds: Mutex<HashMap<(Atom, Atom), KindWatch>>,
-    causes: Causes,
-    reach: Arc<Reach>,
 }
 
 impl std::fmt::Debug for DriftWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kinds = self.kinds.lock().map(|k| k.len()).unwrap_or_default();
         f.debug_struct("DriftWatch")
-            .field("owner", &self.owner)
+            .field("owner", &self.cluster.teller.owner)
             .field("kinds", &kinds)
             .finish_non_exhaustive()
     }
@@ -265,21 +269,28 @@ impl DriftWatch {
         notify: DriftNotifier,
     ) -> Self {
         let client = discovery.direct_client();
-        DriftWatch {
-            owner,
+        let cluster = Arc::new(ClusterWatches {
             reach: Reach::new(client.clone()),
             client,
-            discovery,
             engine,
-            notify,
+            teller: Teller {
+                owner,
+                notify,
+                causes: Causes::default(),
+            },
+        });
+        DriftWatch {
+            discovery,
+            cluster,
             kinds: Mutex::default(),
-            causes: Causes::default(),
         }
     }
 
     /// What the watch saw of `key`'s last drift: who changed it and which fields, or that it went.
     pub fn cause(&self, key: &ObjectKey) -> Option<DriftCause> {
-        self.causes
+        self.cluster
+            .teller
+            .causes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
@@ -317,7 +328,7 @@ impl DriftWatch {
                 continue;
             }
             let cache = Arc::new(KindCache::default());
-            let since = self.engine.applied_since(group, kind);
+            let since = self.cluster.engine.applied_since(group, kind);
             let from = since.map(|since| {
                 *cache.objects() = since
                     .objects
@@ -327,20 +338,13 @@ impl DriftWatch {
                 since.resource_version
             });
             let follower = KindFollower {
-                client: self.client.clone(),
+                cluster: self.cluster.clone(),
                 path: DynamicObject::url_path(&resolved.resource, None),
                 group: group.to_owned(),
                 kind: kind.to_owned(),
                 cache: cache.clone(),
-                engine: self.engine.clone(),
-                teller: Teller {
-                    owner: self.owner.clone(),
-                    notify: self.notify.clone(),
-                    causes: self.causes.clone(),
-                },
-                reach: self.reach.clone(),
             };
-            let task = tokio::spawn(follower.follow(from));
+            let task = tokio::spawn(Box::new(follower).follow(from));
             kinds.insert(
                 id,
                 KindWatch {
@@ -369,14 +373,14 @@ impl DriftWatch {
         verdict_of(inventory.iter().map(|resource| {
             let key = ObjectKey::of(resource);
             let watch = kinds.get(&(key.group.clone(), key.kind.clone()))?;
-            if !watch.cache.known.load(Ordering::Acquire) || !self.engine.has_applied(&key) {
+            if !watch.cache.known.load(Ordering::Acquire) || !self.cluster.engine.has_applied(&key) {
                 return None;
             }
             let as_applied = watch
                 .cache
                 .objects()
                 .get(&(key.namespace.clone(), key.name.clone()))
-                .is_some_and(|live| self.engine.left_as_applied(&key, live));
+                .is_some_and(|live| self.cluster.engine.left_as_applied(&key, live));
             Some((key, as_applied))
         }))
     }
@@ -449,67 +453,75 @@ impl Teller {
 /// for no bookmarks (the API server sends one per watch and minute: 150 a second for an idle operator of a
 /// thousand Clusters), and holds a buffer only as large as the event being read.
 struct KindFollower {
-    client: DirectClient,
+    cluster: Arc<ClusterWatches>,
     /// The path of the kind's objects (in every namespace).
     path: String,
     group: Atom,
     kind: Atom,
     cache: Arc<KindCache>,
-    engine: ApplyEngine,
-    teller: Teller,
-    reach: Arc<Reach>,
 }
 
 impl KindFollower {
     /// Watches from `from` (the cache already holds what was there then), or lists first when `None`; lists
     /// again whenever the version to resume from is gone.
-    async fn follow(self, mut from: Option<String>) {
-        let mut failures: u32 = 0;
-        loop {
-            let version = match from.take() {
-                Some(version) => version,
-                // Boxed for the same reason as the watch's request (see `watch_from`).
-                None => match Box::pin(self.relist()).await {
-                    Ok(version) => version,
-                    Err(error) => {
-                        failures = failures.saturating_add(1);
-                        tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, %error, "drift list failed");
-                        if self.reach.pause(retry_delay(failures)).await {
-                            failures = 0;
+    // Not an `async fn`: its arguments would be kept twice in the future (as given and as moved in), which is
+    // held for the watch's whole life.
+    #[expect(clippy::manual_async_fn, reason = "an async fn keeps its arguments twice")]
+    fn follow(self: Box<Self>, mut from: Option<String>) -> impl Future<Output = ()> + Send {
+        async move {
+            let mut failures: u32 = 0;
+            loop {
+                let version = match from.take() {
+                    Some(version) => version,
+                    // Boxed for the same reason as the watch's request (see `watch_from`).
+                    None => match Box::pin(self.relist()).await {
+                        Ok(version) => version,
+                        Err(error) => {
+                            failures = failures.saturating_add(1);
+                            tracing::debug!(cluster = %self.cluster.teller.owner.1, kind = %self.kind, %error, "drift list failed");
+                            if self.pause(failures).await {
+                                failures = 0;
+                            }
+                            continue;
                         }
-                        continue;
+                    },
+                };
+                let mut last = version;
+                let began = tokio::time::Instant::now();
+                let end = self.watch_from(&mut last).await;
+                // A watch that ends at once, however it ends, is retried after a delay: a server or proxy that
+                // closes every watch straight away must not make this a hot loop.
+                let brief = began.elapsed() < BRIEF_WATCH;
+                match end {
+                    WatchEnd::Closed => {
+                        from = Some(last);
                     }
-                },
-            };
-            let mut last = version;
-            let began = tokio::time::Instant::now();
-            let end = self.watch_from(&mut last).await;
-            // A watch that ends at once, however it ends, is retried after a delay: a server or proxy that
-            // closes every watch straight away must not make this a hot loop.
-            let brief = began.elapsed() < BRIEF_WATCH;
-            match end {
-                WatchEnd::Closed => {
-                    from = Some(last);
+                    WatchEnd::Gone => {
+                        self.cache.known.store(false, Ordering::Release);
+                        tracing::debug!(cluster = %self.cluster.teller.owner.1, kind = %self.kind, "drift watch expired: listing again");
+                    }
+                    WatchEnd::Failed(error) => {
+                        self.cache.known.store(false, Ordering::Release);
+                        tracing::debug!(cluster = %self.cluster.teller.owner.1, kind = %self.kind, %error, "drift watch interrupted");
+                        from = Some(last);
+                    }
                 }
-                WatchEnd::Gone => {
-                    self.cache.known.store(false, Ordering::Release);
-                    tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, "drift watch expired: listing again");
-                }
-                WatchEnd::Failed(error) => {
-                    self.cache.known.store(false, Ordering::Release);
-                    tracing::debug!(cluster = %self.teller.owner.1, kind = %self.kind, %error, "drift watch interrupted");
-                    from = Some(last);
-                }
-            }
-            if brief {
-                failures = failures.saturating_add(1);
-                if self.reach.pause(retry_delay(failures)).await {
+                if brief {
+                    failures = failures.saturating_add(1);
+                    if self.pause(failures).await {
+                        failures = 0;
+                    }
+                } else {
                     failures = 0;
                 }
-            } else {
-                failures = 0;
             }
         }
+    }
+
+    /// Waits before the `failures`-th try in a row ([`Reach::pause`]); boxed, so that the wait's timer is
+    /// held only while the watch waits, not for the whole life of its task.
+    async fn pause(&self, failures: u32) -> bool {
+        Box::pin(self.cluster.reach.pause(retry_delay(failures))).await
     }
 
     fn request(&self) -> kube::core::Request {
@@ -528,7 +540,7 @@ impl KindFollower {
     /// Who last wrote `meta`'s object, other than us if anyone.
     fn writer(&self, meta: &kube::api::ObjectMeta) -> Option<DriftCause> {
         let entries = meta.managed_fields.as_deref().unwrap_or_default();
-        last_writer(entries, &self.engine.field_manager).map(DriftCause::Written)
+        last_writer(entries, &self.cluster.engine.field_manager).map(DriftCause::Written)
     }
 
     /// The watch request of the kind's objects of ours (metadata only, no bookmarks) from `last`.
@@ -556,8 +568,12 @@ impl KindFollower {
             .request()
             .list_metadata(&ListParams::default().labels(&cso_api::owned_selector()))
             .map_err(|e| e.to_string())?;
-        let list: ObjectList<PartialObjectMeta<DynamicObject>> =
-            self.client.request(request).await.map_err(|e| e.to_string())?;
+        let list: ObjectList<PartialObjectMeta<DynamicObject>> = self
+            .cluster
+            .client
+            .request(request)
+            .await
+            .map_err(|e| e.to_string())?;
         let listed: HashMap<(Atom, Atom), LiveMeta> = list
             .items
             .iter()
@@ -567,13 +583,14 @@ impl KindFollower {
             })
             .collect();
         let changed: Option<ObjectKey> = self
+            .cluster
             .engine
             .applied_of_kind(&self.group, &self.kind)
             .into_iter()
             .find(|key| {
                 listed
                     .get(&(key.namespace.clone(), key.name.clone()))
-                    .is_none_or(|live| !self.engine.left_as_applied(key, live))
+                    .is_none_or(|live| !self.cluster.engine.left_as_applied(key, live))
             });
         *self.cache.objects() = listed;
         self.cache.known.store(true, Ordering::Release);
@@ -582,35 +599,38 @@ impl KindFollower {
                 Some(object) => self.writer(&object.metadata),
                 None => Some(DriftCause::Gone),
             };
-            self.teller.tell("listed changed or missing", &key, cause);
+            self.cluster.teller.tell("listed changed or missing", &key, cause);
         }
         list.metadata
             .resource_version
             .ok_or_else(|| "a list without a resourceVersion".to_owned())
     }
 
+    /// Sends the watch request from `last`: the body of its answer, or how the watch ends when it fails or
+    /// is refused.
+    async fn open(&self, last: &str) -> Result<Box<DynBody>, WatchEnd> {
+        let failed = |e: &dyn std::fmt::Display| WatchEnd::Failed(e.to_string());
+        let request = self.watch_request(last).map_err(|e| failed(&e))?;
+        let response = self.cluster.client.send(request).await.map_err(|e| failed(&e))?;
+        match response.status() {
+            status if status == http::StatusCode::GONE => Err(WatchEnd::Gone),
+            status if !status.is_success() => Err(WatchEnd::Failed(format!("watch answered {status}"))),
+            _ => Ok(response.into_body()),
+        }
+    }
+
     /// One watch request from `last`, which follows the events.
     async fn watch_from(&self, last: &mut String) -> WatchEnd {
-        let request = match self.watch_request(last) {
-            Ok(request) => request,
-            Err(e) => return WatchEnd::Failed(e.to_string()),
-        };
         // Boxed, and so freed once answered: the request's future is several times the size of what the
         // stream needs, and a task's future keeps the size of its largest state for as long as the watch lasts
         // (nine watches per workload cluster).
-        let response = match Box::pin(self.client.send(request)).await {
-            Ok(response) => response,
-            Err(e) => return WatchEnd::Failed(e.to_string()),
+        let mut body = match Box::pin(self.open(last)).await {
+            Ok(body) => body,
+            Err(end) => return end,
         };
-        match response.status() {
-            status if status == http::StatusCode::GONE => return WatchEnd::Gone,
-            status if !status.is_success() => return WatchEnd::Failed(format!("watch answered {status}")),
-            _ => {}
-        }
         let _streaming = Streaming::begin(&self.cache.streaming);
         // Every change after `last` comes on this stream: the cache, as of `last`, is kept whole from here.
         self.cache.known.store(true, Ordering::Release);
-        let mut body = response.into_body();
         let mut lines = LineBuffer::default();
         while let Some(frame) = body.frame().await {
             let data = match frame {
@@ -641,7 +661,7 @@ impl KindFollower {
     /// happened to objects recorded later (after a restart, the reads of the first pass) up to their records,
     /// changes put back since among it. The event of the recorded version itself is taken in.
     fn stale(&self, key: &ObjectKey, version: Option<&str>) -> bool {
-        version.is_some_and(|version| self.engine.recorded_later_than(key, version))
+        version.is_some_and(|version| self.cluster.engine.recorded_later_than(key, version))
     }
 
     /// Takes in one event line; `Some` ends the watch.
@@ -662,8 +682,9 @@ impl KindFollower {
                     return None;
                 }
                 // Asked before the judgement: `None` then means any write of the object is recorded already.
-                let written = self.engine.written(&key);
-                let drifted = self.engine.has_applied(&key) && !self.engine.left_as_applied(&key, &live);
+                let written = self.cluster.engine.written(&key);
+                let drifted = self.cluster.engine.has_applied(&key)
+                    && !self.cluster.engine.left_as_applied(&key, &live);
                 let cause = if drifted {
                     self.writer(&object.metadata)
                 } else {
@@ -678,18 +699,18 @@ impl KindFollower {
                         // or of a change the write put back. Judged once it is recorded, neither is drift (told,
                         // they would look like a writer answering each correction at once).
                         Some(written) => {
-                            let (engine, teller) = (self.engine.clone(), self.teller.clone());
+                            let cluster = self.cluster.clone();
                             tokio::spawn(async move {
                                 written.await;
                                 let before_the_write = version
                                     .as_deref()
-                                    .is_some_and(|version| engine.recorded_since(&key, version));
-                                if !before_the_write && !engine.left_as_applied(&key, &live) {
-                                    teller.tell("changed", &key, cause);
+                                    .is_some_and(|version| cluster.engine.recorded_since(&key, version));
+                                if !before_the_write && !cluster.engine.left_as_applied(&key, &live) {
+                                    cluster.teller.tell("changed", &key, cause);
                                 }
                             });
                         }
-                        None => self.teller.tell("changed", &key, cause),
+                        None => self.cluster.teller.tell("changed", &key, cause),
                     }
                 }
             }
@@ -705,8 +726,9 @@ impl KindFollower {
                 self.cache
                     .objects()
                     .remove(&(key.namespace.clone(), key.name.clone()));
-                if self.engine.has_applied(&key) {
-                    self.teller
+                if self.cluster.engine.has_applied(&key) {
+                    self.cluster
+                        .teller
                         .tell("deleted or unlabelled", &key, Some(DriftCause::Gone));
                 }
             }
@@ -862,5 +884,25 @@ mod tests {
     fn retries_wait_longer_each_time_up_to_a_minute() {
         let delays: Vec<u64> = [1, 2, 3, 7, 30].map(|n| retry_delay(n).as_secs()).into();
         assert_eq!(delays, [1, 2, 4, 60, 60]);
+    }
+
+    /// The size of what `f` returns, without calling it.
+    fn size_of_output<A, B, R>(_: impl Fn(A, B) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    #[test]
+    fn the_task_of_a_kinds_watch_stays_small() {
+        // Kept for the watch's life, nine per workload cluster, in a tokio task cell aligned to 128 bytes with
+        // about 100 of its own: at most 288 keeps the cell at 384 bytes (the future was 1104 bytes before the
+        // cluster's shared parts went behind one pointer and the request and the wait were boxed).
+        let follow = size_of_output(KindFollower::follow);
+        assert!(follow <= 288, "a kind's watch future takes {follow} bytes");
+        let streaming =
+            size_of_output(|follower: &KindFollower, last: &mut String| follower.watch_from(last));
+        assert!(
+            streaming <= 128,
+            "a watch request's future takes {streaming} bytes"
+        );
     }
 }
