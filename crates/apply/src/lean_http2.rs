@@ -287,7 +287,8 @@ impl Stream {
 
 enum Head {
     Waiting,
-    Ready(StatusCode, HeaderMap),
+    /// Boxed: a stream lives as long as its watch, its answer's head only until the reader takes it.
+    Ready(Box<(StatusCode, HeaderMap)>),
     Taken,
 }
 
@@ -477,10 +478,10 @@ impl Connection {
             return Poll::Ready(Err(error("the stream was forgotten")));
         };
         if let Head::Ready(..) = stream.head {
-            let Head::Ready(status, headers) = std::mem::replace(&mut stream.head, Head::Taken) else {
+            let Head::Ready(head) = std::mem::replace(&mut stream.head, Head::Taken) else {
                 unreachable!("matched above")
             };
-            return Poll::Ready(Ok((status, headers)));
+            return Poll::Ready(Ok(*head));
         }
         if let Some(failed) = stream.failed.clone().or(closed) {
             return Poll::Ready(Err(failed));
@@ -1025,7 +1026,7 @@ fn header_block_done(state: &mut State, stream: u32, wake: &mut Vec<Waker>) -> R
         if matches!(open.head, Head::Waiting) {
             match status {
                 Some(status) if status.is_informational() => {}
-                Some(status) => open.head = Head::Ready(status, headers),
+                Some(status) => open.head = Head::Ready(Box::new((status, headers))),
                 None => open.failed = Some(error("a response without a :status")),
             }
         }
@@ -1256,8 +1257,8 @@ mod tests {
         let used = handle_frames(&mut state, &bytes[..bytes.len() - 1], &mut wake).unwrap();
         assert_eq!(used, bytes.len() - 9 - 4);
         let stream = state.stream(1).unwrap();
-        assert!(matches!(&stream.head, Head::Ready(status, headers)
-            if *status == StatusCode::OK && headers["content-type"] == "application/json"));
+        assert!(matches!(&stream.head, Head::Ready(head)
+            if head.0 == StatusCode::OK && head.1["content-type"] == "application/json"));
         assert_eq!(stream.data, [Bytes::from_static(b"{\"a\":1}\n")]);
         assert_eq!(
             (stream.ended, stream.taken),
