@@ -46,8 +46,9 @@ pub(crate) enum Stack {
     Ours {
         service: SharedService,
         /// The same layers over the lean client ([`crate::lean_http2`]) of the same connector, for requests
-        /// that stay open: a connection of its own, kept while they are.
-        lasting: SharedService,
+        /// that stay open: a connection of its own, kept while they are. Made only when such requests are
+        /// asked for ([`DirectRequests::OwnLeanConnection`]).
+        lasting: Option<SharedService>,
         default_namespace: String,
     },
     Kube(ClientBuilder<Service>),
@@ -109,9 +110,24 @@ impl IdleConnection {
     }
 }
 
+/// Where a config's direct requests (`ClientMaker::direct`: watches and what else stays open) go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectRequests {
+    /// On a lean connection of their own ([`crate::lean_http2`]), kept while they are open: for a workload
+    /// cluster's drift watches.
+    OwnLeanConnection,
+    /// On the kube clients' connection: for clients that make none, or a few that end (the lean client and
+    /// its layers are not made).
+    SharedConnection,
+}
+
 /// The service for `config`, whose connections speak HTTP/2 where the server offers it, and are kept or
-/// released when idle as `idle` says.
-pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack, kube::Error> {
+/// released when idle as `idle` says; direct requests go as `direct` says.
+pub(crate) fn stack(
+    config: kube::Config,
+    idle: IdleConnection,
+    direct: DirectRequests,
+) -> Result<Stack, kube::Error> {
     if config.proxy_url.is_some() {
         return ClientBuilder::try_from(config).map(Stack::Kube);
     }
@@ -159,8 +175,29 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
                 response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
             },
         ));
+    let layers = ConfigLayers::of(&config)?;
+    let lasting = (direct == DirectRequests::OwnLeanConnection).then(|| {
+        layers.over(BoxCloneSyncService::new(lean_client(
+            lean_connector,
+            hyper_client.clone(),
+        )))
+    });
+    let service = layers.over(hyper_client);
+    Ok(Stack::Ours {
+        service,
+        lasting,
+        default_namespace: config.default_namespace,
+    })
+}
+
+/// The connector of a config's connections: TCP (keep-alive set), TLS when the URL asks for it, timeouts.
+type Connector = TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>;
+
+/// The lean HTTP/2 client over `connector`, asking servers without HTTP/2 (and requests with a body) through
+/// `fallback`.
+fn lean_client(connector: Connector, fallback: crate::lean_http2::Fallback) -> crate::lean_http2::LeanHttp2 {
     let connect: crate::lean_http2::Connect = std::sync::Arc::new(move |uri| {
-        let connector = lean_connector.clone();
+        let connector = connector.clone();
         Box::pin(async move {
             use hyper_util::client::legacy::connect::Connection;
             let stream = connector.oneshot(uri).await?;
@@ -171,15 +208,7 @@ pub(crate) fn stack(config: kube::Config, idle: IdleConnection) -> Result<Stack,
             ))
         })
     });
-    let lean = crate::lean_http2::LeanHttp2::new(connect, hyper_client.clone());
-    let layers = ConfigLayers::of(&config)?;
-    let service = layers.over(hyper_client);
-    let lasting = layers.over(BoxCloneSyncService::new(lean));
-    Ok(Stack::Ours {
-        service,
-        lasting,
-        default_namespace: config.default_namespace,
-    })
+    crate::lean_http2::LeanHttp2::new(connect, fallback)
 }
 
 /// The config's layers: base URI, retries when the config asks for them, authentication, extra headers, and

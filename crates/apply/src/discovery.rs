@@ -580,6 +580,7 @@ mod tests {
             ClientLimits::UNLIMITED,
             None,
             IdleConnection::ReleasedAfter(Duration::from_secs(1)),
+            crate::DirectRequests::SharedConnection,
         )
         .unwrap();
         let idle = Duration::from_secs(2);

@@ -19,7 +19,7 @@ use kube::client::{Body, DynBody};
 use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use crate::IdleConnection;
+use crate::{DirectRequests, IdleConnection};
 
 /// `--qps` and `--burst`. A `qps` of zero or less means no limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,7 +63,7 @@ fn client_with(
     observer: Option<crate::RequestObserver>,
     idle: IdleConnection,
 ) -> Result<kube::Client, kube::Error> {
-    Ok(ClientMaker::new(config, limits, observer, idle)?.make())
+    Ok(ClientMaker::new(config, limits, observer, idle, DirectRequests::SharedConnection)?.make())
 }
 
 /// Makes clients for one config, each with its own rate limit and request channel, all sharing one connection
@@ -79,7 +79,8 @@ pub struct ClientMaker {
 enum Source {
     Shared {
         service: crate::connection::SharedService,
-        lasting: Arc<crate::connection::SharedService>,
+        /// The lean connection's service for direct requests, when asked for.
+        lasting: Option<Arc<crate::connection::SharedService>>,
         default_namespace: String,
     },
     One(kube::Client),
@@ -96,21 +97,22 @@ impl std::fmt::Debug for ClientMaker {
 
 impl ClientMaker {
     /// Clients for `config` limited by `limits`, their requests told to `observer` when given, their
-    /// connections kept or released when idle as `idle` says.
+    /// connections kept or released when idle as `idle` says, their direct requests sent as `direct` says.
     pub fn new(
         config: kube::Config,
         limits: ClientLimits,
         observer: Option<crate::RequestObserver>,
         idle: IdleConnection,
+        direct: DirectRequests,
     ) -> Result<Self, kube::Error> {
-        let source = match crate::connection::stack(config, idle)? {
+        let source = match crate::connection::stack(config, idle, direct)? {
             crate::connection::Stack::Ours {
                 service,
                 lasting,
                 default_namespace,
             } => Source::Shared {
                 service,
-                lasting: Arc::new(lasting),
+                lasting: lasting.map(Arc::new),
                 default_namespace,
             },
             crate::connection::Stack::Kube(builder) => {
@@ -143,12 +145,12 @@ impl ClientMaker {
         }
     }
 
-    /// A [`DirectClient`] over the lean connection of these clients (with a bucket of its own, shared by its
-    /// clones), or over the one client.
+    /// A [`DirectClient`] over the lean connection of these clients when they were made with one (else over
+    /// their shared connection), with a bucket of its own, shared by its clones; or over the one client.
     pub fn direct(&self) -> DirectClient {
         let route = match &self.source {
-            Source::Shared { lasting, .. } => DirectRoute::Shared {
-                service: lasting.clone(),
+            Source::Shared { service, lasting, .. } => DirectRoute::Shared {
+                service: lasting.clone().unwrap_or_else(|| Arc::new(service.clone())),
                 bucket: self
                     .limits
                     .enabled()

@@ -231,7 +231,12 @@ impl WorkloadClients {
         // The drift watches ride a lean connection of their own, kept while they are; nothing needs the kube
         // clients' one between passes.
         let idle = crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER);
-        let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle)
+        let direct = if self.drift_notifier.is_some() {
+            crate::DirectRequests::OwnLeanConnection
+        } else {
+            crate::DirectRequests::SharedConnection
+        };
+        let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle, direct)
             .map_err(|e| invalid(e.to_string()))?;
         // Kube's clients are made for a pass and dropped after it, with drift watches too: theirs is a direct
         // client.

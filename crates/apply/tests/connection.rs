@@ -8,7 +8,7 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use cso_apply::{ClientLimits, IdleConnection, limited_client};
+use cso_apply::{ClientLimits, DirectRequests, IdleConnection, limited_client};
 use cso_testenv::proxy::ApiProxy;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -200,7 +200,14 @@ async fn a_direct_client_keeps_its_watch_on_a_lean_connection_of_its_own() {
     let (_proxy, port, config) = behind_a_proxy().await;
     let limits = ClientLimits { qps: 50.0, burst: 10 };
     let dropped_after = Duration::from_millis(500);
-    let maker = ClientMaker::new(config, limits, None, IdleConnection::ReleasedAfter(dropped_after)).unwrap();
+    let maker = ClientMaker::new(
+        config,
+        limits,
+        None,
+        IdleConnection::ReleasedAfter(dropped_after),
+        DirectRequests::OwnLeanConnection,
+    )
+    .unwrap();
     let discovery = ClusterDiscovery::on_demand(maker, dropped_after);
     let direct = discovery.direct_client();
 
@@ -322,7 +329,14 @@ async fn a_direct_client_asks_a_server_without_http2_over_http1() {
 
     let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
     let idle = IdleConnection::ReleasedAfter(Duration::from_secs(1));
-    let maker = ClientMaker::new(config, ClientLimits::UNLIMITED, None, idle).unwrap();
+    let maker = ClientMaker::new(
+        config,
+        ClientLimits::UNLIMITED,
+        None,
+        idle,
+        DirectRequests::OwnLeanConnection,
+    )
+    .unwrap();
     let direct = maker.direct();
     for _ in 0..2 {
         let version = direct.apiserver_version().await.unwrap();
