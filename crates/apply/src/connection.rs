@@ -45,10 +45,9 @@ pub(crate) type SharedService = BoxCloneSyncService<Request<Body>, Response<Box<
 pub(crate) enum Stack {
     Ours {
         service: SharedService,
-        /// The same layers over the lean client ([`crate::lean_http2`]) of the same connector, for requests
-        /// that stay open: a connection of its own, kept while they are. Made only when such requests are
-        /// asked for ([`DirectRequests::OwnLeanConnection`]).
-        lasting: Option<SharedService>,
+        /// The same layers over the lean client ([`crate::lean_http2`]) of the same connector, falling back to
+        /// `service`: a connection kept while it is used. Made only when asked for ([`Connections::Lean`]).
+        lean: Option<SharedService>,
         default_namespace: String,
     },
     Kube(ClientBuilder<Service>),
@@ -110,23 +109,25 @@ impl IdleConnection {
     }
 }
 
-/// Where a config's direct requests (`ClientMaker::direct`: watches and what else stays open) go.
+/// Which connections a config's clients (kube's and direct ones) use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DirectRequests {
-    /// On a lean connection of their own ([`crate::lean_http2`]), kept while they are open: for a workload
-    /// cluster's drift watches.
-    OwnLeanConnection,
-    /// On the kube clients' connection: for clients that make none, or a few that end (the lean client and
-    /// its layers are not made).
-    SharedConnection,
+pub enum Connections {
+    /// One lean HTTP/2 connection ([`crate::lean_http2`]), kept while a request or a handle to it is left,
+    /// carrying the watches and every request it can; what it cannot (a body larger than the server's windows
+    /// take at once, a server without HTTP/2) goes through hyper's pool, released as `IdleConnection` says.
+    /// For a workload cluster with drift watches: the passes' requests ride the watches' connection, without
+    /// a second connection and TLS handshake of their own.
+    Lean,
+    /// hyper's pool only (the lean client and its layers are not made): for clients without watches that last.
+    Pooled,
 }
 
 /// The service for `config`, whose connections speak HTTP/2 where the server offers it, and are kept or
-/// released when idle as `idle` says; direct requests go as `direct` says.
+/// released when idle as `idle` says, lean or pooled as `connections` says.
 pub(crate) fn stack(
     config: kube::Config,
     idle: IdleConnection,
-    direct: DirectRequests,
+    connections: Connections,
 ) -> Result<Stack, kube::Error> {
     if config.proxy_url.is_some() {
         return ClientBuilder::try_from(config).map(Stack::Kube);
@@ -176,7 +177,7 @@ pub(crate) fn stack(
             },
         ));
     let layers = ConfigLayers::of(&config)?;
-    let lasting = (direct == DirectRequests::OwnLeanConnection).then(|| {
+    let lean = (connections == Connections::Lean).then(|| {
         layers.over(BoxCloneSyncService::new(lean_client(
             lean_connector,
             hyper_client.clone(),
@@ -185,7 +186,7 @@ pub(crate) fn stack(
     let service = layers.over(hyper_client);
     Ok(Stack::Ours {
         service,
-        lasting,
+        lean,
         default_namespace: config.default_namespace,
     })
 }

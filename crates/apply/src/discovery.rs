@@ -580,7 +580,7 @@ mod tests {
             ClientLimits::UNLIMITED,
             None,
             IdleConnection::ReleasedAfter(Duration::from_secs(1)),
-            crate::DirectRequests::SharedConnection,
+            crate::Connections::Pooled,
         )
         .unwrap();
         let idle = Duration::from_secs(2);

@@ -1,16 +1,19 @@
-//! A lean HTTP/2 client for the requests that stay open for minutes: a workload cluster's drift watches (and
-//! their reach probe). hyper's client holds, per connection, buffers sized for throughput and kept for the
-//! connection's life (a 16 KiB write buffer, a read buffer grown to the largest frame, queues and slabs) and a
-//! request channel of 32 slots: about 80 KiB per workload cluster whose watches stay open, most of what such a
-//! cluster costs. This client keeps nothing it does not need between frames: a frame is read into a buffer on
-//! the stack of the task that reads it, and only the rest of a frame split between two reads is kept; bytes to
-//! send are kept only until written; the server is asked for no HPACK table; each open stream holds the
-//! response data the watch has not taken yet, bounded by its flow-control window.
+//! A lean HTTP/2 client for a workload cluster's requests: its drift watches (and their reach probe), which
+//! stay open for minutes, and the passes' requests beside them. hyper's client holds, per connection, buffers
+//! sized for throughput and kept for the connection's life (a 16 KiB write buffer, a read buffer grown to the
+//! largest frame, queues and slabs) and a request channel of 32 slots: about 80 KiB per workload cluster whose
+//! watches stay open, most of what such a cluster costs. This client keeps nothing it does not need between
+//! frames: a frame is read into a buffer on the stack of the task that reads it, and only the rest of a frame
+//! split between two reads is kept; bytes to send are kept only until written; the server is asked for no
+//! HPACK table; each open stream holds the response data its reader has not taken yet, bounded by its
+//! flow-control window.
 //!
-//! It speaks only what these requests need: requests without a body (GET), their responses, flow control of
-//! what is received, SETTINGS, PING (answered, and sent every [`KEEP_ALIVE_INTERVAL`] to find a dead peer),
-//! RST_STREAM and GOAWAY. A request with a body goes through `fallback`, hyper's client of the same
-//! connector, as does every request to a server that does not offer HTTP/2 (no ALPN `h2`, plain HTTP).
+//! It speaks only what these requests need: requests whose body is in memory, sent whole as their stream
+//! opens when the server's windows take it (else through `fallback`, so that nothing here waits for a
+//! window), their responses, flow control of what is received, SETTINGS, PING (answered, and sent every
+//! [`KEEP_ALIVE_INTERVAL`] to find a dead peer), RST_STREAM and GOAWAY. `fallback` is hyper's client of the
+//! same connector; it also takes every request to a server that does not offer HTTP/2 (no ALPN `h2`, plain
+//! HTTP) and bodies that stream.
 //! The connection is made on the first request, over the connector of the cluster's other clients (its TLS
 //! config, server name, timeouts, TCP keep-alive), made again after it fails or the server sends GOAWAY, and
 //! closed when the last handle to it and its last stream are gone.
@@ -29,6 +32,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use kube::client::{Body, DynBody};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -59,6 +63,10 @@ const STREAM_WINDOW: u32 = 256 * 1024;
 /// The window of the whole connection (the spec's default is 64 KiB), given back as data arrives: the streams'
 /// windows are what bound the memory.
 const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// The flow-control window of a connection and of its streams until the peer's SETTINGS or WINDOW_UPDATE
+/// say otherwise (the spec's), and the largest a window may grow to.
+const DEFAULT_WINDOW: u32 = 65_535;
+const MAX_WINDOW: u32 = 0x7fff_ffff;
 /// The largest frame the server may send: the spec's default, not raised.
 const MAX_FRAME: usize = 16 * 1024;
 /// The largest header block (a HEADERS frame and its CONTINUATIONs) taken, and the most bytes its headers
@@ -156,28 +164,34 @@ impl LeanHttp2 {
     /// Sends `request` and answers as the response starts; its body streams.
     pub(crate) async fn send(&self, request: Request<Body>) -> Result<Response<Box<DynBody>>, BoxError> {
         let endpoint = &self.endpoint;
-        if endpoint.without_http2.load(Ordering::Acquire) || !http_body::Body::is_end_stream(request.body()) {
+        let sized = http_body::Body::size_hint(request.body()).exact().is_some();
+        if endpoint.without_http2.load(Ordering::Acquire) || !sized {
             return endpoint.fallback.clone().oneshot(request).await;
         }
-        let (parts, _) = request.into_parts();
+        let (parts, body) = request.into_parts();
+        // Sized: an encoded object in memory (kube's requests have nothing else), taken at once.
+        let body = body.collect().await?.to_bytes();
         let block = request_header_block(&parts)?;
         // A connection that went away between two requests is made again once.
         for _ in 0..2 {
-            let Some(connection) = endpoint.connection(&parts.uri).await? else {
-                let request = Request::from_parts(parts, Body::empty());
-                return endpoint.fallback.clone().oneshot(request).await;
+            let opened = match endpoint.connection(&parts.uri).await? {
+                Some(connection) => (connection.open(&block, &body), connection),
+                None => break,
             };
-            let Some(id) = connection.open(&block) else {
-                endpoint.forget(&connection).await;
-                continue;
-            };
-            let head = ResponseHead {
-                connection: Some(connection),
-                id,
-            };
-            return Ok(head.await?);
+            match opened {
+                (Opened::Stream(id), connection) => {
+                    let head = ResponseHead {
+                        connection: Some(connection),
+                        id,
+                    };
+                    return Ok(head.await?);
+                }
+                (Opened::NotTaken, connection) => endpoint.forget(&connection).await,
+                (Opened::BodyOverWindow, _) => break,
+            }
         }
-        Err(error("the workload API server closed its new connection at once").into())
+        let request = Request::from_parts(parts, Body::from(body));
+        endpoint.fallback.clone().oneshot(request).await
     }
 }
 
@@ -254,6 +268,11 @@ struct State {
     /// Connection-level: data received and not yet given back (the window left is the rest of
     /// [`CONNECTION_WINDOW`]: it is given back as data arrives).
     connection_received: u32,
+    /// What the server lets us send: on the connection (its window, given back by its WINDOW_UPDATEs), and on
+    /// a new stream (its SETTINGS_INITIAL_WINDOW_SIZE). A request's body is sent whole when it opens its
+    /// stream, or not on this connection, so that nothing waits for a window here.
+    send_window: u32,
+    peer_stream_window: u32,
     ping_sent: Option<Instant>,
 }
 
@@ -312,6 +331,8 @@ impl State {
             block_stream: 0,
             block_ends_stream: false,
             connection_received: 0,
+            send_window: DEFAULT_WINDOW,
+            peer_stream_window: DEFAULT_WINDOW,
             ping_sent: None,
         }
     }
@@ -442,12 +463,18 @@ impl Connection {
         unlock_and_wake_driver(state);
     }
 
-    /// Opens a stream with the request header block `block`; `None` if the connection takes no new streams.
-    fn open(&self, block: &[u8]) -> Option<u32> {
+    /// Opens a stream with the request header block `block` and sends `body` on it whole, when the
+    /// connection takes new streams and the server's windows take the body.
+    fn open(&self, block: &[u8], body: &[u8]) -> Opened {
         let mut state = self.lock();
         if !state.takes_streams() {
-            return None;
+            return Opened::NotTaken;
         }
+        let length = u32::try_from(body.len()).unwrap_or(u32::MAX);
+        if length > state.send_window.min(state.peer_stream_window) {
+            return Opened::BodyOverWindow;
+        }
+        state.send_window -= length;
         let id = state.next_id;
         state.next_id += 2;
         let max = state.peer_max_frame;
@@ -455,10 +482,10 @@ impl Connection {
         let mut first = true;
         while let Some(chunk) = chunks.next() {
             let last = chunks.peek().is_none();
-            let (kind, mut flags) = if first {
-                (frame::HEADERS, frame::END_STREAM)
-            } else {
-                (frame::CONTINUATION, 0)
+            let (kind, mut flags) = match (first, body.is_empty()) {
+                (true, true) => (frame::HEADERS, frame::END_STREAM),
+                (true, false) => (frame::HEADERS, 0),
+                (false, _) => (frame::CONTINUATION, 0),
             };
             if last {
                 flags |= frame::END_HEADERS;
@@ -466,9 +493,18 @@ impl Connection {
             state.push_frame(kind, flags, id, chunk);
             first = false;
         }
+        let mut chunks = body.chunks(max).peekable();
+        while let Some(chunk) = chunks.next() {
+            let flags = if chunks.peek().is_none() {
+                frame::END_STREAM
+            } else {
+                0
+            };
+            state.push_frame(frame::DATA, flags, id, chunk);
+        }
         state.streams.push(Stream::new(id));
         unlock_and_wake_driver(state);
-        Some(id)
+        Opened::Stream(id)
     }
 
     fn poll_head(&self, id: u32, cx: &mut Context<'_>) -> Poll<Result<(StatusCode, HeaderMap), LeanError>> {
@@ -524,6 +560,17 @@ impl Connection {
         state.drop_stream(id);
         unlock_and_wake_driver(state);
     }
+}
+
+/// What became of a request offered to a connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Opened {
+    /// Sent on this stream.
+    Stream(u32),
+    /// The connection takes no new streams (closed, going away, or as many open as the server allows).
+    NotTaken,
+    /// Its body is larger than what the server lets us send now.
+    BodyOverWindow,
 }
 
 /// A response on its way: its stream is reset and forgotten if this is dropped before it comes.
@@ -950,6 +997,15 @@ fn handle_frame(
                         state.peer_max_frame = (value as usize).clamp(MAX_FRAME, (1 << 24) - 1)
                     }
                     frame::SETTINGS_MAX_CONCURRENT_STREAMS => state.peer_max_streams = value as usize,
+                    // For streams opened from now on: an open one's body was sent whole as it opened.
+                    frame::SETTINGS_INITIAL_WINDOW_SIZE if value > MAX_WINDOW => {
+                        return Err(protocol_failure(
+                            state,
+                            frame::FLOW_CONTROL_ERROR,
+                            format!("a stream window of {value} bytes"),
+                        ));
+                    }
+                    frame::SETTINGS_INITIAL_WINDOW_SIZE => state.peer_stream_window = value,
                     _ => {}
                 }
             }
@@ -989,7 +1045,40 @@ fn handle_frame(
                 "a PUSH_PROMISE, though push was turned off".into(),
             ));
         }
-        // WINDOW_UPDATE (nothing is sent that flow control counts), PRIORITY and unknown kinds.
+        frame::WINDOW_UPDATE => {
+            let increment = payload
+                .try_into()
+                .map(|bytes| u32::from_be_bytes(bytes) & MAX_WINDOW)
+                .map_err(|_| {
+                    protocol_failure(
+                        state,
+                        frame::FRAME_SIZE_ERROR,
+                        "a WINDOW_UPDATE of bad size".into(),
+                    )
+                })?;
+            // A stream's: nothing more is sent on it (its body went whole as it opened).
+            if stream == 0 {
+                if increment == 0 {
+                    return Err(protocol_failure(
+                        state,
+                        frame::PROTOCOL_ERROR,
+                        "a WINDOW_UPDATE of nothing".into(),
+                    ));
+                }
+                state.send_window = state
+                    .send_window
+                    .checked_add(increment)
+                    .filter(|window| *window <= MAX_WINDOW)
+                    .ok_or_else(|| {
+                        protocol_failure(
+                            state,
+                            frame::FLOW_CONTROL_ERROR,
+                            "the connection's window grew past 2^31 - 1".into(),
+                        )
+                    })?;
+            }
+        }
+        // PRIORITY and unknown kinds.
         _ => {}
     }
     Ok(())
@@ -1222,16 +1311,9 @@ mod tests {
             .body(())
             .unwrap();
         let block = request_header_block(&request.into_parts().0).unwrap();
-        let id = connection.open(&block).unwrap();
-        let out = std::mem::take(&mut connection.lock().out);
-        let mut frames = Vec::new();
-        let mut rest = &out[..];
-        while !rest.is_empty() {
-            let length = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
-            frames.push((rest[3], rest[4], length));
-            rest = &rest[9 + length..];
-        }
-        let kinds: Vec<(u8, u8)> = frames.iter().map(|(k, f, _)| (*k, *f)).collect();
+        assert_eq!(connection.open(&block, &[]), Opened::Stream(1));
+        let frames = frames_of(&std::mem::take(&mut connection.lock().out));
+        let kinds: Vec<(u8, u8)> = frames.iter().map(|f| (f.0, f.1)).collect();
         assert_eq!(
             kinds,
             [
@@ -1240,9 +1322,9 @@ mod tests {
                 (frame::CONTINUATION, frame::END_HEADERS)
             ]
         );
-        assert!(frames.iter().all(|(_, _, length)| *length <= MAX_FRAME));
-        assert_eq!(frames.iter().map(|f| f.2).sum::<usize>(), block.len());
-        assert_eq!((id, connection.lock().next_id), (1, 3));
+        assert!(frames.iter().all(|f| f.3 <= MAX_FRAME));
+        assert_eq!(frames.iter().map(|f| f.3).sum::<usize>(), block.len());
+        assert_eq!(connection.lock().next_id, 3);
     }
 
     #[test]
@@ -1428,5 +1510,115 @@ mod tests {
         );
         // An index past both tables.
         assert!(decode_head(&mut loona_hpack::Decoder::new(), &[0xff, 0x7f]).is_err());
+    }
+
+    /// The frames of `out` as (kind, flags, stream, payload length).
+    fn frames_of(out: &[u8]) -> Vec<(u8, u8, u32, usize)> {
+        let mut frames = Vec::new();
+        let mut rest = out;
+        while rest.len() >= 9 {
+            let length = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+            let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
+            frames.push((rest[3], rest[4], stream, length));
+            rest = &rest[9 + length..];
+        }
+        frames
+    }
+
+    fn settings(pairs: &[(u16, u32)]) -> Vec<u8> {
+        let payload: Vec<u8> = pairs
+            .iter()
+            .flat_map(|(id, value)| id.to_be_bytes().into_iter().chain(value.to_be_bytes()))
+            .collect();
+        framed(frame::SETTINGS, 0, 0, &payload)
+    }
+
+    /// A connection without a driver, as the server's `frames` left it, nothing left to send.
+    fn connection_after(frames: &[u8]) -> Connection {
+        let mut state = state();
+        let mut wake = Vec::new();
+        assert_eq!(
+            handle_frames(&mut state, frames, &mut wake).unwrap(),
+            frames.len()
+        );
+        state.out.clear();
+        Connection {
+            state: Mutex::new(state),
+        }
+    }
+
+    #[test]
+    fn a_body_is_sent_whole_as_its_stream_opens_while_the_servers_windows_take_it() {
+        let mut from_server = settings(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 40_000)]);
+        from_server.extend(framed(frame::WINDOW_UPDATE, 0, 0, &10_000u32.to_be_bytes()));
+        let connection = connection_after(&from_server);
+        let block = [0x82u8; 10];
+
+        assert_eq!(connection.open(&block, &[7; 40_000]), Opened::Stream(1));
+        let sent = std::mem::take(&mut connection.lock().out);
+        assert_eq!(
+            frames_of(&sent),
+            [
+                (frame::HEADERS, frame::END_HEADERS, 1, 10),
+                (frame::DATA, 0, 1, MAX_FRAME),
+                (frame::DATA, 0, 1, MAX_FRAME),
+                (frame::DATA, frame::END_STREAM, 1, 40_000 - 2 * MAX_FRAME),
+            ],
+            "the headers, then the body in frames of the largest size, the last ending the stream"
+        );
+        assert_eq!(connection.lock().send_window, 65_535 + 10_000 - 40_000);
+
+        // Over a new stream's window: not sent here, and nothing spent.
+        assert_eq!(connection.open(&block, &[7; 40_001]), Opened::BodyOverWindow);
+        // Within a stream's window, over what is left of the connection's.
+        assert_eq!(connection.open(&block, &[7; 40_000]), Opened::BodyOverWindow);
+        assert!(connection.lock().out.is_empty());
+        // The server gives the connection's window back: it is sent.
+        let mut wake = Vec::new();
+        let update = framed(frame::WINDOW_UPDATE, 0, 0, &40_000u32.to_be_bytes());
+        handle_frames(&mut connection.lock(), &update, &mut wake).unwrap();
+        assert_eq!(connection.open(&block, &[7; 40_000]), Opened::Stream(3));
+        connection.lock().out.clear();
+
+        // Without a body: the headers end the stream.
+        assert_eq!(connection.open(&block, &[]), Opened::Stream(5));
+        assert_eq!(
+            frames_of(&connection.lock().out),
+            [(frame::HEADERS, frame::END_HEADERS | frame::END_STREAM, 5, 10)]
+        );
+    }
+
+    #[test]
+    fn windows_the_spec_forbids_end_the_connection_and_a_streams_update_changes_nothing() {
+        let mut wake = Vec::new();
+        for (frames, why) in [
+            (
+                framed(frame::WINDOW_UPDATE, 0, 0, &0u32.to_be_bytes()),
+                "a WINDOW_UPDATE of nothing",
+            ),
+            (
+                framed(frame::WINDOW_UPDATE, 0, 0, &MAX_WINDOW.to_be_bytes()),
+                "grew past",
+            ),
+            (
+                settings(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW + 1)]),
+                "a stream window of",
+            ),
+            (framed(frame::WINDOW_UPDATE, 0, 0, &[0; 3]), "bad size"),
+        ] {
+            let mut state = state();
+            let failed = handle_frames(&mut state, &frames, &mut wake).unwrap_err();
+            assert!(failed.to_string().contains(why), "{failed}");
+            assert!(
+                frames_of(&state.out).iter().any(|f| f.0 == frame::GOAWAY),
+                "{why}: a GOAWAY"
+            );
+        }
+        let mut state = state();
+        open(&mut state, 1);
+        let update = framed(frame::WINDOW_UPDATE, 0, 1, &1_000u32.to_be_bytes());
+        handle_frames(&mut state, &update, &mut wake).unwrap();
+        assert_eq!(state.send_window, DEFAULT_WINDOW);
+        assert!(state.out.is_empty());
     }
 }

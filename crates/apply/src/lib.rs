@@ -21,7 +21,7 @@ pub mod request_tally;
 pub mod template_data;
 pub mod workload;
 
-pub use connection::{DirectRequests, IdleConnection};
+pub use connection::{Connections, IdleConnection};
 pub use discovery::{ClusterDiscovery, DiscoveryError, cluster_resource};
 pub use drift::{DriftCause, DriftNotifier, DriftWatch, Verdict};
 pub use engine::{ApplyEngine, ApplyReport, DEFAULT_FIELD_MANAGER, Failure, LiveMeta};

@@ -19,7 +19,7 @@ use kube::client::{Body, DynBody};
 use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use crate::{DirectRequests, IdleConnection};
+use crate::{Connections, IdleConnection};
 
 /// `--qps` and `--burst`. A `qps` of zero or less means no limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,7 +63,7 @@ fn client_with(
     observer: Option<crate::RequestObserver>,
     idle: IdleConnection,
 ) -> Result<kube::Client, kube::Error> {
-    Ok(ClientMaker::new(config, limits, observer, idle, DirectRequests::SharedConnection)?.make())
+    Ok(ClientMaker::new(config, limits, observer, idle, Connections::Pooled)?.make())
 }
 
 /// Makes clients for one config, each with its own rate limit and request channel, all sharing one connection
@@ -79,8 +79,8 @@ pub struct ClientMaker {
 enum Source {
     Shared {
         service: crate::connection::SharedService,
-        /// The lean connection's service for direct requests, when asked for.
-        lasting: Option<Arc<crate::connection::SharedService>>,
+        /// The lean connection's service (falling back to `service`), when asked for: every client's.
+        lean: Option<Arc<crate::connection::SharedService>>,
         default_namespace: String,
     },
     One(kube::Client),
@@ -97,22 +97,22 @@ impl std::fmt::Debug for ClientMaker {
 
 impl ClientMaker {
     /// Clients for `config` limited by `limits`, their requests told to `observer` when given, their
-    /// connections kept or released when idle as `idle` says, their direct requests sent as `direct` says.
+    /// connections kept or released when idle as `idle` says, lean or pooled as `connections` says.
     pub fn new(
         config: kube::Config,
         limits: ClientLimits,
         observer: Option<crate::RequestObserver>,
         idle: IdleConnection,
-        direct: DirectRequests,
+        connections: Connections,
     ) -> Result<Self, kube::Error> {
-        let source = match crate::connection::stack(config, idle, direct)? {
+        let source = match crate::connection::stack(config, idle, connections)? {
             crate::connection::Stack::Ours {
                 service,
-                lasting,
+                lean,
                 default_namespace,
             } => Source::Shared {
                 service,
-                lasting: lasting.map(Arc::new),
+                lean: lean.map(Arc::new),
                 default_namespace,
             },
             crate::connection::Stack::Kube(builder) => {
@@ -126,16 +126,18 @@ impl ClientMaker {
         })
     }
 
-    /// A client: a new one over the shared connections, or a clone of the one.
+    /// A client: a new one over the shared connections (the lean one when there is one: the drift watches'
+    /// connection carries the passes' requests too, its body-less requests and those its windows take), or a
+    /// clone of the one.
     pub fn make(&self) -> kube::Client {
         match &self.source {
             Source::Shared {
                 service,
+                lean,
                 default_namespace,
-                ..
             } => with_layers(
                 kube::client::ClientBuilder::new(
-                    tower::util::BoxService::new(service.clone()),
+                    tower::util::BoxService::new(lean.as_deref().unwrap_or(service).clone()),
                     default_namespace.clone(),
                 ),
                 self.limits,
@@ -149,8 +151,8 @@ impl ClientMaker {
     /// their shared connection), with a bucket of its own, shared by its clones; or over the one client.
     pub fn direct(&self) -> DirectClient {
         let route = match &self.source {
-            Source::Shared { service, lasting, .. } => DirectRoute::Shared {
-                service: lasting.clone().unwrap_or_else(|| Arc::new(service.clone())),
+            Source::Shared { service, lean, .. } => DirectRoute::Shared {
+                service: lean.clone().unwrap_or_else(|| Arc::new(service.clone())),
                 bucket: self
                     .limits
                     .enabled()

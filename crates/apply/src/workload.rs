@@ -228,18 +228,19 @@ impl WorkloadClients {
         config.write_timeout = Some(self.request_timeout);
         // Bounds each response's start (a watch's comes at once).
         config.read_timeout = Some(self.request_timeout);
-        // The drift watches ride a lean connection of their own, kept while they are; nothing needs the kube
-        // clients' one between passes.
+        // With drift watches, one lean connection kept while they are carries them and the passes' requests;
+        // hyper's pool (without them, everything; with them, the bodies the lean one cannot send at once) is
+        // released between passes.
         let idle = crate::IdleConnection::ReleasedAfter(IDLE_CONNECTION_RELEASED_AFTER);
-        let direct = if self.drift_notifier.is_some() {
-            crate::DirectRequests::OwnLeanConnection
+        let connections = if self.drift_notifier.is_some() {
+            crate::Connections::Lean
         } else {
-            crate::DirectRequests::SharedConnection
+            crate::Connections::Pooled
         };
-        let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle, direct)
+        let maker = crate::rate_limit::ClientMaker::new(config, self.limits, None, idle, connections)
             .map_err(|e| invalid(e.to_string()))?;
         // Kube's clients are made for a pass and dropped after it, with drift watches too: theirs is a direct
-        // client.
+        // client on the same connection.
         let discovery = Arc::new(ClusterDiscovery::on_demand(maker, IDLE_CLIENT_DROPPED_AFTER));
         let kubeconfig_path = self
             .kubeconfigs

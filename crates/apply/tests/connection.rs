@@ -8,7 +8,7 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use cso_apply::{ClientLimits, DirectRequests, IdleConnection, limited_client};
+use cso_apply::{ClientLimits, Connections, IdleConnection, limited_client};
 use cso_testenv::proxy::ApiProxy;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -121,6 +121,24 @@ async fn request(client: &Client, namespace: &str) {
     api.list(&kube::api::ListParams::default()).await.unwrap();
 }
 
+/// Applies ConfigMap `name` with `size` bytes of data, and checks that the server got all of it.
+async fn apply_config_map(client: &Client, namespace: &str, name: &str, size: usize) {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let data = "x".repeat(size);
+    let object = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name},
+        "data": {"payload": data},
+    });
+    let params = kube::api::PatchParams::apply("connection-test");
+    let applied = api
+        .patch(name, &params, &kube::api::Patch::Apply(&object))
+        .await
+        .unwrap();
+    assert_eq!(applied.data.unwrap()["payload"].len(), size);
+}
+
 /// A client of `idle` behind a proxy of its own, with a watch open, that sends a request after a quiet spell
 /// of three times `quiet`; the connections it then has open.
 struct AfterAQuietSpell {
@@ -186,10 +204,11 @@ async fn an_idle_connection_is_kept_under_watches_and_let_go_without_them() {
     assert_eq!(connections_to(released.port), 1);
 }
 
-/// A workload cluster's drift watches ride a direct client: its requests share one lean HTTP/2 connection of
-/// their own, beside the connection of the kube clients made on demand (released when idle); a watch on it
-/// stays open and streams after every kube client and their connection are gone; its answers and errors read
-/// as kube's client reads them; and the connection closes once the direct client and its watch are dropped.
+/// A workload cluster's drift watches ride a direct client: its requests share one lean HTTP/2 connection,
+/// which carries the requests of the kube clients made on demand too, and their applies whose bodies the
+/// server's windows take (a larger one goes through hyper's pool, released when idle); a watch on it stays open
+/// and streams after every kube client is gone; its answers and errors read as kube's client reads them; and
+/// the connection closes once the direct client and its watch are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_direct_client_keeps_its_watch_on_a_lean_connection_of_its_own() {
     use cso_apply::{ClusterDiscovery, rate_limit::ClientMaker};
@@ -205,7 +224,7 @@ async fn a_direct_client_keeps_its_watch_on_a_lean_connection_of_its_own() {
         limits,
         None,
         IdleConnection::ReleasedAfter(dropped_after),
-        DirectRequests::OwnLeanConnection,
+        Connections::Lean,
     )
     .unwrap();
     let discovery = ClusterDiscovery::on_demand(maker, dropped_after);
@@ -240,8 +259,22 @@ async fn a_direct_client_keeps_its_watch_on_a_lean_connection_of_its_own() {
     request(&discovery.client(), &namespace).await;
     assert_eq!(
         connections_to(port),
+        1,
+        "a kube client's request rides the watch's connection"
+    );
+    // An apply whose body the server's windows take rides it too; one larger than a new stream's window (the
+    // API server grants 256 KiB) goes through hyper's pool, released when idle.
+    apply_config_map(&discovery.client(), &namespace, "small", 100 << 10).await;
+    assert_eq!(
+        connections_to(port),
+        1,
+        "an apply of 100 KiB on the lean connection"
+    );
+    apply_config_map(&discovery.client(), &namespace, "large", 600 << 10).await;
+    assert_eq!(
+        connections_to(port),
         2,
-        "the direct client's watch and a kube client's request"
+        "an apply of 600 KiB through hyper's pool, beside the lean connection"
     );
 
     // Every kube client dropped (none asked for since) and their connection released: the watch still
@@ -329,14 +362,7 @@ async fn a_direct_client_asks_a_server_without_http2_over_http1() {
 
     let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
     let idle = IdleConnection::ReleasedAfter(Duration::from_secs(1));
-    let maker = ClientMaker::new(
-        config,
-        ClientLimits::UNLIMITED,
-        None,
-        idle,
-        DirectRequests::OwnLeanConnection,
-    )
-    .unwrap();
+    let maker = ClientMaker::new(config, ClientLimits::UNLIMITED, None, idle, Connections::Lean).unwrap();
     let direct = maker.direct();
     for _ in 0..2 {
         let version = direct.apiserver_version().await.unwrap();

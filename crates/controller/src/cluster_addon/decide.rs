@@ -648,7 +648,7 @@ mod tests {
                         name: "web".into(),
                     },
                     error: (*e).into(),
-                    lasting: false,
+                    lean: false,
                 })
                 .collect(),
             ..Default::default()
