@@ -6,7 +6,7 @@
 //! [`DriftWatch::verdict`]: whether every object of an inventory is as applied, so that a periodic pass
 //! writes nothing when nothing drifted, and whether that can be told at all (a kind not watched or not
 //! listed yet: the pass re-applies, as before). Who changed a drifted object, and which fields, is kept from
-//! the event's `managedFields` before our next apply takes them back ([`DriftWatch::cause`]). An event that
+//! the event's `managedFields` before our next apply takes them back ([`DriftWatch::take_cause`]). An event that
 //! comes while the engine is writing its object is judged once the write is recorded
 //! ([`ApplyEngine::written`]): the write's own event often comes before its answer, and is no drift.
 //!
@@ -77,8 +77,8 @@ impl std::fmt::Display for DriftCause {
     }
 }
 
-/// The last drift cause of each drifted object of a workload cluster.
-type Causes = Arc<Mutex<HashMap<ObjectKey, DriftCause>>>;
+/// The last drift cause of each drifted object of a workload cluster, until a pass corrects the object.
+type Causes = Mutex<HashMap<ObjectKey, DriftCause>>;
 
 /// What the watches tell about an inventory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -286,15 +286,15 @@ impl DriftWatch {
         }
     }
 
-    /// What the watch saw of `key`'s last drift: who changed it and which fields, or that it went.
-    pub fn cause(&self, key: &ObjectKey) -> Option<DriftCause> {
-        self.cluster
-            .teller
-            .causes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned()
+    /// What the watch saw of `key`'s last drift (who changed it and which fields, or that it went), taken
+    /// by the pass that corrected it: a cause is kept only until then, not for as long as the watches last.
+    pub fn take_cause(&self, key: &ObjectKey) -> Option<DriftCause> {
+        let mut causes = self.cluster.teller.causes.lock().unwrap_or_else(|p| p.into_inner());
+        let cause = causes.remove(key);
+        if causes.is_empty() {
+            *causes = HashMap::new();
+        }
+        cause
     }
 
     /// Starts watching the kinds of `resources` not watched yet (a kind the cluster does not serve is
@@ -420,7 +420,6 @@ enum WatchEnd {
 }
 
 /// Tells the notifier of drift of one workload cluster's objects, keeping each one's cause.
-#[derive(Clone)]
 struct Teller {
     /// `(namespace, cluster)` of the Cluster.
     owner: (String, String),

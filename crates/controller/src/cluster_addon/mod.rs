@@ -545,7 +545,7 @@ impl Driver<'_> {
             .applied
             .iter()
             .flat_map(|report| report.drift_corrected.iter())
-            .map(|key| (key.clone(), watch.and_then(|w| w.cause(key))))
+            .map(|key| (key.clone(), watch.and_then(|w| w.take_cause(key))))
             .collect();
         let now = Instant::now();
         let report = self.fights.reconciled(
