@@ -13,9 +13,9 @@
 //! HTTP/2 keep-alive pings find a dead peer of a quiet connection (a watch can stay quiet for minutes). Whether a
 //! connection no request is using stays open is the caller's choice ([`IdleConnection`]), and with it whether
 //! TLS sessions are kept for resuming (a few, see [`TLS_SESSIONS_KEPT`], for a kept connection only). Beside
-//! hyper's client, the same connector and layers serve a lean HTTP/2 client ([`crate::lean_http2`]) for the
-//! requests that stay open (the drift watches): a connection of its own, kept while they are, whatever becomes
-//! of hyper's.
+//! hyper's client, the same connector and layers serve a lean HTTP/2 client ([`crate::lean_http2`]) when asked
+//! for ([`Connections::Lean`]): one connection kept while it is used, for the drift watches and the passes'
+//! requests beside them, hyper's pool taking only what it cannot carry.
 
 use std::time::Duration;
 
@@ -194,8 +194,8 @@ pub(crate) fn stack(
 /// The connector of a config's connections: TCP (keep-alive set), TLS when the URL asks for it, timeouts.
 type Connector = TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>;
 
-/// The lean HTTP/2 client over `connector`, asking servers without HTTP/2 (and requests with a body) through
-/// `fallback`.
+/// The lean HTTP/2 client over `connector`, asking servers without HTTP/2 (and bodies it does not send at
+/// once) through `fallback`.
 fn lean_client(connector: Connector, fallback: crate::lean_http2::Fallback) -> crate::lean_http2::LeanHttp2 {
     let connect: crate::lean_http2::Connect = std::sync::Arc::new(move |uri| {
         let connector = connector.clone();

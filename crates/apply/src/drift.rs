@@ -10,8 +10,9 @@
 //! comes while the engine is writing its object is judged once the write is recorded
 //! ([`ApplyEngine::written`]): the write's own event often comes before its answer, and is no drift.
 //!
-//! The watches share one [`DirectClient`] of the workload cluster: one lean HTTP/2 connection of their own
-//! (`lean_http2.rs`), without a kube client or hyper's connection state held for them (`connection.rs`: its
+//! The watches share one [`DirectClient`] of the workload cluster: one lean HTTP/2 connection, which the
+//! passes' requests ride too (`lean_http2.rs`), without a kube client or hyper's connection state held for
+//! them (`connection.rs`: its
 //! timeout bounds the start of each response, never a quiet watch;
 //! the API server ends each watch after its own timeout and the watcher resumes from the last
 //! resourceVersion). They stop when the [`DriftWatch`] is dropped, which happens when the workload cluster's
@@ -289,7 +290,12 @@ impl DriftWatch {
     /// What the watch saw of `key`'s last drift (who changed it and which fields, or that it went), taken
     /// by the pass that corrected it: a cause is kept only until then, not for as long as the watches last.
     pub fn take_cause(&self, key: &ObjectKey) -> Option<DriftCause> {
-        let mut causes = self.cluster.teller.causes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut causes = self
+            .cluster
+            .teller
+            .causes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let cause = causes.remove(key);
         if causes.is_empty() {
             *causes = HashMap::new();

@@ -67,6 +67,10 @@ const CONNECTION_WINDOW: u32 = 1024 * 1024;
 /// say otherwise (the spec's), and the largest a window may grow to.
 const DEFAULT_WINDOW: u32 = 65_535;
 const MAX_WINDOW: u32 = 0x7fff_ffff;
+/// Request bodies waiting to be written beyond which another goes through `fallback`: a PING queued behind them
+/// must still be written well within [`KEEP_ALIVE_TIMEOUT`], and the driver stops reading while
+/// [`MAX_UNSENT`] wait.
+const MAX_QUEUED_BODIES: usize = 256 * 1024;
 /// The largest frame the server may send: the spec's default, not raised.
 const MAX_FRAME: usize = 16 * 1024;
 /// The largest header block (a HEADERS frame and its CONTINUATIONs) taken, and the most bytes its headers
@@ -164,13 +168,20 @@ impl LeanHttp2 {
     /// Sends `request` and answers as the response starts; its body streams.
     pub(crate) async fn send(&self, request: Request<Body>) -> Result<Response<Box<DynBody>>, BoxError> {
         let endpoint = &self.endpoint;
-        let sized = http_body::Body::size_hint(request.body()).exact().is_some();
-        if endpoint.without_http2.load(Ordering::Acquire) || !sized {
+        let size = http_body::Body::size_hint(request.body()).exact();
+        let fits = size.is_some_and(|size| size <= MAX_QUEUED_BODIES as u64);
+        if endpoint.without_http2.load(Ordering::Acquire) || !fits {
             return endpoint.fallback.clone().oneshot(request).await;
         }
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         // Sized: an encoded object in memory (kube's requests have nothing else), taken at once.
         let body = body.collect().await?.to_bytes();
+        if !body.is_empty() {
+            parts
+                .headers
+                .entry(http::header::CONTENT_LENGTH)
+                .or_insert_with(|| HeaderValue::from(body.len()));
+        }
         let block = request_header_block(&parts)?;
         // A connection that went away between two requests is made again once.
         for _ in 0..2 {
@@ -187,7 +198,7 @@ impl LeanHttp2 {
                     return Ok(head.await?);
                 }
                 (Opened::NotTaken, connection) => endpoint.forget(&connection).await,
-                (Opened::BodyOverWindow, _) => break,
+                (Opened::NotNow, _) => break,
             }
         }
         let request = Request::from_parts(parts, Body::from(body));
@@ -471,8 +482,10 @@ impl Connection {
             return Opened::NotTaken;
         }
         let length = u32::try_from(body.len()).unwrap_or(u32::MAX);
-        if length > state.send_window.min(state.peer_stream_window) {
-            return Opened::BodyOverWindow;
+        if length > state.send_window.min(state.peer_stream_window)
+            || (!body.is_empty() && state.out.len() + body.len() > MAX_QUEUED_BODIES)
+        {
+            return Opened::NotNow;
         }
         state.send_window -= length;
         let id = state.next_id;
@@ -569,8 +582,8 @@ enum Opened {
     Stream(u32),
     /// The connection takes no new streams (closed, going away, or as many open as the server allows).
     NotTaken,
-    /// Its body is larger than what the server lets us send now.
-    BodyOverWindow,
+    /// Its body is larger than what the server lets us send now, or than this connection queues.
+    NotNow,
 }
 
 /// A response on its way: its stream is reset and forgotten if this is dropped before it comes.
@@ -746,7 +759,11 @@ impl Future for Driver {
                     Some(sent) => this.keep_alive.as_mut().reset(sent + KEEP_ALIVE_TIMEOUT),
                     None => {
                         state.ping_sent = Some(now);
-                        state.push_frame(frame::PING, 0, 0, &[0; 8]);
+                        // Ahead of what waits (a frame boundary: the driver takes `out` whole), so that bodies
+                        // queued before it do not count against its answer's time.
+                        let mut ping = Vec::with_capacity(17);
+                        push_frame(&mut ping, frame::PING, 0, 0, &[0; 8]);
+                        state.out.splice(0..0, ping);
                         this.keep_alive.as_mut().reset(now + KEEP_ALIVE_TIMEOUT);
                     }
                 }
@@ -1569,9 +1586,9 @@ mod tests {
         assert_eq!(connection.lock().send_window, 65_535 + 10_000 - 40_000);
 
         // Over a new stream's window: not sent here, and nothing spent.
-        assert_eq!(connection.open(&block, &[7; 40_001]), Opened::BodyOverWindow);
+        assert_eq!(connection.open(&block, &[7; 40_001]), Opened::NotNow);
         // Within a stream's window, over what is left of the connection's.
-        assert_eq!(connection.open(&block, &[7; 40_000]), Opened::BodyOverWindow);
+        assert_eq!(connection.open(&block, &[7; 40_000]), Opened::NotNow);
         assert!(connection.lock().out.is_empty());
         // The server gives the connection's window back: it is sent.
         let mut wake = Vec::new();
@@ -1580,11 +1597,23 @@ mod tests {
         assert_eq!(connection.open(&block, &[7; 40_000]), Opened::Stream(3));
         connection.lock().out.clear();
 
+        // Bodies that wait to be written are bounded: another goes elsewhere until they are.
+        let mut wake = Vec::new();
+        let mut roomy = settings(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20)]);
+        roomy.extend(framed(frame::WINDOW_UPDATE, 0, 0, &(4u32 << 20).to_be_bytes()));
+        handle_frames(&mut connection.lock(), &roomy, &mut wake).unwrap();
+        connection.lock().out.clear();
+        assert_eq!(connection.open(&block, &[7; 200 << 10]), Opened::Stream(5));
+        assert_eq!(connection.open(&block, &[7; 100 << 10]), Opened::NotNow);
+        connection.lock().out.clear();
+        assert_eq!(connection.open(&block, &[7; 100 << 10]), Opened::Stream(7));
+        connection.lock().out.clear();
+
         // Without a body: the headers end the stream.
-        assert_eq!(connection.open(&block, &[]), Opened::Stream(5));
+        assert_eq!(connection.open(&block, &[]), Opened::Stream(9));
         assert_eq!(
             frames_of(&connection.lock().out),
-            [(frame::HEADERS, frame::END_HEADERS | frame::END_STREAM, 5, 10)]
+            [(frame::HEADERS, frame::END_HEADERS | frame::END_STREAM, 9, 10)]
         );
     }
 

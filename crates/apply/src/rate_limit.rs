@@ -3,9 +3,9 @@
 //! the management client and to every workload-cluster client (the Go operator sets the flags too late for
 //! its own manager; here they take effect). The operator's clients are built here, with their limits and their
 //! request tally: one for good ([`limited_client`], [`observed_client`]), or again and again over one
-//! connection pool ([`ClientMaker`]), each client with a bucket of its own; and, over a lean connection of its
-//! own (`lean_http2.rs`), a [`DirectClient`] for requests that stay open while kube's clients come and go
-//! (the drift watches).
+//! connection pool ([`ClientMaker`]), each client with a bucket of its own, over a lean connection
+//! (`lean_http2.rs`) when the maker has one; and a [`DirectClient`] for requests that stay open while kube's
+//! clients come and go (the drift watches).
 
 use std::{
     pin::Pin,
@@ -165,13 +165,13 @@ impl ClientMaker {
     }
 }
 
-/// A client whose requests go to the lean HTTP/2 connection of a [`ClientMaker`] (`lean_http2.rs`: the same
-/// connector and layers as its kube clients, without hyper's per-connection buffers and request channel),
+/// A client whose requests go to the lean HTTP/2 connection of a [`ClientMaker`] (`lean_http2.rs`: the one its
+/// kube clients ride too, without hyper's per-connection buffers and request channel),
 /// through the same limit and tally, without kube's request channel in front: that channel (a tokio block of
 /// 32 requests, 11 KiB, two or three once used) and the task serving it are what a kube client holds for as
 /// long as it lives. For requests that stay open for minutes (the drift watches of a workload cluster), while
 /// the kube clients of that cluster are made for a pass and dropped after it
-/// ([`crate::ClusterDiscovery::on_demand`]), their connection with them. Errors are kube's, as its client
+/// ([`crate::ClusterDiscovery::on_demand`]). Errors are kube's, as its client
 /// reports them.
 #[derive(Clone)]
 pub struct DirectClient {
