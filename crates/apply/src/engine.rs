@@ -91,7 +91,7 @@ pub struct Failure {
     pub error: String,
     /// The API server refused it in a way that trying again does not change ([`refused_for_good`]): only a
     /// change of the object or of the cluster (its namespace, a policy, permissions) will.
-    pub lean: bool,
+    pub lasting: bool,
 }
 
 /// Whether an API server's answer to a write refuses it for good: 400 Bad Request, 403 Forbidden (a
@@ -140,10 +140,10 @@ impl ApplyReport {
         self.failures.is_empty() && self.held.is_none()
     }
 
-    /// Whether the apply failed and every failure is a refusal for good ([`Failure::lean`]): waiting will
+    /// Whether the apply failed and every failure is a refusal for good ([`Failure::lasting`]): waiting will
     /// not make it complete.
     pub fn refused_for_good(&self) -> bool {
-        self.held.is_none() && !self.failures.is_empty() && self.failures.iter().all(|f| f.lean)
+        self.held.is_none() && !self.failures.is_empty() && self.failures.iter().all(|f| f.lasting)
     }
 
     /// A one-line summary of why the apply is not complete (held, failures), for conditions and events.
@@ -459,7 +459,7 @@ pub(crate) struct Prepared {
     pub(crate) object: Value,
     pub(crate) error: Option<String>,
     /// The error is a refusal for good ([`refused_for_good`]).
-    lean: bool,
+    lasting: bool,
     drift_corrected: bool,
     /// Left unwritten: as our last apply of the same content left it.
     unchanged: bool,
@@ -671,7 +671,7 @@ impl ApplyEngine {
                     report.failures.push(Failure {
                         key: item.key.clone(),
                         error: error.clone(),
-                        lean: item.lean,
+                        lasting: item.lasting,
                     });
                     ResourceStatus::NotSynced
                 }
@@ -702,14 +702,14 @@ impl ApplyEngine {
                     report.refused.push(Failure {
                         key,
                         error,
-                        lean: true,
+                        lasting: true,
                     });
                 }
                 Err(error) => {
                     report.failures.push(Failure {
                         key: key.clone(),
                         error: error.clone(),
-                        lean: false,
+                        lasting: false,
                     });
                     report
                         .resources
@@ -764,7 +764,7 @@ impl ApplyEngine {
                     kind: None,
                     object,
                     error: Some(e.to_string()),
-                    lean: false,
+                    lasting: false,
                     drift_corrected: false,
                     unchanged: false,
                 };
@@ -792,7 +792,7 @@ impl ApplyEngine {
                         kind: Some(kind),
                         object,
                         error: Some(error),
-                        lean: false,
+                        lasting: false,
                         drift_corrected: false,
                         unchanged: false,
                     };
@@ -826,7 +826,7 @@ impl ApplyEngine {
             kind: Some(kind),
             object,
             error: None,
-            lean: false,
+            lasting: false,
             drift_corrected: false,
             unchanged: false,
         }
@@ -1035,7 +1035,7 @@ impl ApplyEngine {
                         &item.key.kind,
                     ));
                 }
-                item.lean = refused_for_good(&e);
+                item.lasting = refused_for_good(&e);
                 item.error = Some(api_error(&e));
             }
         }

@@ -80,7 +80,7 @@ impl Events {
 }
 
 /// The problems each object was told about, so that a problem is announced once while it lasts (and again
-/// if it comes back after going away), not at every reconcile. Kept in memory: a restart announces a lean
+/// if it comes back after going away), not at every reconcile. Kept in memory: a restart announces a lasting
 /// problem once more.
 #[derive(Debug, Default)]
 pub struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);

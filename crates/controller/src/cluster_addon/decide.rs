@@ -648,7 +648,7 @@ mod tests {
                         name: "web".into(),
                     },
                     error: (*e).into(),
-                    lean: false,
+                    lasting: false,
                 })
                 .collect(),
             ..Default::default()

@@ -539,7 +539,7 @@ mod tests {
                         name: "x".into(),
                     },
                     error: (*e).into(),
-                    lean: false,
+                    lasting: false,
                 })
                 .collect(),
             ..Default::default()
@@ -1130,7 +1130,7 @@ mod tests {
 
         // Refused for good: a reason that does not promise progress.
         let mut refused = report(&["namespace stacks is being terminated (403)"]);
-        refused.failures[0].lean = true;
+        refused.failures[0].lasting = true;
         p.applied = Some(refused);
         let (events, outcome) = conclude(&p, &mut r, RESYNC);
         assert!(matches!(outcome, Outcome::Retry(m) if m.contains("being terminated")));
