@@ -12,9 +12,8 @@
 //!
 //! The watches share one [`DirectClient`] of the workload cluster: one lean HTTP/2 connection, which the
 //! passes' requests ride too (`lean_http2.rs`), without a kube client or hyper's connection state held for
-//! them (`connection.rs`: its
-//! timeout bounds the start of each response, never a quiet watch;
-//! the API server ends each watch after its own timeout and the watcher resumes from the last
+//! them (`connection.rs`: its timeout bounds the start of each response, never a quiet watch; the API server
+//! ends each watch after its own timeout and the watcher resumes from the last
 //! resourceVersion). They stop when the [`DriftWatch`] is dropped, which happens when the workload cluster's
 //! client is rebuilt or forgotten.
 //!

@@ -1375,7 +1375,7 @@ mod tests {
         let mut state = state();
         let mut wake = Vec::new();
         // SETTINGS acknowledged, PING answered with its payload.
-        let mut bytes = framed(frame::SETTINGS, 0, 0, &[0, 5, 0, 0, 0x80, 0]);
+        let mut bytes = settings(&[(frame::SETTINGS_MAX_FRAME_SIZE, 32_768)]);
         bytes.extend(framed(frame::PING, 0, 0, b"12345678"));
         handle_frames(&mut state, &bytes, &mut wake).unwrap();
         let mut expected = framed(frame::SETTINGS, frame::ACK, 0, &[]);
@@ -1598,7 +1598,6 @@ mod tests {
         connection.lock().out.clear();
 
         // Bodies that wait to be written are bounded: another goes elsewhere until they are.
-        let mut wake = Vec::new();
         let mut roomy = settings(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20)]);
         roomy.extend(framed(frame::WINDOW_UPDATE, 0, 0, &(4u32 << 20).to_be_bytes()));
         handle_frames(&mut connection.lock(), &roomy, &mut wake).unwrap();

@@ -31,7 +31,8 @@ const KUBECONFIG_SECRET_SUFFIX: &str = "-kubeconfig";
 /// How long an `ok` from a workload cluster's `/readyz` is taken as current.
 pub const READY_STAYS_FRESH: Duration = Duration::from_secs(5);
 /// How long the connection of a workload cluster's kube clients stays open after its last request (it is
-/// closed within twice that); the drift watches have their own ([`crate::lean_http2`]). Nothing needs it
+/// closed within twice that); with drift watches they ride the watches' lean connection
+/// ([`crate::Connections::Lean`]) and this one carries only the bodies that cannot go there. Nothing needs it
 /// between passes (minutes apart: `--resync-interval`), and an open connection (TLS and HTTP/2 state and
 /// hyper's request channel, about 80 KiB) was most of what the operator kept per Cluster: with 2 s, only the
 /// Clusters of the last few seconds' passes hold one, which cut the peak at 1000 Clusters by a third
